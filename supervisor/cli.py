@@ -1,0 +1,183 @@
+"""The `ddptop` command: launch, ls, export.
+
+Bad input is answered with one line on stderr and exit status 2, before
+anything is started, so a mistake never leaves a process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import psutil
+
+import ddptop
+from ddptop.supervisor import launchargs, rundir
+from ddptop.supervisor.launchargs import OneLineParser, UsageError
+from ddptop.supervisor.launcher import JobPlan, Torchrun
+from ddptop.supervisor.rundir import RunDirError
+from ddptop.supervisor.sampler import Sampler, gpu_count, load_nvml
+from ddptop.supervisor.supervise import Supervisor
+
+USAGE = """\
+usage: ddptop launch [options] SCRIPT [script args]   run a DDP job under torchrun and supervise it
+       ddptop ls [--json]                             list runs and their state
+       ddptop export RUN                              print a run's event log as JSON lines
+
+launch options (anywhere before --; the rest goes to the script):
+"""
+
+
+def _launch_help() -> str:
+    return USAGE + launchargs.option_parser().format_help().split("\n", 1)[1]
+
+
+def check_script(script: Path) -> None:
+    if not script.is_file():
+        raise UsageError(f"no such script: {script}")
+    try:
+        compile(script.read_bytes(), str(script), "exec")
+    except (SyntaxError, ValueError) as exc:
+        raise UsageError(f"{script} is not a Python script ({type(exc).__name__}: {exc})") from None
+
+
+def plan_job(args: launchargs.LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir) -> tuple[JobPlan, list[str]]:
+    """Decide ranks and devices from the options and the GPUs this machine has."""
+    opts = args.options
+    gpus = gpu_count(nvml)
+    notices = []
+    visible = None
+    if opts.gpus is not None:
+        nproc = opts.gpus
+        if gpus and opts.gpus > gpus:
+            raise UsageError(f"--gpus {opts.gpus} asks for more GPUs than this machine has ({gpus})")
+        visible = list(range(opts.gpus)) if gpus else None
+    else:
+        nproc = opts.nproc_per_node or 1
+    if not gpus:
+        notices.append(f"no CUDA GPU found: starting {nproc} CPU rank{'s' if nproc > 1 else ''} on gloo")
+    plan = JobPlan(
+        script=args.script,
+        script_args=args.script_args,
+        nproc_per_node=nproc,
+        max_restarts=opts.max_restarts,
+        log_dir=run.logs_path,
+        address=f"unix:{run.socket_path}",
+        cpu_only=not gpus,
+        visible_gpus=visible,
+        nnodes=opts.nnodes,
+        node_rank=opts.node_rank,
+        rdzv_endpoint=opts.rdzv_endpoint,
+        rdzv_backend=opts.rdzv_backend,
+        rdzv_id=opts.rdzv_id,
+    )
+    return plan, notices
+
+
+def launch(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_launch_help())
+        return 0
+    args = launchargs.split(argv)
+    check_script(args.script)
+    nvml = load_nvml()
+    run = rundir.create(args.script, args.options.run_dir)
+    plan, notices = plan_job(args, nvml, run)
+    for notice in notices:
+        print(f"ddptop: {notice}", file=sys.stderr, flush=True)
+    me = psutil.Process()
+    meta = {
+        "id": run.id,
+        "script": str(args.script),
+        "args": args.script_args,
+        "nproc_per_node": plan.nproc_per_node,
+        "nnodes": plan.nnodes or "1",
+        "host": socket.gethostname(),
+        "cpu_only": plan.cpu_only,
+        "address": plan.address,
+        "started": time.time(),
+        "supervisor_pid": os.getpid(),
+        "supervisor_started": me.create_time(),
+        "state": "running",
+        "version": ddptop.__version__,
+    }
+    run.write_meta(meta)
+    supervisor = Supervisor(run, Torchrun(plan), Sampler(nvml), args.options.summary_every)
+    for notice in notices:
+        supervisor.record({"type": "notice", "wall": time.time(), "text": notice})
+    return asyncio.run(supervisor.main({**meta, "wall": meta["started"]}))
+
+
+def list_runs(argv: list[str]) -> int:
+    parser = OneLineParser(prog="ddptop ls")
+    parser.add_argument("--json", action="store_true", help="one JSON array, for scripts")
+    opts = parser.parse_args(argv)
+    rows = []
+    for run in rundir.all_runs():
+        meta = run.read_meta()
+        rows.append(
+            {
+                "id": run.id,
+                "script": meta.get("script"),
+                "state": run.state(),
+                "ranks": meta.get("nproc_per_node"),
+                "nnodes": meta.get("nnodes"),
+                "started": meta.get("started"),
+                "path": str(run.path),
+            }
+        )
+    if opts.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print(f"no runs under {rundir.runs_root()}")
+        return 0
+    print(f"{'ID':<40} {'STATE':<9} {'RANKS':>5}  {'STARTED':<19}  SCRIPT")
+    for row in rows:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started"] or 0))
+        print(f"{row['id']:<40} {row['state']:<9} {row['ranks']!s:>5}  {started:<19}  {row['script']}")
+    return 0
+
+
+def export(argv: list[str]) -> int:
+    parser = OneLineParser(prog="ddptop export")
+    parser.add_argument("run", help="run directory, run id or id prefix")
+    opts = parser.parse_args(argv)
+    run = rundir.find(opts.run)
+    out = sys.stdout
+    for record in rundir.read_events(run):
+        out.write(json.dumps(record, separators=(",", ":")) + "\n")
+    return 0
+
+
+COMMANDS = {"launch": launch, "ls": list_runs, "export": export}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_launch_help())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"ddptop {ddptop.__version__}")
+        return 0
+    command = COMMANDS.get(argv[0])
+    try:
+        if command is None:
+            raise UsageError(f"unknown command {argv[0]!r} (try: {', '.join(COMMANDS)})")
+        return command(argv[1:])
+    except (UsageError, RunDirError) as exc:
+        print(f"ddptop: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

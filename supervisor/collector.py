@@ -1,0 +1,84 @@
+"""The supervisor's socket server: ranks' records in, checked, logged, folded.
+
+Each connection must introduce itself with a hello frame; after that every
+frame is size-limited and schema-checked (wire.validate). A bad frame closes
+that one connection, is counted and logged; nothing else is disturbed, and
+the job itself never depends on a connection staying up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ddptop.trainer import wire
+
+READ_SIZE = 1 << 16
+
+Sink = Callable[[wire.Frame], None]
+
+
+class Collector:
+    def __init__(self, sink: Sink) -> None:
+        """sink receives every accepted record (already validated)."""
+        self._sink = sink
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task] = set()
+        self.bad_frames = 0
+        self.rank_connections = 0
+
+    async def start_unix(self, path: Path) -> None:
+        old_umask = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, path=str(path))
+        finally:
+            os.umask(old_umask)
+        path.chmod(0o600)
+
+    async def close(self, drain_s: float = 2.0) -> None:
+        """Stop accepting; give open connections drain_s to deliver their last frames."""
+        if self._server is not None:
+            self._server.close()
+        pending = [t for t in self._connections if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=drain_s)
+        for task in self._connections:
+            task.cancel()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await self._read_frames(reader)
+        except wire.FrameError as exc:
+            self.bad_frames += 1
+            self._sink({"type": "wire_error", "wall": time.time(), "error": str(exc)})
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _read_frames(self, reader: asyncio.StreamReader) -> None:
+        decoder = wire.FrameDecoder()
+        hello: wire.Frame | None = None
+        while data := await reader.read(READ_SIZE):
+            for frame in decoder.feed(data):
+                wire.validate(frame)
+                if hello is None:
+                    if frame["type"] != "rank_hello":
+                        raise wire.FrameError(f"expected a hello, got {frame['type']!r}")
+                    hello = frame
+                    self.rank_connections += 1
+                    self._sink(frame)
+                elif frame["type"] == "batch":
+                    for item in frame["items"]:
+                        if item["rank"] != hello["rank"]:
+                            raise wire.FrameError(f"rank {hello['rank']} sent a record for rank {item['rank']}")
+                        self._sink(item)
+                else:
+                    raise wire.FrameError(f"unexpected {frame['type']!r} after hello")

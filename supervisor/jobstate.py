@@ -1,0 +1,178 @@
+"""Where a job's records are aggregated: per-rank state and job totals.
+
+One plain model, fed record by record, serves every consumer: the headless
+supervisor's summaries, and the dashboard whether its records come live from
+a socket or from a finished run's event log. So launch, attach and replay
+show the same figures computed the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddptop.supervisor.stats import RollingWindow, StepPoint, bus_bandwidth, median
+from ddptop.trainer import wire
+
+
+@dataclass
+class RankState:
+    rank: int
+    local_rank: int = 0
+    node: int = 0
+    host: str = ""
+    pid: int = 0
+    restart: int = 0
+    step: int = -1
+    phase: str = "startup"
+    dropped: int = 0
+    last_wall: float = 0.0
+    loss: float | None = None
+    grad_norm: float | None = None
+    mem_alloc: int | None = None
+    mem_reserved: int | None = None
+    mem_peak: int | None = None
+    cpu_percent: float | None = None
+    rss: int | None = None
+    gpu: int | None = None
+    gpu_mem: int | None = None
+    steps_seen: int = 0
+    window: RollingWindow = field(default_factory=RollingWindow)
+
+    def samples_per_s(self) -> float | None:
+        return self.window.rate("samples")
+
+    def comm_share(self) -> float | None:
+        comm, step = self.window.mean("comm_ms"), self.window.mean("step_ms")
+        return comm / step if comm is not None and step else None
+
+
+@dataclass
+class GpuState:
+    index: int
+    name: str = ""
+    util: float | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+    temperature: float | None = None
+    power_w: float | None = None
+
+
+class JobState:
+    def __init__(self) -> None:
+        self.ranks: dict[int, RankState] = {}
+        self.gpus: dict[int, GpuState] = {}
+        self.world_size = 0
+        self.total_steps: int | None = None
+        self.started = time.time()
+        self.records = 0
+        self.alerts = 0
+
+    def rank(self, rank: int) -> RankState:
+        state = self.ranks.get(rank)
+        if state is None:
+            state = self.ranks[rank] = RankState(rank)
+        return state
+
+    def ingest(self, record: wire.Frame) -> None:
+        """Fold one record (live or replayed) into the state."""
+        self.records += 1
+        handler = _HANDLERS.get(record.get("type", ""))
+        if handler is not None:
+            handler(self, record)
+
+    def _on_run(self, record: wire.Frame) -> None:
+        self.started = record.get("wall", self.started)
+
+    def _on_hello(self, record: wire.Frame) -> None:
+        state = self.rank(record["rank"])
+        for key in ("local_rank", "node", "host", "pid", "restart"):
+            setattr(state, key, record[key])
+        state.phase = "startup"
+        self.world_size = max(self.world_size, record["world_size"])
+
+    def _on_step(self, record: wire.Frame) -> None:
+        state = self.rank(record["rank"])
+        state.step = record["step"]
+        state.last_wall = record["wall"]
+        state.steps_seen += 1
+        for key in ("loss", "grad_norm", "mem_alloc", "mem_reserved", "mem_peak"):
+            if record.get(key) is not None:
+                setattr(state, key, record[key])
+        if record.get("total_steps") is not None:
+            self.total_steps = record["total_steps"]
+        state.window.add(
+            StepPoint(
+                wall=record["wall"],
+                step_ms=record["step_ms"],
+                data_ms=record.get("data_ms"),
+                comm_ms=record.get("comm_ms"),
+                comm_bytes=record.get("comm_bytes"),
+                samples=record.get("samples"),
+                tokens=record.get("tokens"),
+            )
+        )
+
+    def _on_heartbeat(self, record: wire.Frame) -> None:
+        state = self.rank(record["rank"])
+        state.phase = record["phase"]
+        state.dropped = record["dropped"]
+        state.last_wall = max(state.last_wall, record["wall"])
+
+    def _on_sample(self, record: wire.Frame) -> None:
+        for proc in record.get("procs", []):
+            if proc["rank"] in self.ranks:
+                state = self.ranks[proc["rank"]]
+                # A process that just exited has no reading: keep its last one.
+                for key, attr in (("cpu", "cpu_percent"), ("rss", "rss"), ("gpu", "gpu"), ("gpu_mem", "gpu_mem")):
+                    if proc.get(key) is not None:
+                        setattr(state, attr, proc[key])
+        for gpu in record.get("gpus", []):
+            self.gpus[gpu["index"]] = GpuState(**gpu)
+
+    def _on_alert(self, record: wire.Frame) -> None:
+        self.alerts += 1
+
+    def totals(self) -> dict[str, Any]:
+        """Job-wide figures for the header and the summary line."""
+        ranks = list(self.ranks.values())
+        stepping = [r for r in ranks if r.step >= 0]
+        rates = [x for r in ranks if (x := r.samples_per_s()) is not None]
+        token_rates = [x for r in ranks if (x := r.window.rate("tokens")) is not None]
+        p50s = [x for r in ranks if (x := r.window.step_ms(50)) is not None]
+        p95s = [x for r in ranks if (x := r.window.step_ms(95)) is not None]
+        comms = [x for r in ranks if (x := r.window.mean("comm_ms")) is not None]
+        comm_bytes = [x for r in ranks if (x := r.window.mean("comm_bytes")) is not None]
+        shares = [x for r in ranks if (x := r.comm_share()) is not None]
+        comm_ms = median(comms)
+        busbw = None
+        if comm_ms and comm_bytes:
+            busbw = bus_bandwidth(median(comm_bytes) or 0.0, comm_ms / 1000.0, self.world_size)
+        return {
+            "steps_done": min((r.step + 1 for r in stepping), default=None),
+            "ranks_seen": len(ranks),
+            "world_size": self.world_size,
+            "samples_per_s": sum(rates) if rates else None,
+            "tokens_per_s": sum(token_rates) if token_rates else None,
+            "step_ms_p50": median(p50s),
+            "step_ms_p95": max(p95s) if p95s else None,
+            "comm_ms": comm_ms,
+            "comm_share": median(shares),
+            "busbw": busbw,
+            "gpu_mem": max((r.mem_alloc for r in ranks if r.mem_alloc is not None), default=None),
+            "rss": sum(r.rss for r in ranks if r.rss is not None) or None,
+            "dropped": sum(r.dropped for r in ranks),
+            "alerts": self.alerts,
+            "total_steps": self.total_steps,
+        }
+
+
+_HANDLERS = {
+    "run": JobState._on_run,
+    "rank_hello": JobState._on_hello,
+    "step": JobState._on_step,
+    "heartbeat": JobState._on_heartbeat,
+    "sample": JobState._on_sample,
+    "alert": JobState._on_alert,
+}

@@ -1,0 +1,122 @@
+"""Splitting `ddptop launch` arguments into ddptop's, torchrun's and the script's.
+
+Users write `ddptop launch train.py --gpus 4 --lr 3e-4`: ddptop's own
+options (torchrun's spellings included) are recognised anywhere before a
+`--`; every other option after the script, and everything after `--`,
+belongs to the script. An option ddptop does not know *before* the script
+is a mistake, reported as one.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class UsageError(Exception):
+    """Bad input on the command line: reported in one line, exit status 2."""
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError
+    return value
+
+
+_positive_int.__name__ = "positive integer"
+_non_negative_int.__name__ = "non-negative integer"
+_positive_float.__name__ = "positive number"
+
+# (spellings, argparse keyword arguments); the first spelling names the dest.
+OPTIONS: list[tuple[tuple[str, ...], dict]] = [
+    (("--gpus",), {"type": _positive_int, "help": "ranks on this node, one GPU each (CPU ranks on gloo without a GPU)"}),
+    (("--nproc-per-node", "--nproc_per_node"), {"type": _positive_int, "help": "ranks on this node (torchrun's spelling)"}),
+    (("--nnodes",), {"help": "number of nodes, or MIN:MAX"}),
+    (("--node-rank", "--node_rank"), {"type": _non_negative_int, "help": "this node's rank"}),
+    (("--rdzv-endpoint", "--rdzv_endpoint"), {"help": "HOST:PORT of the rendezvous"}),
+    (("--rdzv-backend", "--rdzv_backend"), {"help": "rendezvous backend (default c10d)"}),
+    (("--rdzv-id", "--rdzv_id"), {"help": "job id shared by all nodes"}),
+    (("--max-restarts", "--max_restarts"), {"type": _non_negative_int, "default": 0, "help": "restarts of the worker group torchrun may make"}),
+    (("--headless",), {"action": "store_true", "help": "no dashboard: summaries on stdout, alerts on stderr"}),
+    (("--run-dir",), {"type": Path, "help": "the run directory (default: a new one under ~/.local/state/ddptop/runs)"}),
+    (("--summary-every",), {"type": _positive_float, "default": 5.0, "help": "seconds between headless summary lines"}),
+]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a mistake as UsageError, not usage text and exit."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def option_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="ddptop launch", add_help=False)
+    for spellings, kwargs in OPTIONS:
+        parser.add_argument(*spellings, dest=spellings[0][2:].replace("-", "_"), **kwargs)
+    return parser
+
+
+_TAKES_VALUE = {
+    spelling: kwargs.get("action") != "store_true" for spellings, kwargs in OPTIONS for spelling in spellings
+}
+
+
+@dataclass
+class LaunchArgs:
+    options: argparse.Namespace
+    script: Path
+    script_args: list[str] = field(default_factory=list)
+
+
+def split(argv: list[str]) -> LaunchArgs:
+    """Split `ddptop launch` arguments; raise UsageError on bad input."""
+    ours: list[str] = []
+    script: str | None = None
+    script_args: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest = argv[i + 1 :]
+            if script is None and rest:
+                script, rest = rest[0], rest[1:]
+            script_args.extend(rest)
+            break
+        name = arg.split("=", 1)[0]
+        if name in _TAKES_VALUE:
+            ours.append(arg)
+            if _TAKES_VALUE[name] and "=" not in arg:
+                if i + 1 >= len(argv):
+                    raise UsageError(f"option {name} needs a value")
+                ours.append(argv[i + 1])
+                i += 1
+        elif script is None and arg.startswith("-"):
+            raise UsageError(f"unknown option {name} (options for the script go after it, or after --)")
+        elif script is None:
+            script = arg
+        else:
+            script_args.append(arg)
+        i += 1
+    options = option_parser().parse_args(ours)
+    if script is None:
+        raise UsageError("no training script given (ddptop launch train.py --gpus N)")
+    if options.gpus is not None and options.nproc_per_node is not None:
+        raise UsageError("give --gpus or --nproc-per-node, not both")
+    return LaunchArgs(options, Path(script), script_args)

@@ -1,0 +1,129 @@
+"""The torchrun child: its command line, its environment, its lifetime.
+
+torchrun is the engine (rendezvous, rank variables, per-rank log files,
+restarts of the worker group); this module only starts it the way ddptop
+needs it and makes sure it cannot outlive the supervisor:
+
+- torchrun runs in a session of its own, so a Ctrl-C in the terminal reaches
+  the supervisor only, which then stops the job in order;
+- torchrun gets the parent-death signal, and each rank sets its own from
+  the bootstrap (trainer/runtime.py): if the supervisor is killed outright,
+  torchrun dies, and with it every rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import ddptop.trainer.bootstrap
+
+BOOTSTRAP_DIR = str(Path(ddptop.trainer.bootstrap.__file__).parent)
+STOP_GRACE_S = 10.0
+"""How long torchrun gets to stop its workers after SIGTERM before SIGKILL."""
+
+
+@dataclass
+class JobPlan:
+    """What to run, decided by the CLI from the user's arguments."""
+
+    script: Path
+    script_args: list[str]
+    nproc_per_node: int
+    max_restarts: int
+    log_dir: Path
+    address: str
+    cpu_only: bool
+    visible_gpus: list[int] | None = None
+    nnodes: str | None = None
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str | None = None
+    rdzv_id: str | None = None
+
+
+def command(plan: JobPlan) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", str(plan.nproc_per_node),
+        "--max-restarts", str(plan.max_restarts),
+        "--log-dir", str(plan.log_dir),
+        "--redirects", "3",
+        "--tee", "3",
+    ]
+    if plan.nnodes is None and plan.rdzv_endpoint is None:
+        cmd.append("--standalone")
+    for flag, value in (
+        ("--nnodes", plan.nnodes),
+        ("--node-rank", plan.node_rank),
+        ("--rdzv-endpoint", plan.rdzv_endpoint),
+        ("--rdzv-backend", plan.rdzv_backend),
+        ("--rdzv-id", plan.rdzv_id),
+    ):
+        if value is not None:
+            cmd += [flag, str(value)]
+    return [*cmd, str(plan.script), *plan.script_args]
+
+
+def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    for inherited in ("RANK", "LOCAL_RANK", "DDPTOP_RANK_PID"):
+        env.pop(inherited, None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
+    env["DDPTOP_ADDRESS"] = plan.address
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank${rank}]:"
+    if plan.cpu_only:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif plan.visible_gpus is not None and "CUDA_VISIBLE_DEVICES" not in env:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, plan.visible_gpus))
+    return env
+
+
+def _die_with(supervisor_pid: int) -> None:
+    """In the forked child, before exec: SIGKILL when the supervisor dies."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != supervisor_pid:  # it died before the line above
+            os._exit(1)
+
+
+class Torchrun:
+    def __init__(self, plan: JobPlan) -> None:
+        self.plan = plan
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *command(self.plan),
+            env=environment(self.plan),
+            start_new_session=True,
+            preexec_fn=functools.partial(_die_with, os.getpid()),
+        )
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    async def wait(self) -> int:
+        """torchrun's exit status, a signal death mapped to 128+N as shells do."""
+        assert self.proc is not None
+        code = await self.proc.wait()
+        return 128 - code if code < 0 else code
+
+    async def stop(self) -> None:
+        """SIGTERM (torchrun stops its workers), then SIGKILL after the grace."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), STOP_GRACE_S)
+        except asyncio.TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()

@@ -1,0 +1,181 @@
+"""The run directory: metadata, the append-only event log, the attach socket.
+
+Every run has one, private to its user (0700), so anything later — `ddptop
+ls`, `export`, `replay`, `attach` — needs only its path. Runs created
+elsewhere with --run-dir are linked from the default root so `ls` finds them.
+
+    <run dir>/meta.json     id, script, ranks, state, times, exit code
+    <run dir>/events.log    every record, as wire frames, appended
+    <run dir>/sock          the supervisor's Unix socket (0600)
+    <run dir>/logs/         torchrun's per-rank stdout/stderr files
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ddptop.trainer import wire
+
+SOCKET_PATH_MAX = 100
+"""AF_UNIX paths are limited to about 107 bytes; keep a margin."""
+
+
+def home() -> Path:
+    """ddptop's per-user state root (DDPTOP_HOME overrides it, for tests)."""
+    if "DDPTOP_HOME" in os.environ:
+        return Path(os.environ["DDPTOP_HOME"])
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "ddptop"
+
+
+def runs_root() -> Path:
+    return home() / "runs"
+
+
+class RunDirError(Exception):
+    """A run directory that cannot be used; reported in one line."""
+
+
+@dataclass
+class RunDir:
+    path: Path
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path / "meta.json"
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / "events.log"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.path / "sock"
+
+    @property
+    def logs_path(self) -> Path:
+        return self.path / "logs"
+
+    def read_meta(self) -> dict[str, Any]:
+        return json.loads(self.meta_path.read_text())
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        """Atomically: a reader never sees half a file."""
+        tmp = self.meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, self.meta_path)
+
+    def update_meta(self, **changes: Any) -> None:
+        self.write_meta({**self.read_meta(), **changes})
+
+    def state(self) -> str:
+        """running, finished or failed; a run whose supervisor vanished failed."""
+        meta = self.read_meta()
+        if meta.get("state") == "running" and not _alive(meta.get("supervisor_pid"), meta.get("supervisor_started")):
+            return "failed"
+        return str(meta.get("state", "failed"))
+
+
+def _alive(pid: Any, started: Any) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        proc = psutil.Process(pid)
+        return started is None or abs(proc.create_time() - float(started)) < 1.0
+    except psutil.Error:
+        return False
+
+
+def create(script: Path, chosen: Path | None) -> RunDir:
+    """Make a fresh run directory (the chosen one, or a new one under the root)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_id = f"{stamp}-{script.stem}-{secrets.token_hex(2)}"
+    path = (chosen if chosen is not None else runs_root() / run_id).absolute()
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=chosen is not None)
+        if chosen is not None and any(path.iterdir()):
+            raise RunDirError(f"run directory {path} is not empty")
+        path.chmod(0o700)
+        probe = path / ".probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+        (path / "logs").mkdir(mode=0o700)
+        if chosen is not None:
+            runs_root().mkdir(mode=0o700, parents=True, exist_ok=True)
+            (runs_root() / f"{stamp}-{path.name}-{secrets.token_hex(2)}").symlink_to(path)
+    except OSError as exc:
+        raise RunDirError(f"cannot use run directory {path}: {exc.strerror or exc}") from None
+    run = RunDir(path)
+    if len(str(run.socket_path)) > SOCKET_PATH_MAX:
+        raise RunDirError(f"run directory path {path} is too long for a Unix socket; choose a shorter --run-dir")
+    return run
+
+
+def find(spec: str | None) -> RunDir:
+    """A run by path, by id (or unique id prefix), or the newest when spec is None."""
+    if spec is not None and Path(spec).is_dir() and (Path(spec) / "meta.json").exists():
+        return RunDir(Path(spec).absolute())
+    runs = list(all_runs())
+    if spec is None:
+        if not runs:
+            raise RunDirError(f"no runs under {runs_root()}")
+        return runs[-1]
+    matches = [r for r in runs if r.id.startswith(spec) or r.path.name == spec]
+    if len(matches) != 1:
+        raise RunDirError(f"no run matches {spec!r}" if not matches else f"{spec!r} matches {len(matches)} runs")
+    return matches[0]
+
+
+def all_runs() -> Iterator[RunDir]:
+    """Every run under the root (links resolved), oldest first by start time."""
+    root = runs_root()
+    if not root.is_dir():
+        return iter(())
+    runs = []
+    for entry in root.iterdir():
+        run = RunDir(entry.resolve())
+        try:
+            runs.append((run.read_meta().get("started", 0.0), run))
+        except (OSError, ValueError):
+            continue
+    return iter(run for _, run in sorted(runs, key=lambda item: item[0]))
+
+
+class EventLog:
+    """Append-only log of wire frames; flushed by the supervisor about once a second."""
+
+    def __init__(self, path: Path) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._file = os.fdopen(fd, "ab", buffering=1 << 16)
+        self.bytes_written = 0
+
+    def append(self, record: wire.Frame) -> None:
+        data = wire.encode(record)
+        self._file.write(data)
+        self.bytes_written += len(data)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_events(run: RunDir) -> Iterator[wire.Frame]:
+    if not run.events_path.exists():
+        return
+    with run.events_path.open("rb") as stream:
+        yield from wire.read_frames(stream)

@@ -1,0 +1,131 @@
+"""Where GPU and process readings are taken: NVML (nvidia-ml-py) and psutil.
+
+The supervisor samples about once a second, off the event loop, and turns
+the readings into one "sample" record. Both sources sit behind `Sampler`;
+without an NVIDIA driver NVML is reported missing once and GPU fields stay
+empty, everything else unchanged. Like nvitop, a field the driver does not
+support reads as None (logged once per field), never as an error.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import psutil
+
+from ddptop.trainer import wire
+
+
+def load_nvml() -> ModuleType | None:
+    """pynvml, initialised, or None where there is no usable NVIDIA driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    return pynvml
+
+
+def gpu_count(nvml: ModuleType | None) -> int:
+    if nvml is None:
+        return 0
+    try:
+        return int(nvml.nvmlDeviceGetCount())
+    except Exception:
+        return 0
+
+
+class NvmlReader:
+    """Per-GPU util, memory, temperature, power; per-process GPU memory."""
+
+    def __init__(self, nvml: ModuleType, warn: Callable[[str], None]) -> None:
+        self._nvml = nvml
+        self._warn = warn
+        self._unsupported: set[str] = set()
+        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(gpu_count(nvml))]
+
+    def _read(self, field: str, call: Callable[[], Any]) -> Any:
+        if field in self._unsupported:
+            return None
+        try:
+            return call()
+        except self._nvml.NVMLError as exc:
+            self._unsupported.add(field)
+            self._warn(f"NVML cannot read {field} ({exc}); shown as N/A")
+            return None
+
+    def gpus(self) -> list[dict[str, Any]]:
+        nvml, out = self._nvml, []
+        for index, handle in enumerate(self._handles):
+            name = self._read("name", lambda: nvml.nvmlDeviceGetName(handle))
+            util = self._read("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
+            mem = self._read("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+            temp = self._read("temperature", lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+            power = self._read("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+            out.append(
+                {
+                    "index": index,
+                    "name": name.decode() if isinstance(name, bytes) else (name or ""),
+                    "util": None if util is None else float(util.gpu),
+                    "mem_used": None if mem is None else int(mem.used),
+                    "mem_total": None if mem is None else int(mem.total),
+                    "temperature": None if temp is None else float(temp),
+                    "power_w": None if power is None else power / 1000.0,
+                }
+            )
+        return out
+
+    def process_memory(self) -> dict[int, tuple[int, int | None]]:
+        """pid -> (GPU index, bytes used) for every compute process NVML sees."""
+        found: dict[int, tuple[int, int | None]] = {}
+        for index, handle in enumerate(self._handles):
+            procs = self._read("processes", lambda: self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)) or []
+            for proc in procs:
+                found[int(proc.pid)] = (index, proc.usedGpuMemory)
+        return found
+
+
+class Sampler:
+    def __init__(self, nvml: ModuleType | None, warn: Callable[[str], None] = lambda m: print(f"ddptop: {m}", file=sys.stderr)) -> None:
+        self._reader = NvmlReader(nvml, warn) if nvml is not None else None
+        self._procs: dict[int, psutil.Process] = {}
+
+    @property
+    def has_gpus(self) -> bool:
+        return self._reader is not None
+
+    def sample(self, rank_pids: dict[int, int]) -> wire.Frame:
+        """One reading of every rank process and GPU, as a "sample" record."""
+        gpu_procs = self._reader.process_memory() if self._reader else {}
+        procs = []
+        for rank, pid in rank_pids.items():
+            entry: dict[str, Any] = {"rank": rank, "pid": pid}
+            proc = self._process(pid)
+            if proc is not None:
+                try:
+                    with proc.oneshot():
+                        entry["cpu"] = proc.cpu_percent()
+                        entry["rss"] = proc.memory_info().rss
+                except psutil.Error:
+                    self._procs.pop(pid, None)
+            if pid in gpu_procs:
+                entry["gpu"], entry["gpu_mem"] = gpu_procs[pid]
+            procs.append(entry)
+        gpus = self._reader.gpus() if self._reader else []
+        return {"type": "sample", "wall": time.time(), "procs": procs, "gpus": gpus}
+
+    def _process(self, pid: int) -> psutil.Process | None:
+        """The same Process object across samples, as cpu_percent needs."""
+        proc = self._procs.get(pid)
+        if proc is None:
+            try:
+                proc = self._procs[pid] = psutil.Process(pid)
+                proc.cpu_percent()
+            except psutil.Error:
+                return None
+        return proc

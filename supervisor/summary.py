@@ -1,0 +1,57 @@
+"""The headless one-line summary, and the number formats it shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def count(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def nbytes(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def duration(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def line(totals: dict[str, Any], uptime_s: float) -> str:
+    """One line a person can read in a log: progress, speed, comm, memory, alerts."""
+    done = totals["steps_done"]
+    progress = "-" if done is None else str(done)
+    if done is not None and totals["total_steps"]:
+        progress += f"/{totals['total_steps']}"
+    share = totals["comm_share"]
+    comm = f"comm {ms(totals['comm_ms'])} ms" + ("" if share is None else f" ({share:.0%})")
+    if totals["gpu_mem"] is not None:
+        memory = f"gpu mem {nbytes(totals['gpu_mem'])}"
+    else:
+        memory = f"rss {nbytes(totals['rss'])}"
+    parts = [
+        f"ddptop {duration(uptime_s)}",
+        f"steps {progress}",
+        f"ranks {totals['ranks_seen']}/{totals['world_size'] or '?'}",
+        f"{count(totals['samples_per_s'])} samples/s",
+        f"step {ms(totals['step_ms_p50'])}/{ms(totals['step_ms_p95'])} ms p50/p95",
+        comm,
+        memory,
+        f"alerts {totals['alerts']}",
+    ]
+    if totals["dropped"]:
+        parts.append(f"dropped {totals['dropped']}")
+    return " | ".join(parts)

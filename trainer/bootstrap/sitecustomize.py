@@ -1,0 +1,40 @@
+"""ddptop's bootstrap, put first on each rank's PYTHONPATH by the launcher.
+
+Python imports the first `sitecustomize` it finds at start-up, so this file
+must (1) still run the one it shadows, if any, and (2) cost nothing unless
+this process is a rank of a ddptop job: a torchrun worker (RANK is set) with
+a supervisor address, and not a subprocess that a rank started itself (the
+rank marks its own pid in the environment its children inherit).
+"""
+
+import os
+import sys
+
+
+def _chain_to_shadowed_sitecustomize() -> None:
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def _is_ddptop_rank() -> bool:
+    env = os.environ
+    me = str(os.getpid())
+    return bool(env.get("DDPTOP_ADDRESS")) and "RANK" in env and env.get("DDPTOP_RANK_PID", me) == me
+
+
+_chain_to_shadowed_sitecustomize()
+
+if _is_ddptop_rank():
+    os.environ["DDPTOP_RANK_PID"] = str(os.getpid())
+    try:
+        from ddptop.trainer import runtime
+
+        runtime.activate()
+    except Exception as _exc:  # a broken monitor must never stop training
+        print(f"ddptop: instrumentation off: {_exc}", file=sys.stderr)

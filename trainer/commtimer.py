@@ -1,0 +1,113 @@
+"""Timing each DDP bucket's all-reduce, and a step's communication from them.
+
+A step's comm time is the union of its buckets' in-flight intervals, not
+their sum: buckets overlap with each other and with backward, and a summed
+figure could exceed the step itself. On CPU backends (gloo) the intervals
+are wall-clock, taken when the hook launches the all-reduce and when its
+future completes. On CUDA they come from events recorded on the stream,
+compared a step late (see late.py), so timing never synchronises.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def union_ms(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by possibly overlapping [start, end] intervals."""
+    total = 0.0
+    cur_start = cur_end = None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+class WallSpans:
+    """One step's bucket intervals on the host clock, in milliseconds."""
+
+    def __init__(self) -> None:
+        self.spans: list[list[float]] = []
+        self.bytes = 0
+
+    def begin(self, nbytes: int) -> list[float]:
+        self.bytes += nbytes
+        span = [time.perf_counter() * 1000.0, 0.0]
+        self.spans.append(span)
+        return span
+
+    @staticmethod
+    def end(span: list[float]) -> None:
+        span[1] = time.perf_counter() * 1000.0
+
+    def ready(self) -> bool:
+        return True
+
+    def get(self) -> float:
+        return union_ms([(s, e) for s, e in self.spans if e])
+
+
+class CudaSpans:
+    """One step's bucket intervals as CUDA events, readable once they passed."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[Any, Any]] = []
+        self.bytes = 0
+
+    def begin(self, nbytes: int) -> tuple[Any, Any]:
+        import torch
+
+        self.bytes += nbytes
+        span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        span[0].record()
+        self.spans.append(span)
+        return span
+
+    @staticmethod
+    def end(span: tuple[Any, Any]) -> None:
+        span[1].record()
+
+    def ready(self) -> bool:
+        return all(end.query() for _, end in self.spans)
+
+    def get(self) -> float:
+        if not self.spans:
+            return 0.0
+        origin = self.spans[0][0]
+        return union_ms(
+            [(origin.elapsed_time(start), origin.elapsed_time(end)) for start, end in self.spans]
+        )
+
+
+class CommTimer:
+    """Hands out a fresh span set per step; the tracker takes the finished one."""
+
+    def __init__(self) -> None:
+        self._cuda = False
+        self._current: WallSpans | CudaSpans = WallSpans()
+
+    def begin(self, bucket_buffer: Any) -> Any:
+        cuda = bool(bucket_buffer.is_cuda)
+        if cuda != self._cuda:
+            self._cuda = cuda
+            self._current = CudaSpans() if cuda else WallSpans()
+        nbytes = bucket_buffer.numel() * bucket_buffer.element_size()
+        return self._current.begin(nbytes)
+
+    def end(self, span: Any) -> None:
+        self._current.end(span)
+
+    def take(self) -> WallSpans | CudaSpans | None:
+        """The spans of the step just finished (None if it communicated nothing)."""
+        spans = self._current
+        if not spans.spans:
+            return None
+        self._current = CudaSpans() if self._cuda else WallSpans()
+        return spans

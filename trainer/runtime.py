@@ -1,0 +1,96 @@
+"""Turning ddptop on inside one rank: identity, sender, hooks, exit handling.
+
+Called by the bootstrap (sitecustomize) when the process is a rank started
+by torchrun under a ddptop supervisor. Everything here is cheap and starts
+no work on the training thread; the torch hooks wait for the script's own
+`import torch`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+import socket
+import sys
+import time
+
+from ddptop.trainer import importwatch, monitor, wire
+from ddptop.trainer.sender import Sender
+from ddptop.trainer.steps import StepTracker
+
+ADDRESS_ENV = "DDPTOP_ADDRESS"
+"""Where the supervisor listens; set by the launcher, absent otherwise."""
+
+EXIT_FLUSH_S = 1.0
+
+
+def rank_hello() -> wire.Frame:
+    """This rank's identity, from the variables torchrun sets."""
+    env = os.environ
+    return {
+        "type": "rank_hello",
+        "rank": int(env["RANK"]),
+        "local_rank": int(env.get("LOCAL_RANK", "0")),
+        "world_size": int(env.get("WORLD_SIZE", "1")),
+        "node": int(env.get("GROUP_RANK", "0")),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "restart": int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    }
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to kill this rank when torchrun dies (no orphans).
+
+    torchrun starts each worker in a session of its own, so a kill of
+    torchrun's process group never reaches the ranks; the parent-death
+    signal does, whatever killed torchrun.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getppid()
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def activate() -> None:
+    hello = rank_hello()
+    die_with_parent()
+    sender: Sender
+    tracker = StepTracker(hello["rank"], emit=lambda record: sender.put(record))
+
+    def heartbeat() -> wire.Frame:
+        return {
+            "type": "heartbeat",
+            "rank": tracker.rank,
+            "wall": time.time(),
+            "phase": tracker.phase,
+            "step": tracker.step,
+            "dropped": sender.dropped,
+        }
+
+    sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat)
+    monitor.bind(tracker)
+    sender.start()
+
+    def install_hooks() -> None:
+        try:
+            from ddptop.trainer import hooks
+
+            hooks.install(tracker)
+        except Exception as exc:  # never break the user's `import torch`
+            print(f"ddptop: rank {tracker.rank}: instrumentation off: {exc}", file=sys.stderr)
+
+    importwatch.after_import("torch", install_hooks)
+
+    def at_exit() -> None:
+        tracker.phase = "exit"
+        tracker.flush()
+        sender.close(EXIT_FLUSH_S)
+
+    atexit.register(at_exit)

@@ -1,0 +1,136 @@
+"""Getting a rank's records to the supervisor without ever blocking a step.
+
+The training thread only appends to a bounded deque (no lock, no syscall);
+a daemon thread batches what is there every FLUSH_S, adds a heartbeat about
+once a second, and writes it to the supervisor's socket. When the supervisor
+is slow or gone, records are dropped and counted, never waited for: the
+socket has a send timeout, and while there is no connection the thread
+empties the queue into the drop count instead of letting it fill.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from ddptop.trainer import wire
+
+FLUSH_S = 0.1
+HEARTBEAT_S = 1.0
+SEND_TIMEOUT_S = 2.0
+RECONNECT_S = 1.0
+QUEUE_MAX = 8192
+
+
+def connect(address: str, timeout: float) -> socket.socket:
+    """Open a stream to "unix:PATH" or "tcp:HOST:PORT"."""
+    scheme, _, rest = address.partition(":")
+    if scheme == "unix":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        target: str | tuple[str, int] = rest
+    elif scheme == "tcp":
+        host, _, port = rest.rpartition(":")
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        target = (host.strip("[]"), int(port))
+    else:
+        raise ValueError(f"unknown address scheme in {address!r}")
+    sock.settimeout(timeout)
+    try:
+        sock.connect(target)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class Sender:
+    """Bounded queue plus sender thread plus heartbeat for one rank."""
+
+    def __init__(
+        self,
+        address: str,
+        hello: wire.Frame,
+        heartbeat: Callable[[], wire.Frame],
+        queue_max: int = QUEUE_MAX,
+    ) -> None:
+        self._address = address
+        self._hello = hello
+        self._heartbeat = heartbeat
+        self._queue: collections.deque[wire.Frame] = collections.deque()
+        self._queue_max = queue_max
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ddptop-sender", daemon=True)
+        self._sock: socket.socket | None = None
+        self._next_connect = 0.0
+        self._next_heartbeat = 0.0
+        # Two counters, each written by one thread only, so no lock is needed.
+        self._dropped_full = 0
+        self._dropped_unsent = 0
+        self.sent = 0
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped_full + self._dropped_unsent
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, record: wire.Frame) -> None:
+        """Queue a record; called on the training thread, so it never waits."""
+        if len(self._queue) >= self._queue_max:
+            self._dropped_full += 1
+        else:
+            self._queue.append(record)
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Send what is queued, within timeout, then stop the thread."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            stopping = self._stop.wait(FLUSH_S)
+            self._flush(final=stopping)
+            if stopping:
+                self._disconnect()
+                return
+
+    def _flush(self, final: bool) -> None:
+        now = time.monotonic()
+        items: list[wire.Frame] = []
+        while self._queue and len(items) < wire.MAX_BATCH - 1:
+            items.append(self._queue.popleft())
+        if final or now >= self._next_heartbeat:
+            items.append(self._heartbeat())
+            self._next_heartbeat = now + HEARTBEAT_S
+        if self._sock is None and now >= self._next_connect:
+            self._connect(now)
+        if self._sock is None:
+            self._dropped_unsent += len(items)
+            return
+        try:
+            self._sock.sendall(wire.encode({"type": "batch", "items": items}))
+            self.sent += len(items)
+        except (OSError, wire.FrameError):
+            self._dropped_unsent += len(items)
+            self._disconnect()
+            self._next_connect = now + RECONNECT_S
+
+    def _connect(self, now: float) -> None:
+        try:
+            sock = connect(self._address, SEND_TIMEOUT_S)
+            sock.settimeout(SEND_TIMEOUT_S)
+            sock.sendall(wire.encode(self._hello))
+        except OSError:
+            self._next_connect = now + RECONNECT_S
+            return
+        self._sock = sock
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -1,0 +1,148 @@
+"""Turning hook callbacks into one record per training step, and the phase.
+
+The hooks (hooks.py) only tell this tracker what just happened: a forward
+began or ended, the optimizer step began or ended, the script called
+monitor.step(). The tracker owns the step boundaries and the record:
+
+- a step ends when the optimizer's step() returns; its step time runs from
+  the end of the previous step, so it includes the data wait;
+- data wait is the time from the end of one step to the next step's first
+  forward;
+- samples is the batch dimension of the DDP forward input, summed over the
+  forwards of the step (gradient accumulation), unless the script says;
+- a finished record is held until the next forward so that a monitor.step()
+  after optimizer.step() (the usual place) can still add the loss to it.
+
+Values that live on the GPU arrive as Late objects; a record leaves only
+when all of its values can be read without waiting (a step late, usually).
+No torch here: the tracker is plain Python and tested as such.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ddptop.trainer import late, wire
+
+MAX_WAITING = 8
+"""Records whose GPU values are not readable yet; past that the oldest goes
+without them rather than waiting."""
+
+
+class StepTracker:
+    def __init__(self, rank: int, emit: Callable[[wire.Frame], None], clock: Callable[[], float] = time.perf_counter) -> None:
+        self.rank = rank
+        self.phase = "startup"
+        self.step = 0
+        self.total_steps: int | None = None
+        self._emit = emit
+        self._clock = clock
+        self._last_end: float | None = None
+        self._first_forward: float | None = None
+        self._samples = 0
+        self._explicit: dict[str, Any] = {}
+        self._measured: dict[str, Any] = {}
+        self._optimizer_seen = False
+        self._finished: wire.Frame | None = None
+        self._waiting: list[wire.Frame] = []
+
+    def forward_begin(self, samples: int | None) -> None:
+        now = self._clock()
+        self._release_finished()
+        if self._first_forward is None:
+            self._first_forward = now
+        if samples:
+            self._samples += samples
+        self.phase = "forward"
+
+    def forward_end(self) -> None:
+        self.phase = "backward"
+
+    def comm_begin(self) -> None:
+        self.phase = "comm"
+
+    def optimizer_begin(self, values: dict[str, Any]) -> None:
+        """Values measured before the optimizer runs (the pre-clip grad norm)."""
+        self.phase = "optimizer"
+        self._measured.update(values)
+
+    def optimizer_end(self, values: dict[str, Any]) -> None:
+        """Close the step; values holds what the hooks measured after it (comm, memory)."""
+        self._optimizer_seen = True
+        self._measured.update(values)
+        self._close_step()
+
+    def explicit(self, loss: Any, samples: int | None, tokens: int | None) -> None:
+        """monitor.step(): exact values for the step just finished or in progress."""
+        given = {"loss": late.scalar(loss), "samples": samples, "tokens": tokens}
+        given = {k: v for k, v in given.items() if v is not None}
+        if self._finished is not None:
+            self._finished.update(given)
+            self._release_finished()
+        elif self._optimizer_seen:
+            self._explicit.update(given)
+        else:
+            # No torch.optim step marks the boundary, so this call does.
+            self._explicit.update(given)
+            self._close_step()
+            self._release_finished()
+
+    def flush(self) -> None:
+        """Send everything still held; at exit, when waiting no longer matters."""
+        self._release_finished()
+        self._waiting, waiting = [], self._waiting
+        for record in waiting:
+            self._emit(_resolve(record, wait=True))
+
+    def _close_step(self) -> None:
+        now = self._clock()
+        start = self._last_end if self._last_end is not None else self._first_forward
+        record: wire.Frame = {
+            "type": "step",
+            "rank": self.rank,
+            "step": self.step,
+            "wall": time.time(),
+            "step_ms": (now - start) * 1000.0 if start is not None else 0.0,
+        }
+        if self._last_end is not None and self._first_forward is not None:
+            record["data_ms"] = max(0.0, (self._first_forward - self._last_end) * 1000.0)
+        if self._samples:
+            record["samples"] = self._samples
+        if self.total_steps is not None:
+            record["total_steps"] = self.total_steps
+        record.update({k: v for k, v in self._measured.items() if v is not None})
+        record.update(self._explicit)
+        self._finished = record
+        self._explicit = {}
+        self._measured = {}
+        self._samples = 0
+        self._first_forward = None
+        self._last_end = now
+        self.step += 1
+        self.phase = "data"
+
+    def _release_finished(self) -> None:
+        if self._finished is not None:
+            self._waiting.append(self._finished)
+            self._finished = None
+        while self._waiting:
+            head = self._waiting[0]
+            force = len(self._waiting) > MAX_WAITING
+            if not force and not all(v.ready() for v in head.values() if late.is_late(v)):
+                break
+            self._waiting.pop(0)
+            self._emit(_resolve(head, wait=False))
+
+
+def _resolve(record: wire.Frame, wait: bool) -> wire.Frame:
+    """Replace Late values by numbers; drop those not ready unless wait."""
+    out: wire.Frame = {}
+    for key, value in record.items():
+        if late.is_late(value):
+            if wait or value.ready():
+                out[key] = value.get()
+        else:
+            out[key] = value
+    return out
