@@ -1,0 +1,175 @@
+"""End to end: real torchrun jobs on gloo under `ddptop launch --headless`."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ddptop.supervisor import rundir
+from ddptop.supervisor.launcher import BOOTSTRAP_DIR
+from ddptop.trainer import wire
+
+from conftest import DDPTOP, EXAMPLE, SCRIPTS, run_ddptop, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def by_rank(records: list[dict], kind: str) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = defaultdict(list)
+    for record in records:
+        if record["type"] == kind:
+            out[record["rank"]].append(record)
+    return out
+
+
+def job_pids(records: list[dict], run: rundir.RunDir) -> list[int]:
+    return [r["pid"] for r in records if r["type"] == "rank_hello"] + [run.read_meta()["torchrun_pid"]]
+
+
+def all_gone(pids: list[int]) -> bool:
+    return not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
+
+
+def test_four_ranks_report_every_step_and_survive_bad_frames(ddptop_home, tmp_path):
+    run_path = tmp_path / "run"
+    proc = subprocess.Popen(
+        [DDPTOP, "launch", "--headless", "--run-dir", str(run_path), str(EXAMPLE), "--gpus", "4", "--steps", "80", "--summary-every", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    sock_path = run_path / "sock"
+    wait_for(sock_path.exists, 60, "the supervisor's socket")
+    for garbage in (b"\x00\x00\x00\x04\xc1\xc1\xc1\xc1", struct.pack(">I", wire.MAX_FRAME + 1)):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(sock_path))
+            s.sendall(garbage)
+            assert s.recv(1) == b""  # the supervisor closed this connection
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+
+    run = rundir.RunDir(run_path)
+    records = list(rundir.read_events(run))
+    steps = by_rank(records, "step")
+    assert sorted(steps) == [0, 1, 2, 3]
+    for rank, rows in steps.items():
+        assert [r["step"] for r in rows] == list(range(80)), f"rank {rank} steps not contiguous"
+        assert all(r["comm_ms"] > 0 and r["comm_bytes"] > 0 for r in rows)
+        assert all(math.isfinite(r["grad_norm"]) and math.isfinite(r["loss"]) for r in rows)
+        assert all(r["samples"] == 32 and r["total_steps"] == 80 for r in rows)
+        assert all(r["data_ms"] >= 0 for r in rows[1:])
+        assert "mem_alloc" not in rows[0]  # CPU ranks: no GPU memory fields
+    assert sum(r["type"] == "wire_error" for r in records) == 2
+    assert any(r["type"] == "sample" and any("rss" in p for p in r["procs"]) for r in records)
+    assert records[-1] == {**records[-1], "type": "exit", "code": 0}
+    assert run.state() == "finished"
+
+    assert err.count("CPU ranks on gloo") == 1
+    assert "[rank0]:step 0 loss" in out and "[rank0]:final-params-sha256" in out
+    summaries = [line for line in out.splitlines() if line.startswith("ddptop ") and "samples/s" in line]
+    assert summaries and "steps 80/80" in summaries[-1] and "ranks 4/4" in summaries[-1]
+    logs = sorted(p.parent.name for p in run_path.glob("logs/*/attempt_0/*/stdout.log"))
+    assert logs == ["0", "1", "2", "3"]
+    assert "step 0 loss" in next(run_path.glob("logs/*/attempt_0/0/stdout.log")).read_text()
+    wait_for(lambda: all_gone(job_pids(records, run)), 10, "every rank and torchrun to be gone")
+
+
+def test_zero_code_instrumentation_of_a_plain_ddp_script(ddptop_home, tmp_path):
+    run_path = tmp_path / "run"
+    result = run_ddptop(
+        "launch", str(SCRIPTS / "plain_ddp.py"), "--nproc_per_node=2", "--headless", "--run-dir", str(run_path), "--", "--steps", "25",
+    )
+    assert result.returncode == 0, result.stderr
+    records = list(rundir.read_events(rundir.RunDir(run_path)))
+    steps = by_rank(records, "step")
+    params = (32 * 64 + 64) + (64 * 4 + 4)
+    for rank in (0, 1):
+        rows = steps[rank]
+        assert [r["step"] for r in rows] == list(range(25))
+        assert all(r["samples"] == 16 for r in rows)  # two accumulated forwards of 8
+        assert all(r["comm_bytes"] == params * 4 and r["comm_ms"] > 0 for r in rows)
+        assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in rows)
+        assert all("loss" not in r for r in rows)
+        assert all(r["step_ms"] > 0 for r in rows) and all("data_ms" in r for r in rows[1:])
+    hellos = [r for r in records if r["type"] == "rank_hello"]
+    assert sorted(h["rank"] for h in hellos) == [0, 1] and all(h["world_size"] == 2 for h in hellos)
+    assert {r["phase"] for r in records if r["type"] == "heartbeat"} & {"data", "forward", "backward", "comm", "optimizer", "exit"}
+
+
+def test_killing_the_supervisor_leaves_no_process_behind(ddptop_home, tmp_path):
+    run_path = tmp_path / "run"
+    proc = subprocess.Popen(
+        [DDPTOP, "launch", "--headless", "--run-dir", str(run_path), str(EXAMPLE), "--gpus", "2", "--steps", "1000000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    run = rundir.RunDir(run_path)
+
+    def hellos() -> list[dict]:
+        if not run.events_path.exists():
+            return []
+        records = list(rundir.read_events(run))
+        return [r for r in records if r["type"] == "rank_hello"] if any(r["type"] == "step" for r in records) else []
+
+    wait_for(lambda: len(hellos()) == 2, 90, "both ranks to be training")
+    pids = [h["pid"] for h in hellos()] + [run.read_meta()["torchrun_pid"]]
+    assert all(psutil.pid_exists(pid) for pid in pids)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    wait_for(lambda: all_gone(pids), 10, "torchrun and every rank to die with the supervisor")
+    assert run.state() == "failed"
+
+
+def rank_alone(script: Path, address: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """One rank (world size 1) as torchrun would start it, reporting to address."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ, "PYTHONPATH": BOOTSTRAP_DIR, "DDPTOP_ADDRESS": address, "RANK": "0", "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    }
+    env.pop("DDPTOP_RANK_PID", None)
+    return subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_rank_trains_on_when_the_supervisor_stalls(tmp_path):
+    path = tmp_path / "s"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        server.listen()  # accepts into the backlog, never reads
+        result = rank_alone(SCRIPTS / "plain_ddp.py", f"unix:{path}", "--steps", "3000")
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_rank_counts_what_it_dropped_while_the_supervisor_was_gone(tmp_path):
+    """The listener hangs up on the first connection; the rank reconnects and reports its drops."""
+    path = tmp_path / "s"
+    result: dict = {}
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        server.listen()
+        server.settimeout(60)
+        rank = threading.Thread(target=lambda: result.update(r=rank_alone(SCRIPTS / "plain_ddp.py", f"unix:{path}", "--steps", "3000")))
+        rank.start()
+        first, _ = server.accept()
+        first.close()  # the supervisor is gone mid-run
+        second, _ = server.accept()
+        with second:
+            second.settimeout(60)
+            decoder = wire.FrameDecoder()
+            dropped = 0
+            while dropped == 0 and (data := second.recv(65536)):
+                for frame in decoder.feed(data):
+                    dropped = max([dropped] + [i["dropped"] for i in frame.get("items", []) if i["type"] == "heartbeat"])
+        rank.join(120)
+    assert result["r"].returncode == 0, result["r"].stderr
+    assert dropped > 0

@@ -1,0 +1,48 @@
+from pathlib import Path
+
+import pytest
+
+from ddptop.supervisor.launchargs import UsageError, split
+
+
+def test_options_after_the_script_are_ddptops_when_it_knows_them():
+    args = split(["train.py", "--gpus", "4", "--lr", "3e-4", "--headless"])
+    assert args.script == Path("train.py")
+    assert args.options.gpus == 4 and args.options.headless
+    assert args.script_args == ["--lr", "3e-4"]
+
+
+def test_options_before_the_script_and_torchrun_spellings():
+    args = split(["--nproc_per_node=2", "--max-restarts", "3", "--rdzv_endpoint", "h:29400", "train.py", "x"])
+    assert args.options.nproc_per_node == 2
+    assert args.options.max_restarts == 3
+    assert args.options.rdzv_endpoint == "h:29400"
+    assert args.script_args == ["x"]
+
+
+def test_everything_after_double_dash_goes_to_the_script():
+    args = split(["--gpus", "2", "train.py", "--", "--gpus", "8", "--headless"])
+    assert args.options.gpus == 2 and not args.options.headless
+    assert args.script_args == ["--gpus", "8", "--headless"]
+
+
+def test_script_may_follow_double_dash():
+    args = split(["--gpus", "2", "--", "train.py", "--steps", "5"])
+    assert args.script == Path("train.py") and args.script_args == ["--steps", "5"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--bogus", "train.py"], "unknown option --bogus"),
+        (["--gpus", "0", "train.py"], "--gpus"),
+        (["--gpus", "two", "train.py"], "--gpus"),
+        (["train.py", "--gpus"], "needs a value"),
+        (["--gpus", "2"], "no training script"),
+        (["train.py", "--gpus", "2", "--nproc-per-node", "2"], "not both"),
+        (["train.py", "--summary-every", "-1"], "--summary-every"),
+    ],
+)
+def test_bad_input_is_a_usage_error(argv, message):
+    with pytest.raises(UsageError, match=message):
+        split(argv)

@@ -1,0 +1,71 @@
+"""The sampler's psutil path for real, its NVML path against a fake of pynvml's shape."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ddptop.supervisor import rundir
+from ddptop.supervisor.cli import plan_job
+from ddptop.supervisor.launchargs import UsageError, split
+from ddptop.supervisor.sampler import Sampler, gpu_count
+
+from fake_pynvml import FakeNvml
+
+
+def test_without_nvml_processes_are_still_sampled():
+    sampler = Sampler(None)
+    record = sampler.sample({0: os.getpid()})
+    assert record["gpus"] == [] and not sampler.has_gpus
+    (proc,) = record["procs"]
+    assert proc["rss"] > 0 and "cpu" in proc and "gpu" not in proc
+
+
+def test_gpu_readings_and_per_process_memory():
+    me = os.getpid()
+    nvml = FakeNvml(gpus=2, processes={1: [(me, 3 * 2**30)]})
+    record = Sampler(nvml).sample({5: me})
+    gpu0, gpu1 = record["gpus"]
+    assert gpu1 == {
+        "index": 1, "name": "NVIDIA H100 80GB HBM3", "util": 51.0, "mem_used": 2 * 2**30,
+        "mem_total": 80 * 2**30, "temperature": 41.0, "power_w": 250.0,
+    }
+    assert record["procs"][0]["gpu"] == 1 and record["procs"][0]["gpu_mem"] == 3 * 2**30
+
+
+def test_an_unsupported_field_reads_none_and_is_reported_once():
+    warnings: list[str] = []
+    sampler = Sampler(FakeNvml(gpus=2, no_power=True), warn=warnings.append)
+    for _ in range(3):
+        record = sampler.sample({})
+    assert all(g["power_w"] is None for g in record["gpus"])
+    assert len(warnings) == 1 and "power" in warnings[0]
+
+
+def test_a_vanished_process_is_skipped():
+    record = Sampler(None).sample({0: 2**22 + 12345})
+    assert "rss" not in record["procs"][0]
+
+
+@pytest.fixture
+def run(tmp_path, ddptop_home):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    return rundir.create(script, None)
+
+
+def test_gpus_are_bound_when_present(run):
+    plan, notices = plan_job(split(["t.py", "--gpus", "2"]), FakeNvml(gpus=4), run)
+    assert plan.visible_gpus == [0, 1] and not plan.cpu_only and notices == []
+    assert gpu_count(FakeNvml(gpus=4)) == 4
+
+
+def test_more_gpus_than_the_machine_has_is_refused(run):
+    with pytest.raises(UsageError, match="more GPUs than this machine has \\(2\\)"):
+        plan_job(split(["t.py", "--gpus", "3"]), FakeNvml(gpus=2), run)
+
+
+def test_no_gpu_means_cpu_ranks_on_gloo(run):
+    plan, notices = plan_job(split(["t.py", "--gpus", "4"]), None, run)
+    assert plan.cpu_only and plan.nproc_per_node == 4
+    assert notices == ["no CUDA GPU found: starting 4 CPU ranks on gloo"]

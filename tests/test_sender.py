@@ -1,0 +1,91 @@
+"""The sender against real Unix sockets: delivery, a stalled and a closed listener."""
+
+import socket
+import threading
+
+import pytest
+
+from ddptop.trainer import wire
+from ddptop.trainer.sender import Sender
+
+from conftest import wait_for
+
+HELLO = {"type": "rank_hello", "rank": 0, "local_rank": 0, "world_size": 1, "node": 0, "host": "h", "pid": 1, "restart": 0}
+
+
+def heartbeat() -> dict:
+    return {"type": "heartbeat", "rank": 0, "wall": 0.0, "phase": "data", "step": 0, "dropped": 0}
+
+
+def step(i: int) -> dict:
+    return {"type": "step", "rank": 0, "step": i, "wall": 0.0, "step_ms": 1.0}
+
+
+@pytest.fixture
+def listener(tmp_path):
+    path = tmp_path / "s"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen()
+    yield server, f"unix:{path}"
+    server.close()
+
+
+def read_all(conn: socket.socket, frames: list) -> None:
+    decoder = wire.FrameDecoder()
+    while data := conn.recv(65536):
+        frames += decoder.feed(data)
+
+
+def test_records_arrive_in_order_after_the_hello(listener):
+    server, address = listener
+    frames: list = []
+    sender = Sender(address, HELLO, heartbeat)
+    sender.start()
+    conn, _ = server.accept()
+    reader = threading.Thread(target=read_all, args=(conn, frames))
+    reader.start()
+    for i in range(500):
+        sender.put(step(i))
+    sender.close(timeout=5)
+    reader.join(5)
+    assert frames[0] == HELLO
+    steps = [item["step"] for f in frames[1:] for item in f["items"] if item["type"] == "step"]
+    assert steps == list(range(500))
+    assert sender.dropped == 0
+
+
+def test_a_stalled_listener_costs_drops_not_waiting(listener):
+    server, address = listener  # accepts (backlog) but never reads
+    sender = Sender(address, HELLO, heartbeat, queue_max=1000)
+    sender.start()
+    big = {**step(0), "loss": 1.0}
+    for i in range(200_000):
+        sender.put(big)
+    wait_for(lambda: sender.dropped > 0, 10, "drops to be counted while the listener stalls")
+    sender.close(timeout=3)
+
+
+def test_a_listener_that_goes_away_mid_run_is_survived(listener):
+    server, address = listener
+    sender = Sender(address, HELLO, heartbeat)
+    sender.start()
+    conn, _ = server.accept()
+    conn.close()
+    server.close()
+
+    def keep_training() -> bool:
+        sender.put(step(0))
+        return sender.dropped > 0
+
+    wait_for(keep_training, 10, "drops to be counted after the listener closed", interval=0.001)
+    assert sender.dropped > 0
+    sender.close(timeout=3)
+
+
+def test_no_listener_at_all(tmp_path):
+    sender = Sender(f"unix:{tmp_path / 'missing'}", HELLO, heartbeat)
+    sender.start()
+    sender.put(step(0))
+    wait_for(lambda: sender.dropped >= 1, 5, "the unsendable record to be counted")
+    sender.close(timeout=3)

@@ -1,0 +1,40 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddptop.supervisor.stats import RollingWindow, StepPoint, bus_bandwidth, percentile
+from ddptop.trainer.commtimer import union_ms
+
+
+def test_percentile_nearest_rank():
+    values = list(range(1, 101))
+    assert percentile(values, 50) == 50
+    assert percentile(values, 95) == 95
+    assert percentile(values, 100) == 100
+    assert percentile([], 50) is None
+
+
+def test_union_of_overlapping_intervals():
+    assert union_ms([(0, 2), (1, 3), (5, 6)]) == 4
+    assert union_ms([]) == 0
+
+
+@given(st.lists(st.tuples(st.floats(0, 1e3), st.floats(0, 1e3)).map(lambda t: (min(t), max(t))), max_size=20))
+def test_union_is_at_most_the_sum_and_at_least_the_longest(intervals):
+    total = union_ms(intervals)
+    assert total <= sum(e - s for s, e in intervals) + 1e-6
+    assert total >= max((e - s for s, e in intervals), default=0) - 1e-6
+
+
+def test_bus_bandwidth_follows_nccl_tests():
+    assert bus_bandwidth(1e9, 1.0, 4) == pytest.approx(1.5e9)
+    assert bus_bandwidth(1e9, 1.0, 1) == 0
+
+
+def test_window_is_bounded_and_rates_use_rank_wall_time():
+    window = RollingWindow(size=10)
+    for i in range(50):
+        window.add(StepPoint(wall=i * 0.1, step_ms=100.0, data_ms=None, comm_ms=None, comm_bytes=None, samples=32, tokens=None))
+    assert len(window.points) == 10
+    assert window.rate("samples") == pytest.approx(320.0)
+    assert window.step_ms(50) == 100.0

@@ -1,0 +1,124 @@
+"""The step tracker as plain Python, with a hand-driven clock."""
+
+from ddptop.trainer.steps import StepTracker
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class NotYet:
+    """A Late value whose event has not passed until told."""
+
+    def __init__(self, value: float) -> None:
+        self.value, self.done = value, False
+
+    def ready(self) -> bool:
+        return self.done
+
+    def get(self) -> float:
+        return self.value
+
+
+def make() -> tuple[StepTracker, list, Clock]:
+    out: list = []
+    clock = Clock()
+    return StepTracker(rank=3, emit=out.append, clock=clock), out, clock
+
+
+def run_step(tracker: StepTracker, clock: Clock, data_s: float, compute_s: float, batches=(8,)) -> None:
+    clock.now += data_s
+    for size in batches:
+        tracker.forward_begin(size)
+        tracker.forward_end()
+    clock.now += compute_s
+    tracker.optimizer_begin({"grad_norm": 2.0})
+    tracker.optimizer_end({"comm_ms": 1.5, "comm_bytes": 400})
+
+
+def test_step_time_data_wait_and_samples_over_accumulated_forwards():
+    tracker, out, clock = make()
+    run_step(tracker, clock, data_s=0.5, compute_s=0.1, batches=(8, 8))
+    run_step(tracker, clock, data_s=0.02, compute_s=0.1, batches=(8, 8))
+    tracker.flush()
+    first, second = out
+    assert (first["step"], second["step"]) == (0, 1)
+    assert round(first["step_ms"], 6) == 100.0 and "data_ms" not in first  # first step: from its forward
+    assert round(second["step_ms"], 6) == 120.0
+    assert round(second["data_ms"], 6) == 20.0
+    assert second["samples"] == 16 and second["rank"] == 3
+    assert second["grad_norm"] == 2.0 and second["comm_ms"] == 1.5 and second["comm_bytes"] == 400
+
+
+def test_explicit_values_after_optimizer_step_join_that_step():
+    tracker, out, clock = make()
+    run_step(tracker, clock, 0.0, 0.1)
+    assert out == []  # held for monitor.step()
+    tracker.explicit(loss=0.25, samples=10, tokens=1000)
+    assert out[0]["loss"] == 0.25 and out[0]["samples"] == 10 and out[0]["tokens"] == 1000
+
+
+def test_explicit_values_before_optimizer_step_join_the_step_in_progress():
+    tracker, out, clock = make()
+    run_step(tracker, clock, 0.0, 0.1)
+    tracker.forward_begin(8)  # releases step 0 without a loss
+    tracker.explicit(loss=0.5, samples=None, tokens=None)
+    tracker.optimizer_begin({})
+    tracker.optimizer_end({})
+    tracker.flush()
+    assert "loss" not in out[0] and out[1]["loss"] == 0.5
+
+
+def test_without_an_optimizer_monitor_step_is_the_boundary():
+    tracker, out, clock = make()
+    for _ in range(3):
+        clock.now += 0.05
+        tracker.explicit(loss=1.0, samples=4, tokens=None)
+    assert [r["step"] for r in out] == [0, 1, 2]
+    assert tracker.step == 3
+
+
+def test_gpu_values_hold_a_record_until_readable_never_blocking():
+    tracker, out, clock = make()
+    pending = NotYet(7.0)
+    clock.now += 0.1
+    tracker.forward_begin(8)
+    tracker.optimizer_begin({"grad_norm": pending})
+    tracker.optimizer_end({})
+    tracker.forward_begin(8)
+    assert out == []
+    pending.done = True
+    tracker.optimizer_begin({})
+    tracker.optimizer_end({})
+    tracker.forward_begin(8)
+    assert out[0]["grad_norm"] == 7.0
+
+
+def test_a_value_that_never_becomes_readable_is_dropped_not_waited_for():
+    tracker, out, clock = make()
+    for _ in range(12):
+        tracker.forward_begin(8)
+        tracker.optimizer_begin({"grad_norm": NotYet(1.0)})
+        tracker.optimizer_end({})
+    tracker.forward_begin(8)
+    assert out and all("grad_norm" not in r for r in out)
+    assert [r["step"] for r in out] == list(range(len(out)))
+
+
+def test_phase_follows_the_hooks():
+    tracker, _, clock = make()
+    assert tracker.phase == "startup"
+    tracker.forward_begin(1)
+    assert tracker.phase == "forward"
+    tracker.forward_end()
+    assert tracker.phase == "backward"
+    tracker.comm_begin()
+    assert tracker.phase == "comm"
+    tracker.optimizer_begin({})
+    assert tracker.phase == "optimizer"
+    tracker.optimizer_end({})
+    assert tracker.phase == "data"

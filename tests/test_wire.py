@@ -1,0 +1,75 @@
+import io
+import struct
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddptop.trainer import wire
+
+STEP = {"type": "step", "rank": 1, "step": 7, "wall": 1.5, "step_ms": 12.0, "samples": 32, "loss": None}
+
+
+def test_round_trip_through_the_stream_decoder():
+    frames = [STEP, {"type": "batch", "items": [STEP, STEP]}]
+    data = b"".join(wire.encode(f) for f in frames)
+    decoder = wire.FrameDecoder()
+    got = []
+    for i in range(0, len(data), 7):  # arbitrary split points, as a socket delivers
+        got += decoder.feed(data[i : i + 7])
+    assert got == frames
+    assert all(wire.validate(f) for f in got)
+
+
+@given(
+    rank=st.integers(0, 1 << 20),
+    step=st.integers(0, 1 << 40),
+    step_ms=st.floats(allow_nan=False),
+    loss=st.none() | st.floats(allow_nan=False),
+)
+def test_round_trip_of_any_step_record(rank, step, step_ms, loss):
+    frame = {"type": "step", "rank": rank, "step": step, "wall": 0.0, "step_ms": step_ms, "loss": loss}
+    (decoded,) = wire.FrameDecoder().feed(wire.encode(frame))
+    assert wire.validate(decoded) == frame
+
+
+def test_oversized_header_is_refused_before_the_body_arrives():
+    decoder = wire.FrameDecoder()
+    with pytest.raises(wire.FrameError, match="exceeds"):
+        decoder.feed(struct.pack(">I", wire.MAX_FRAME + 1))
+
+
+def test_encode_refuses_an_oversized_frame():
+    with pytest.raises(wire.FrameError):
+        wire.encode({"type": "step", "blob": b"x" * (wire.MAX_FRAME + 1)})
+
+
+@pytest.mark.parametrize(
+    "frame, message",
+    [
+        ({"type": "nope"}, "unknown frame type"),
+        ({**STEP, "extra": 1}, "unknown field"),
+        ({**STEP, "step": True}, "field 'step'"),
+        ({**STEP, "step": "7"}, "field 'step'"),
+        ({**STEP, "rank": None}, "field 'rank'"),
+        ({"type": "step", "rank": 0}, "missing field"),
+        ({"type": "batch", "items": [{"type": "rank_hello"}]}, "not a rank record"),
+        ({"type": "batch", "items": [{**STEP, "step_ms": "x"}]}, "step_ms"),
+        ({"type": "batch", "items": [STEP] * (wire.MAX_BATCH + 1)}, "exceeds"),
+    ],
+)
+def test_schema_violations_are_named(frame, message):
+    with pytest.raises(wire.FrameError, match=message):
+        wire.validate(frame)
+
+
+def test_garbage_and_non_map_bodies_are_frame_errors():
+    for body in (b"\xc1\xc1\xc1", msgpack.packb([1, 2]), msgpack.packb({"type": 3})):
+        with pytest.raises(wire.FrameError):
+            wire.FrameDecoder().feed(struct.pack(">I", len(body)) + body)
+
+
+def test_read_frames_stops_quietly_at_a_truncated_tail():
+    data = wire.encode(STEP) + wire.encode(STEP)
+    assert list(wire.read_frames(io.BytesIO(data[:-3]))) == [STEP]
