@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -28,7 +29,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=256, help="hidden width of the MLP")
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    return args
 
 
 def make_model(width: int) -> nn.Module:
@@ -65,7 +69,10 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     monitor.configure(total_steps=args.steps)
+    warmup = min(10, args.steps - 1)
     for step in range(args.steps):
+        if step == warmup:
+            timed_from = time.perf_counter()
         x, y = batch(step, rank, args.batch_size, device)
         loss = loss_fn(model(x), y)
         optimizer.zero_grad(set_to_none=True)
@@ -75,6 +82,8 @@ def main() -> None:
         if rank == 0 and (step % 100 == 0 or step == args.steps - 1):
             print(f"step {step} loss {loss.item():.4f}", flush=True)
     if rank == 0:
+        rate = (args.steps - warmup) / (time.perf_counter() - timed_from)
+        print(f"train-steps-per-s {rate:.2f}", flush=True)
         print(f"final-params-sha256 {params_sha256(model.module)}", flush=True)
     dist.destroy_process_group()
 

@@ -47,9 +47,6 @@ class WallSpans:
     def end(span: list[float]) -> None:
         span[1] = time.perf_counter() * 1000.0
 
-    def ready(self) -> bool:
-        return True
-
     def get(self) -> float:
         return union_ms([(s, e) for s, e in self.spans if e])
 
@@ -104,10 +101,14 @@ class CommTimer:
     def end(self, span: Any) -> None:
         self._current.end(span)
 
-    def take(self) -> WallSpans | CudaSpans | None:
-        """The spans of the step just finished (None if it communicated nothing)."""
+    def take(self) -> tuple[float | CudaSpans, int] | None:
+        """(comm ms, bytes) of the step just finished, or None if it sent nothing.
+
+        The milliseconds are a number for wall-clock spans, and the CudaSpans
+        themselves (a late value, see late.py) for CUDA events.
+        """
         spans = self._current
         if not spans.spans:
             return None
         self._current = CudaSpans() if self._cuda else WallSpans()
-        return spans
+        return (spans if isinstance(spans, CudaSpans) else spans.get()), spans.bytes

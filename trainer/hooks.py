@@ -6,8 +6,8 @@ only through torch's public extension points, so the script runs unchanged:
 - DistributedDataParallel.__init__ is wrapped to add a forward pre-hook
   (step start, samples) and a forward hook (phase) to each DDP model;
 - at a model's first forward, if the script registered no comm hook of its
-  own, DDP's default all-reduce is registered through a timing wrapper; a
-  comm hook the script registers itself is wrapped the same way;
+  own, a timed all-reduce with the semantics of DDP's default is registered;
+  a comm hook the script registers itself is wrapped with the same timing;
 - the global optimizer step pre/post hooks mark the step boundary and
   measure the grad norm before the optimizer sees the gradients.
 
@@ -21,7 +21,7 @@ import functools
 from typing import Any
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -32,51 +32,64 @@ from ddptop.trainer.steps import StepTracker
 
 def install(tracker: StepTracker) -> None:
     timer = CommTimer()
-    _wrap_ddp(DistributedDataParallel, tracker, timer)
+    _wrap_ddp(tracker, timer)
     register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(tracker, optimizer))
     register_optimizer_step_post_hook(
-        lambda optimizer, args, kwargs: _optimizer_end(tracker, timer, optimizer)
+        lambda optimizer, args, kwargs: _optimizer_end(tracker, timer)
     )
 
 
-def _wrap_ddp(ddp_class: Any, tracker: StepTracker, timer: CommTimer) -> None:
-    original_init = ddp_class.__init__
-    original_register = ddp_class.register_comm_hook
+_original_register = DistributedDataParallel.register_comm_hook
+
+
+def _wrap_ddp(tracker: StepTracker, timer: CommTimer) -> None:
+    original_init = DistributedDataParallel.__init__
 
     @functools.wraps(original_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
-        self.register_forward_pre_hook(_forward_pre_hook(tracker), with_kwargs=True)
+        self.register_forward_pre_hook(_forward_pre_hook(tracker, timer), with_kwargs=True)
         self.register_forward_hook(lambda module, args, output: tracker.forward_end())
 
-    @functools.wraps(original_register)
+    @functools.wraps(_original_register)
     def register_comm_hook(self: Any, state: object, hook: Any) -> None:
-        original_register(self, state, _timed(hook, tracker, timer))
+        _original_register(self, state, _timed(hook, tracker, timer))
 
-    ddp_class.__init__ = __init__
-    ddp_class.register_comm_hook = register_comm_hook
+    DistributedDataParallel.__init__ = __init__
+    DistributedDataParallel.register_comm_hook = register_comm_hook
 
 
-def _forward_pre_hook(tracker: StepTracker) -> Any:
+def _forward_pre_hook(tracker: StepTracker, timer: CommTimer) -> Any:
     def hook(module: Any, args: tuple, kwargs: dict) -> None:
         if not getattr(module, "_ddptop_comm_hooked", False):
             module._ddptop_comm_hooked = True
-            _ensure_comm_hook(module)
+            _ensure_comm_hook(module, tracker, timer)
         if module.training and torch.is_grad_enabled():
             tracker.forward_begin(_batch_size(args, kwargs))
 
     return hook
 
 
-def _ensure_comm_hook(model: Any) -> None:
-    """Register DDP's own default all-reduce, timed, unless the script has a hook."""
+def _ensure_comm_hook(model: Any, tracker: StepTracker, timer: CommTimer) -> None:
+    """Register a timed default all-reduce unless the script has a hook of its own."""
     if model._comm_hooks:
         return
     try:
-        model.register_comm_hook(model.process_group, allreduce_hook)
+        _original_register(model, model.process_group, _timed(_allreduce_mean, tracker, timer))
     except (RuntimeError, ValueError):
         # A built-in C++ hook is already registered: leave it, untimed.
         return
+
+
+def _allreduce_mean(process_group, bucket):  # type: ignore[no-untyped-def]
+    """DDP's default arithmetic (divide, then sum), as torch's allreduce_hook does it.
+
+    It returns c10d's future as is (its value is a one-tensor list) and leaves
+    the unwrapping to _timed's callback, so each bucket costs one callback.
+    """
+    group = process_group if process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer().div_(group.size())
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future()
 
 
 def _timed(hook: Any, tracker: StepTracker, timer: CommTimer) -> Any:
@@ -91,9 +104,10 @@ def _timed(hook: Any, tracker: StepTracker, timer: CommTimer) -> Any:
         tracker.comm_begin()
         span = timer.begin(bucket.buffer())
 
-        def done(fut: Any) -> Any:
+        def done(fut):  # type: ignore[no-untyped-def]
             timer.end(span)
-            return fut.value()
+            value = fut.value()
+            return value[0] if isinstance(value, list) else value
 
         return hook(state, bucket).then(done)
 
@@ -106,13 +120,11 @@ def _optimizer_begin(tracker: StepTracker, optimizer: Any) -> None:
     tracker.optimizer_begin({"grad_norm": _grad_norm(optimizer)})
 
 
-def _optimizer_end(tracker: StepTracker, timer: CommTimer, optimizer: Any) -> None:
-    values: dict[str, Any] = {}
-    spans = timer.take()
-    if spans is not None:
-        values["comm_ms"] = spans
-        values["comm_bytes"] = spans.bytes
-    values.update(_memory())
+def _optimizer_end(tracker: StepTracker, timer: CommTimer) -> None:
+    values: dict[str, Any] = _memory()
+    comm = timer.take()
+    if comm is not None:
+        values["comm_ms"], values["comm_bytes"] = comm
     tracker.optimizer_end(values)
 
 
@@ -122,12 +134,14 @@ def _grad_norm(optimizer: Any) -> Any:
     if not grads:
         return None
     norms = torch._foreach_norm(grads)
-    return late.scalar(torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms])))
+    if any(n.device != norms[0].device for n in norms):
+        norms = [n.to(norms[0].device) for n in norms]
+    return late.scalar(torch.linalg.vector_norm(torch.stack(norms)))
 
 
 def _memory() -> dict[str, int]:
     """CUDA caching-allocator figures; these are host-side counters, no sync."""
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    if not torch.cuda.is_initialized():
         return {}
     return {
         "mem_alloc": torch.cuda.memory_allocated(),

@@ -46,7 +46,7 @@ class StepTracker:
         self._measured: dict[str, Any] = {}
         self._optimizer_seen = False
         self._finished: wire.Frame | None = None
-        self._waiting: list[wire.Frame] = []
+        self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
 
     def forward_begin(self, samples: int | None) -> None:
         now = self._clock()
@@ -93,8 +93,8 @@ class StepTracker:
         """Send everything still held; at exit, when waiting no longer matters."""
         self._release_finished()
         self._waiting, waiting = [], self._waiting
-        for record in waiting:
-            self._emit(_resolve(record, wait=True))
+        for record, lates in waiting:
+            self._emit(_resolve(record, lates, wait=True))
 
     def _close_step(self) -> None:
         now = self._clock()
@@ -124,25 +124,26 @@ class StepTracker:
         self.phase = "data"
 
     def _release_finished(self) -> None:
-        if self._finished is not None:
-            self._waiting.append(self._finished)
+        record = self._finished
+        if record is not None:
             self._finished = None
+            lates = {k: record.pop(k) for k in [k for k, v in record.items() if late.is_late(v)]}
+            if not lates and not self._waiting:
+                self._emit(record)  # the CPU case: nothing to wait for
+                return
+            self._waiting.append((record, lates))
         while self._waiting:
-            head = self._waiting[0]
+            head, lates = self._waiting[0]
             force = len(self._waiting) > MAX_WAITING
-            if not force and not all(v.ready() for v in head.values() if late.is_late(v)):
+            if not force and not all(v.ready() for v in lates.values()):
                 break
             self._waiting.pop(0)
-            self._emit(_resolve(head, wait=False))
+            self._emit(_resolve(head, lates, wait=False))
 
 
-def _resolve(record: wire.Frame, wait: bool) -> wire.Frame:
-    """Replace Late values by numbers; drop those not ready unless wait."""
-    out: wire.Frame = {}
-    for key, value in record.items():
-        if late.is_late(value):
-            if wait or value.ready():
-                out[key] = value.get()
-        else:
-            out[key] = value
-    return out
+def _resolve(record: wire.Frame, lates: dict[str, late.Late], wait: bool) -> wire.Frame:
+    """The record with its Late values read; those not ready are left out unless wait."""
+    for key, value in lates.items():
+        if wait or value.ready():
+            record[key] = value.get()
+    return record

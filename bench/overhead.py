@@ -1,0 +1,74 @@
+"""What ddptop's instrumentation costs a training job, measured side by side.
+
+Runs the example job alternately under plain torchrun and under `ddptop
+launch --headless` (same script, ranks, steps and seed), reads the steps/s
+that rank 0 measured after warm-up, and reports each configuration's median
+and the ratio ddptop/plain. Alternating rounds spread the machine's drift
+over both sides equally.
+
+    python bench/overhead.py --ranks 2 --steps 2000 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "train.py"
+DDPTOP = str(Path(sys.executable).parent / "ddptop")
+
+
+def steps_per_s(cmd: list[str], env: dict[str, str]) -> float:
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+    match = re.search(r"train-steps-per-s ([0-9.]+)", result.stdout)
+    if result.returncode != 0 or match is None:
+        sys.exit(f"bench: run failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr[-2000:]}")
+    return float(match.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--width", type=int, default=256, help="MLP width of the example job")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
+    args = parser.parse_args()
+
+    job = [str(EXAMPLE), "--steps", str(args.steps), "--width", str(args.width), "--batch-size", str(args.batch_size)]
+    plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks), *job]
+    home = tempfile.mkdtemp(prefix="ddptop-bench-")
+    env = {**os.environ, "DDPTOP_HOME": home, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *job]
+
+    results: dict[str, list[float]] = {"plain torchrun": [], "ddptop": []}
+    for round_ in range(args.rounds):
+        order = [("plain torchrun", plain), ("ddptop", with_ddptop)]
+        if round_ % 2:
+            order.reverse()
+        for name, cmd in order:
+            results[name].append(steps_per_s(cmd, env))
+        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in results.items()), flush=True)
+
+    plain_med = statistics.median(results["plain torchrun"])
+    ddptop_med = statistics.median(results["ddptop"])
+    ratios = [d / p for d, p in zip(results["ddptop"], results["plain torchrun"])]
+    print()
+    print(f"example job, {args.ranks} ranks, {args.steps} steps, width {args.width}, batch {args.batch_size}, "
+          f"{args.rounds} alternating rounds")
+    print(f"{'':<16}{'median steps/s':>16}{'min':>10}{'max':>10}")
+    for name, values in results.items():
+        print(f"{name:<16}{statistics.median(values):>16.1f}{min(values):>10.1f}{max(values):>10.1f}")
+    print(f"ratio ddptop/plain (of medians): {ddptop_med / plain_med:.3f}; per-round ratios: "
+          + " ".join(f"{r:.3f}" for r in ratios))
+
+
+if __name__ == "__main__":
+    main()
