@@ -1,7 +1,13 @@
-"""The `ddptop` command: launch, ls, export.
+"""The `ddptop` command: launch, attach, replay, ls, export.
 
 Bad input is answered with one line on stderr and exit status 2, before
 anything is started, so a mistake never leaves a process behind.
+
+With the dashboard, `launch` forks: the child becomes the supervisor in a
+session of its own (its output in the run directory's supervisor.log), and
+the parent runs the dashboard attached to the child's socket, exactly as
+`ddptop attach` would. So quitting the dashboard can leave the job running
+headless, and launch and attach are one code path.
 """
 
 from __future__ import annotations
@@ -22,11 +28,15 @@ from ddptop.supervisor import launchargs, rundir
 from ddptop.supervisor.launchargs import OneLineParser, UsageError
 from ddptop.supervisor.launcher import JobPlan, Torchrun
 from ddptop.supervisor.rundir import RunDirError
-from ddptop.supervisor.sampler import Sampler, gpu_count, load_nvml
+from ddptop.supervisor.sampler import Sampler, gpu_count, load_nvml, release_nvml
 from ddptop.supervisor.supervise import Supervisor
+
+SOCKET_WAIT_S = 30.0
 
 USAGE = """\
 usage: ddptop launch [options] SCRIPT [script args]   run a DDP job under torchrun and supervise it
+       ddptop attach [RUN]                            the dashboard on a running job (default: newest)
+       ddptop replay RUN                              the dashboard over a run's recorded events
        ddptop ls [--json]                             list runs and their state
        ddptop export RUN                              print a run's event log as JSON lines
 
@@ -108,10 +118,110 @@ def launch(argv: list[str]) -> int:
         "version": ddptop.__version__,
     }
     run.write_meta(meta)
+    dashboard = not args.options.headless and sys.stdout.isatty()
+    if dashboard:
+        release_nvml(nvml)  # NVML is not fork-safe: the supervisor child opens its own
+        if os.fork() != 0:
+            return _dashboard_for_launch(run)
+        _become_detached_supervisor(run)
+        nvml = load_nvml()
+        meta.update(supervisor_pid=os.getpid(), supervisor_started=psutil.Process().create_time())
+        run.write_meta(meta)
     supervisor = Supervisor(run, Torchrun(plan), Sampler(nvml), args.options.summary_every)
     for notice in notices:
         supervisor.record({"type": "notice", "wall": time.time(), "text": notice})
-    return asyncio.run(supervisor.main({**meta, "wall": meta["started"]}))
+    code = asyncio.run(supervisor.main({**meta, "wall": meta["started"]}))
+    if dashboard:
+        os._exit(code)
+    return code
+
+
+def _become_detached_supervisor(run: rundir.RunDir) -> None:
+    """In the forked child: own session, output to the run directory."""
+    os.setsid()
+    log = os.open(run.path / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+
+
+def _dashboard_for_launch(run: rundir.RunDir) -> int:
+    """The parent after the fork: wait for the supervisor's socket, then attach."""
+    deadline = time.monotonic() + SOCKET_WAIT_S
+    while not run.socket_path.exists():
+        if time.monotonic() > deadline:
+            raise RunDirError(f"the supervisor did not start; see {run.path / 'supervisor.log'}")
+        time.sleep(0.05)
+    # Textual is imported only where a dashboard opens: headless stays light.
+    from ddptop.tui.app import DdptopApp
+    from ddptop.tui.source import LiveSource
+
+    app = DdptopApp(LiveSource(run.socket_path), "launch", run.path)
+    choice = app.run()
+    if choice == "leave":
+        print(f"ddptop: the job runs on headless; ddptop attach {run.id}")
+        return 0
+    if choice == "stop":
+        print(f"ddptop: stopping the job; run directory {run.path}")
+        return 0
+    end = app.state.exit
+    return int(end["code"]) if end is not None else 0
+
+
+def _live_run(spec: str | None) -> rundir.RunDir:
+    """The run to attach to: named, or this user's newest running one; checked."""
+    if spec is None:
+        running = [r for r in rundir.all_runs() if r.state() == "running"]
+        if not running:
+            raise RunDirError("no running job of yours to attach to (ddptop ls lists runs)")
+        run = running[-1]
+    else:
+        run = rundir.find(spec)
+    state = run.state()
+    if state != "running":
+        raise RunDirError(f"run {run.id} has {'finished' if state == 'finished' else 'failed'}; ddptop replay {run.id} shows it")
+    sock = run.socket_path
+    if not sock.exists():
+        raise RunDirError(f"run {run.id} has no socket; its supervisor is gone")
+    if sock.stat().st_uid != os.getuid():
+        raise RunDirError(f"the socket of run {run.id} belongs to another user")
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(str(sock))
+    except OSError as exc:
+        raise RunDirError(f"run {run.id} does not answer on its socket ({exc.strerror}); its supervisor is gone") from None
+    finally:
+        probe.close()
+    return run
+
+
+def attach(argv: list[str]) -> int:
+    parser = OneLineParser(prog="ddptop attach")
+    parser.add_argument("run", nargs="?", help="run directory, run id or id prefix (default: newest running)")
+    opts = parser.parse_args(argv)
+    run = _live_run(opts.run)
+    from ddptop.tui.app import DdptopApp
+    from ddptop.tui.source import LiveSource
+
+    DdptopApp(LiveSource(run.socket_path), "attach", run.path).run()
+    return 0
+
+
+def replay(argv: list[str]) -> int:
+    parser = OneLineParser(prog="ddptop replay")
+    parser.add_argument("run", help="run directory, run id or id prefix")
+    opts = parser.parse_args(argv)
+    run = rundir.find(opts.run)
+    if not run.events_path.exists():
+        raise RunDirError(f"run {run.id} has no event log")
+    from ddptop.tui.app import DdptopApp
+    from ddptop.tui.source import ReplaySource
+
+    DdptopApp(ReplaySource(run), "replay", run.path).run()
+    return 0
 
 
 def list_runs(argv: list[str]) -> int:
@@ -156,7 +266,7 @@ def export(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"launch": launch, "ls": list_runs, "export": export}
+COMMANDS = {"launch": launch, "attach": attach, "replay": replay, "ls": list_runs, "export": export}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,11 @@
-"""The supervisor's socket server: ranks' records in, checked, logged, folded.
+"""The supervisor's socket server: ranks' records in, dashboards served.
 
-Each connection must introduce itself with a hello frame; after that every
-frame is size-limited and schema-checked (wire.validate). A bad frame closes
-that one connection, is counted and logged; nothing else is disturbed, and
-the job itself never depends on a connection staying up.
+Each connection must introduce itself with a hello frame: a rank's
+(rank_hello, then batches of records) or a dashboard's (viewer_hello, then
+commands; see viewers.py). Every frame is size-limited and schema-checked
+(wire.validate). A bad frame closes that one connection, is counted and
+logged; nothing else is disturbed, and the job itself never depends on a
+connection staying up.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ddptop.supervisor.viewers import CommandHandler, Viewers
 from ddptop.trainer import wire
 
 READ_SIZE = 1 << 16
@@ -22,11 +25,14 @@ Sink = Callable[[wire.Frame], None]
 
 
 class Collector:
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Sink, viewers: Viewers | None = None, on_command: CommandHandler | None = None) -> None:
         """sink receives every accepted record (already validated)."""
         self._sink = sink
+        self._viewers = viewers
+        self._on_command = on_command
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task] = set()
+        self._rank_connections: set[asyncio.Task] = set()
         self.bad_frames = 0
         self.rank_connections = 0
 
@@ -37,6 +43,12 @@ class Collector:
         finally:
             os.umask(old_umask)
         path.chmod(0o600)
+
+    async def ranks_done(self, timeout: float = 2.0) -> None:
+        """Wait (bounded) for ranks' connections to deliver their last frames and end."""
+        pending = [t for t in self._rank_connections if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
 
     async def close(self, drain_s: float = 2.0) -> None:
         """Stop accepting; give open connections drain_s to deliver their last frames."""
@@ -53,7 +65,7 @@ class Collector:
         assert task is not None
         self._connections.add(task)
         try:
-            await self._read_frames(reader)
+            await self._read_frames(reader, writer)
         except wire.FrameError as exc:
             self.bad_frames += 1
             self._sink({"type": "wire_error", "wall": time.time(), "error": str(exc)})
@@ -63,17 +75,26 @@ class Collector:
             self._connections.discard(task)
             writer.close()
 
-    async def _read_frames(self, reader: asyncio.StreamReader) -> None:
+    async def _read_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         decoder = wire.FrameDecoder()
         hello: wire.Frame | None = None
         while data := await reader.read(READ_SIZE):
-            for frame in decoder.feed(data):
+            frames = decoder.feed(data)
+            for index, frame in enumerate(frames):
                 wire.validate(frame)
+                if hello is None and frame["type"] == "viewer_hello" and self._viewers is not None:
+                    assert self._on_command is not None
+                    await self._viewers.serve(frame, frames[index + 1 :], reader, writer, decoder, self._on_command)
+                    return
                 if hello is None:
                     if frame["type"] != "rank_hello":
                         raise wire.FrameError(f"expected a hello, got {frame['type']!r}")
                     hello = frame
                     self.rank_connections += 1
+                    task = asyncio.current_task()
+                    assert task is not None
+                    self._rank_connections.add(task)
+                    task.add_done_callback(self._rank_connections.discard)
                     self._sink(frame)
                 elif frame["type"] == "batch":
                     for item in frame["items"]:

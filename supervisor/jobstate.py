@@ -9,6 +9,7 @@ show the same figures computed the same way.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,9 @@ class RankState:
     gpu: int | None = None
     gpu_mem: int | None = None
     steps_seen: int = 0
+    alerts: int = 0
+    exited: bool = False
+    stack: str | None = None
     window: RollingWindow = field(default_factory=RollingWindow)
 
     def samples_per_s(self) -> float | None:
@@ -59,15 +63,30 @@ class GpuState:
     power_w: float | None = None
 
 
+EVENT_TYPES = frozenset({"alert", "action", "notice", "wire_error", "exit"})
+"""Records the dashboard's alert panel lists."""
+
+HISTORY = 600
+"""Per-second summaries kept for plots: ten minutes."""
+
+STRAGGLER_RATIO = 1.25
+"""A rank whose median step time is this much over the job's median is flagged."""
+
+
 class JobState:
     def __init__(self) -> None:
         self.ranks: dict[int, RankState] = {}
         self.gpus: dict[int, GpuState] = {}
+        self.meta: dict[str, Any] = {}
         self.world_size = 0
         self.total_steps: int | None = None
         self.started = time.time()
+        self.last_wall = self.started
         self.records = 0
         self.alerts = 0
+        self.events: deque[wire.Frame] = deque(maxlen=200)
+        self.summaries: deque[wire.Frame] = deque(maxlen=HISTORY)
+        self.exit: wire.Frame | None = None
 
     def rank(self, rank: int) -> RankState:
         state = self.ranks.get(rank)
@@ -78,12 +97,18 @@ class JobState:
     def ingest(self, record: wire.Frame) -> None:
         """Fold one record (live or replayed) into the state."""
         self.records += 1
-        handler = _HANDLERS.get(record.get("type", ""))
+        kind = record.get("type", "")
+        if isinstance(record.get("wall"), (int, float)):
+            self.last_wall = max(self.last_wall, record["wall"])
+        if kind in EVENT_TYPES:
+            self.events.append(record)
+        handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, record)
 
     def _on_run(self, record: wire.Frame) -> None:
-        self.started = record.get("wall", self.started)
+        self.meta = record
+        self.started = self.last_wall = record.get("wall", self.started)
 
     def _on_hello(self, record: wire.Frame) -> None:
         state = self.rank(record["rank"])
@@ -133,6 +158,29 @@ class JobState:
 
     def _on_alert(self, record: wire.Frame) -> None:
         self.alerts += 1
+        if record.get("rank") in self.ranks:
+            self.ranks[record["rank"]].alerts += 1
+
+    def _on_stack(self, record: wire.Frame) -> None:
+        self.rank(record["rank"]).stack = record.get("text")
+
+    def _on_summary(self, record: wire.Frame) -> None:
+        self.summaries.append(record)
+
+    def _on_exit(self, record: wire.Frame) -> None:
+        self.exit = record
+        for state in self.ranks.values():
+            state.exited = True
+
+    @property
+    def restarts(self) -> int:
+        return max((r.restart for r in self.ranks.values()), default=0)
+
+    def straggler_ratio(self, rank: RankState) -> float | None:
+        """The rank's median step time over the median of all ranks' medians."""
+        own = rank.window.step_ms(50)
+        job = median([x for r in self.ranks.values() if (x := r.window.step_ms(50)) is not None])
+        return own / job if own is not None and job else None
 
     def totals(self) -> dict[str, Any]:
         """Job-wide figures for the header and the summary line."""
@@ -160,6 +208,7 @@ class JobState:
             "comm_ms": comm_ms,
             "comm_share": median(shares),
             "busbw": busbw,
+            "loss": median([r.loss for r in ranks if r.loss is not None]),
             "gpu_mem": max((r.mem_alloc for r in ranks if r.mem_alloc is not None), default=None),
             "rss": sum(r.rss for r in ranks if r.rss is not None) or None,
             "dropped": sum(r.dropped for r in ranks),
@@ -175,4 +224,7 @@ _HANDLERS = {
     "heartbeat": JobState._on_heartbeat,
     "sample": JobState._on_sample,
     "alert": JobState._on_alert,
+    "summary": JobState._on_summary,
+    "stack": JobState._on_stack,
+    "exit": JobState._on_exit,
 }

@@ -163,7 +163,10 @@ class EventLog:
         self.bytes_written = 0
 
     def append(self, record: wire.Frame) -> None:
-        data = wire.encode(record)
+        self.write(wire.encode(record))
+
+    def write(self, data: bytes) -> None:
+        """Append a frame already encoded (the supervisor encodes once for log and viewers)."""
         self._file.write(data)
         self.bytes_written += len(data)
 

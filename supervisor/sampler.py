@@ -31,6 +31,15 @@ def load_nvml() -> ModuleType | None:
     return pynvml
 
 
+def release_nvml(nvml: ModuleType | None) -> None:
+    """Shut NVML down, e.g. before a fork: the child initialises its own."""
+    if nvml is not None:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            return
+
+
 def gpu_count(nvml: ModuleType | None) -> int:
     if nvml is None:
         return 0

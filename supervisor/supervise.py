@@ -1,15 +1,14 @@
-"""One supervised job: torchrun child, collector, sampler, event log, summaries.
+"""One supervised job: the torchrun child, sampling, summaries, signals, commands.
 
 Everything runs on one asyncio loop in the supervisor process; the only
-blocking calls (NVML and psutil) run in a worker thread. Every record,
-whether from a rank or made here, goes through `record()`: into the event
-log first, then into the job state, so the log is the full story a later
-replay or export reads.
+blocking calls (NVML and psutil) run in a worker thread. Records go through
+the hub (hub.py), which logs them and serves them to dashboards.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -17,15 +16,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
 from ddptop.supervisor import summary
-from ddptop.supervisor.collector import Collector
-from ddptop.supervisor.jobstate import JobState
+from ddptop.supervisor.hub import Hub
 from ddptop.supervisor.launcher import Torchrun
-from ddptop.supervisor.rundir import EventLog, RunDir
+from ddptop.supervisor.rundir import RunDir
 from ddptop.supervisor.sampler import Sampler
 from ddptop.trainer import wire
 
 SAMPLE_S = 1.0
 FLUSH_S = 1.0
+STATE_S = 1.0
+"""Period of the "summary" record that dashboards plot; printing has its own."""
 
 
 class Supervisor:
@@ -42,20 +42,42 @@ class Supervisor:
         self.sampler = sampler
         self.summary_every = summary_every
         self.out = out
-        self.state = JobState()
-        self.log = EventLog(run.events_path)
-        self.collector = Collector(self.record)
+        self.hub = Hub(run, self.on_command)
+        self.state = self.hub.state
+        self.record = self.hub.record
         self._stop_signal: int | None = None
         self._stopping: asyncio.Task | None = None
 
-    def record(self, frame: wire.Frame) -> None:
-        self.log.append(frame)
-        self.state.ingest(frame)
+    def on_command(self, command: wire.Frame) -> None:
+        """A dashboard's request: stop the job, restart the group, kill a rank.
+
+        Killing ranks is how a restart is asked of torchrun: it restarts the
+        whole worker group while its --max-restarts budget lasts.
+        """
+        action = command["action"]
+        if action == "stop":
+            self._note(None, "stop requested from a dashboard")
+            self._request_stop(signal.SIGTERM)
+            return
+        ranks = list(self.state.ranks.values())
+        if action == "kill_rank":
+            ranks = [r for r in ranks if r.rank == command.get("rank")]
+        for rank in ranks:
+            try:
+                os.kill(rank.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+        what = "restart of the group" if action == "restart" else f"kill of rank {command.get('rank')}"
+        self._note(command.get("rank"), f"{what} requested from a dashboard")
+
+    def _note(self, rank: int | None, text: str) -> None:
+        self.record({"type": "action", "wall": time.time(), "rank": rank, "text": text})
+        print(f"ddptop: {text}", file=sys.stderr, flush=True)
 
     async def main(self, meta: dict[str, Any]) -> int:
         """Run the job to its end; return the exit status for `ddptop launch`."""
         loop = asyncio.get_running_loop()
-        await self.collector.start_unix(self.run.socket_path)
+        await self.hub.start()
         self.record({"type": "run", **meta})
         await self.torchrun.start()
         self.run.update_meta(torchrun_pid=self.torchrun.pid)
@@ -63,19 +85,18 @@ class Supervisor:
             loop.add_signal_handler(signum, self._on_signal, signum)
         periodic = [
             asyncio.create_task(_every(SAMPLE_S, self._sample)),
-            asyncio.create_task(_every(self.summary_every, self._summarise)),
+            asyncio.create_task(_every(STATE_S, self._record_totals)),
+            asyncio.create_task(_every(self.summary_every, self._print_summary)),
             asyncio.create_task(_every(FLUSH_S, self._flush)),
         ]
         code = await self.torchrun.wait()
-        await self.collector.close()
         for task in periodic:
             task.cancel()
         await asyncio.gather(*periodic, return_exceptions=True)
         if self._stop_signal is not None:
             code = 128 + self._stop_signal
-        await self._summarise()
-        self.record({"type": "exit", "wall": time.time(), "code": code, "stopped_by_signal": self._stop_signal})
-        self.log.close()
+        await self.hub.finish(code, self._stop_signal)
+        await self._print_summary()
         self.run.update_meta(state="finished" if code == 0 else "failed", ended=time.time(), exit_code=code)
         print(f"ddptop: job {'finished' if code == 0 else 'failed'} (exit {code}); run directory {self.run.path}", file=self.out, flush=True)
         return code
@@ -83,8 +104,12 @@ class Supervisor:
     def _on_signal(self, signum: int) -> None:
         """First signal: stop the job in order. A second: kill it now."""
         if self._stopping is None:
-            self._stop_signal = signum
             print(f"ddptop: {signal.Signals(signum).name}: stopping the job", file=sys.stderr, flush=True)
+        self._request_stop(signum)
+
+    def _request_stop(self, signum: int) -> None:
+        if self._stopping is None:
+            self._stop_signal = signum
             self._stopping = asyncio.create_task(self.torchrun.stop())
         elif self.torchrun.proc is not None and self.torchrun.proc.returncode is None:
             self.torchrun.proc.kill()
@@ -93,13 +118,14 @@ class Supervisor:
         pids = {rank: state.pid for rank, state in self.state.ranks.items() if state.pid}
         self.record(await asyncio.to_thread(self.sampler.sample, pids))
 
-    async def _summarise(self) -> None:
-        totals = self.state.totals()
-        self.record({"type": "summary", "wall": time.time(), **totals})
-        print(summary.line(totals, time.time() - self.state.started), file=self.out, flush=True)
+    async def _record_totals(self) -> None:
+        self.hub.record_totals()
+
+    async def _print_summary(self) -> None:
+        print(summary.line(self.state.totals(), time.time() - self.state.started), file=self.out, flush=True)
 
     async def _flush(self) -> None:
-        self.log.flush()
+        self.hub.log.flush()
 
 
 async def _every(period: float, action: Callable[[], Awaitable[None]]) -> None:

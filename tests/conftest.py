@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))  # the synthetic-rank load generator
 DDPTOP = str(Path(sys.executable).parent / "ddptop")
 EXAMPLE = REPO / "examples" / "train.py"
 SCRIPTS = REPO / "tests" / "scripts"

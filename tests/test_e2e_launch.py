@@ -33,6 +33,14 @@ def by_rank(records: list[dict], kind: str) -> dict[int, list[dict]]:
     return out
 
 
+def assert_grad_norms(rows: list[dict]) -> None:
+    """Finite and positive wherever measured; measured on the first step and
+    then within its budget of the step time (sampled on these tiny CPU steps)."""
+    norms = [r["grad_norm"] for r in rows if "grad_norm" in r]
+    assert "grad_norm" in rows[0] and len(norms) >= 3, [r["step"] for r in rows if "grad_norm" in r]
+    assert all(math.isfinite(n) and n > 0 for n in norms)
+
+
 def job_pids(records: list[dict], run: rundir.RunDir) -> list[int]:
     return [r["pid"] for r in records if r["type"] == "rank_hello"] + [run.read_meta()["torchrun_pid"]]
 
@@ -64,7 +72,8 @@ def test_four_ranks_report_every_step_and_survive_bad_frames(ddptop_home, tmp_pa
     for rank, rows in steps.items():
         assert [r["step"] for r in rows] == list(range(80)), f"rank {rank} steps not contiguous"
         assert all(r["comm_ms"] > 0 and r["comm_bytes"] > 0 for r in rows)
-        assert all(math.isfinite(r["grad_norm"]) and math.isfinite(r["loss"]) for r in rows)
+        assert all(math.isfinite(r["loss"]) for r in rows)
+        assert_grad_norms(rows)
         assert all(r["samples"] == 32 and r["total_steps"] == 80 for r in rows)
         assert all(r["data_ms"] >= 0 for r in rows[1:])
         assert "mem_alloc" not in rows[0]  # CPU ranks: no GPU memory fields
@@ -97,7 +106,7 @@ def test_zero_code_instrumentation_of_a_plain_ddp_script(ddptop_home, tmp_path):
         assert [r["step"] for r in rows] == list(range(25))
         assert all(r["samples"] == 16 for r in rows)  # two accumulated forwards of 8
         assert all(r["comm_bytes"] == params * 4 and r["comm_ms"] > 0 for r in rows)
-        assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in rows)
+        assert_grad_norms(rows)
         assert all("loss" not in r for r in rows)
         assert all(r["step_ms"] > 0 for r in rows) and all("data_ms" in r for r in rows[1:])
     hellos = [r for r in records if r["type"] == "rank_hello"]

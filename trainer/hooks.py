@@ -9,7 +9,9 @@ only through torch's public extension points, so the script runs unchanged:
   own, a timed all-reduce with the semantics of DDP's default is registered;
   a comm hook the script registers itself is wrapped with the same timing;
 - the global optimizer step pre/post hooks mark the step boundary and
-  measure the grad norm before the optimizer sees the gradients.
+  measure the grad norm before the optimizer sees the gradients, within a
+  budget of the step time (budget.py): every step on any job whose steps
+  are long against one pass over the gradients, sampled on tiny ones.
 
 This module imports torch at the top: runtime.py imports it only from the
 callback that runs once the script's own `import torch` has finished.
@@ -18,6 +20,8 @@ callback that runs once the script's own `import torch` has finished.
 from __future__ import annotations
 
 import functools
+import math
+import time
 from typing import Any
 
 import torch
@@ -26,14 +30,16 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from ddptop.trainer import late
+from ddptop.trainer.budget import Budget
 from ddptop.trainer.commtimer import CommTimer
 from ddptop.trainer.steps import StepTracker
 
 
 def install(tracker: StepTracker) -> None:
     timer = CommTimer()
+    budget = Budget()
     _wrap_ddp(tracker, timer)
-    register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(tracker, optimizer))
+    register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(tracker, budget, optimizer))
     register_optimizer_step_post_hook(
         lambda optimizer, args, kwargs: _optimizer_end(tracker, timer)
     )
@@ -116,8 +122,14 @@ def _timed(hook: Any, tracker: StepTracker, timer: CommTimer) -> Any:
     return timed_hook
 
 
-def _optimizer_begin(tracker: StepTracker, optimizer: Any) -> None:
-    tracker.optimizer_begin({"grad_norm": _grad_norm(optimizer)})
+def _optimizer_begin(tracker: StepTracker, budget: Budget, optimizer: Any) -> None:
+    if not budget.due(tracker.last_step_s):
+        tracker.optimizer_begin({})
+        return
+    start = time.perf_counter()
+    norm = _grad_norm(optimizer)
+    budget.spent(time.perf_counter() - start)
+    tracker.optimizer_begin({"grad_norm": norm})
 
 
 def _optimizer_end(tracker: StepTracker, timer: CommTimer) -> None:
@@ -134,6 +146,9 @@ def _grad_norm(optimizer: Any) -> Any:
     if not grads:
         return None
     norms = torch._foreach_norm(grads)
+    if not norms[0].is_cuda:
+        # A few host reads beat stacking and a second kernel for CPU tensors.
+        return math.sqrt(math.fsum(float(n) ** 2 for n in norms))
     if any(n.device != norms[0].device for n in norms):
         norms = [n.to(norms[0].device) for n in norms]
     return late.scalar(torch.linalg.vector_norm(torch.stack(norms)))

@@ -48,7 +48,7 @@ def scalar(value: Any) -> float | Late | None:
     if hasattr(value, "is_cuda"):
         if value.is_cuda:
             return LateTensorScalar(value)
-        return float(value.detach())
+        return float(value)
     return float(value)
 
 

@@ -42,10 +42,11 @@ class StepTracker:
         self._last_end: float | None = None
         self._first_forward: float | None = None
         self._samples = 0
-        self._explicit: dict[str, Any] = {}
-        self._measured: dict[str, Any] = {}
+        self.last_step_s = 0.0
+        self._values: dict[str, Any] = {}
+        self._lates: dict[str, late.Late] = {}
         self._optimizer_seen = False
-        self._finished: wire.Frame | None = None
+        self._finished: tuple[wire.Frame, dict[str, late.Late]] | None = None
         self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
 
     def forward_begin(self, samples: int | None) -> None:
@@ -66,26 +67,28 @@ class StepTracker:
     def optimizer_begin(self, values: dict[str, Any]) -> None:
         """Values measured before the optimizer runs (the pre-clip grad norm)."""
         self.phase = "optimizer"
-        self._measured.update(values)
+        _add(self._values, self._lates, values)
 
     def optimizer_end(self, values: dict[str, Any]) -> None:
         """Close the step; values holds what the hooks measured after it (comm, memory)."""
         self._optimizer_seen = True
-        self._measured.update(values)
+        _add(self._values, self._lates, values)
         self._close_step()
 
     def explicit(self, loss: Any, samples: int | None, tokens: int | None) -> None:
-        """monitor.step(): exact values for the step just finished or in progress."""
+        """monitor.step(): exact values for the step just finished or in progress.
+
+        They override what the hooks counted (samples from the batch dimension).
+        """
         given = {"loss": late.scalar(loss), "samples": samples, "tokens": tokens}
-        given = {k: v for k, v in given.items() if v is not None}
         if self._finished is not None:
-            self._finished.update(given)
+            _add(*self._finished, given)
             self._release_finished()
         elif self._optimizer_seen:
-            self._explicit.update(given)
+            _add(self._values, self._lates, given)
         else:
             # No torch.optim step marks the boundary, so this call does.
-            self._explicit.update(given)
+            _add(self._values, self._lates, given)
             self._close_step()
             self._release_finished()
 
@@ -112,22 +115,20 @@ class StepTracker:
             record["samples"] = self._samples
         if self.total_steps is not None:
             record["total_steps"] = self.total_steps
-        record.update({k: v for k, v in self._measured.items() if v is not None})
-        record.update(self._explicit)
-        self._finished = record
-        self._explicit = {}
-        self._measured = {}
+        record.update(self._values)
+        self._finished = (record, self._lates)
+        self._values, self._lates = {}, {}
         self._samples = 0
         self._first_forward = None
+        self.last_step_s = record["step_ms"] / 1000.0
         self._last_end = now
         self.step += 1
         self.phase = "data"
 
     def _release_finished(self) -> None:
-        record = self._finished
-        if record is not None:
+        if self._finished is not None:
+            record, lates = self._finished
             self._finished = None
-            lates = {k: record.pop(k) for k in [k for k, v in record.items() if late.is_late(v)]}
             if not lates and not self._waiting:
                 self._emit(record)  # the CPU case: nothing to wait for
                 return
@@ -139,6 +140,19 @@ class StepTracker:
                 break
             self._waiting.pop(0)
             self._emit(_resolve(head, lates, wait=False))
+
+
+def _add(values: dict[str, Any], lates: dict[str, late.Late], new: dict[str, Any]) -> None:
+    """Sort new values into those readable now and those read later."""
+    for key, value in new.items():
+        if value is None:
+            continue
+        if late.is_late(value):
+            lates[key] = value
+            values.pop(key, None)
+        else:
+            values[key] = value
+            lates.pop(key, None)
 
 
 def _resolve(record: wire.Frame, lates: dict[str, late.Late], wait: bool) -> wire.Frame:

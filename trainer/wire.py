@@ -35,6 +35,7 @@ Frame = dict[str, Any]
 _INT = (int,)
 _NUM = (int, float)
 _STR = (str,)
+_BOOL = (bool,)
 _LIST = (list,)
 
 _RANK_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
@@ -78,7 +79,14 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     },
     # A rank's records, sent together so the socket sees a few frames a second.
     "batch": {"items": (_LIST, True)},
+    # A dashboard introduces itself; with history, it first gets the run so far.
+    "viewer_hello": {"history": (_BOOL, False)},
+    # What a dashboard may ask of the supervisor.
+    "command": {"action": (_STR, True), "rank": (_INT, False)},
 }
+
+COMMANDS = frozenset({"stop", "restart", "kill_rank"})
+"""Actions a viewer may request: stop the job, restart the group, kill one rank."""
 
 RANK_RECORD_TYPES = frozenset({"step", "heartbeat"})
 """What a batch from a rank may carry."""
@@ -126,6 +134,8 @@ def validate(frame: Frame) -> Frame:
     missing = [k for k, (_, required) in schema.items() if required and k not in frame]
     if missing:
         raise FrameError(f"{kind}: missing field(s) {', '.join(missing)}")
+    if kind == "command" and frame["action"] not in COMMANDS:
+        raise FrameError(f"unknown command {frame['action']!r}")
     if kind == "batch":
         items = frame["items"]
         if len(items) > MAX_BATCH:

@@ -1,0 +1,79 @@
+"""Synthetic ranks over the real wire: a supervisor's load without torch.
+
+Each synthetic rank connects as a real one does (rank_hello, then a batch
+frame every 100 ms with its step records, and a heartbeat each second), so
+the collector, the event log, the hub and any attached dashboard do the
+same work as for a real job. Used by the dashboard benchmark and by tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from pathlib import Path
+
+from ddptop.trainer import wire
+
+FLUSH_S = 0.1
+
+
+def hello(rank: int, world: int, ranks_per_node: int = 8) -> wire.Frame:
+    return {
+        "type": "rank_hello", "rank": rank, "local_rank": rank % ranks_per_node, "world_size": world,
+        "node": rank // ranks_per_node, "host": f"node{rank // ranks_per_node}", "pid": 100_000 + rank, "restart": 0,
+    }
+
+
+def step_record(rank: int, step: int, step_ms: float, rng: random.Random, total_steps: int | None = None) -> wire.Frame:
+    jitter = 1.0 + 0.05 * (rng.random() - 0.5)
+    record: wire.Frame = {
+        "type": "step", "rank": rank, "step": step, "wall": time.time(), "step_ms": step_ms * jitter,
+        "data_ms": 0.5, "samples": 32, "loss": 2.0 * math.exp(-step / 200) + 0.1, "grad_norm": 1.0 + 0.1 * rng.random(),
+        "comm_ms": 0.3 * step_ms * jitter, "comm_bytes": 4 << 20,
+    }
+    if total_steps is not None:
+        record["total_steps"] = total_steps
+    return record
+
+
+async def synthetic_rank(
+    socket_path: Path, rank: int, world: int, rate_hz: float = 10.0, steps: int | None = None,
+    slow_factor: float = 1.0, total_steps: int | None = None, seed: int = 0,
+) -> int:
+    """Play one rank: `steps` steps (forever if None) at rate_hz; return steps sent."""
+    rng = random.Random(seed * 100_003 + rank)
+    _, writer = await asyncio.open_unix_connection(str(socket_path))
+    writer.write(wire.encode(hello(rank, world)))
+    step_ms = 1000.0 / rate_hz * slow_factor
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    next_heartbeat = start
+    sent = 0
+    try:
+        while steps is None or sent < steps:
+            await asyncio.sleep(FLUSH_S)
+            due = int((loop.time() - start) * rate_hz / slow_factor)
+            if steps is not None:
+                due = min(due, steps)
+            items = [step_record(rank, s, step_ms, rng, total_steps) for s in range(sent, due)]
+            sent = max(sent, due)
+            if loop.time() >= next_heartbeat:
+                items.append({"type": "heartbeat", "rank": rank, "wall": time.time(), "phase": "forward", "step": sent, "dropped": 0})
+                next_heartbeat += 1.0
+            if items:
+                writer.write(wire.encode({"type": "batch", "items": items}))
+                await writer.drain()
+    finally:
+        writer.close()
+    return sent
+
+
+async def synthetic_job(socket_path: Path, world: int, rate_hz: float = 10.0, steps: int | None = None,
+                        slow_rank: int | None = None, total_steps: int | None = None) -> list[int]:
+    """All ranks of a job; slow_rank, if given, steps at a third of the rate."""
+    return await asyncio.gather(*(
+        synthetic_rank(socket_path, r, world, rate_hz, steps, 3.0 if r == slow_rank else 1.0, total_steps)
+        for r in range(world)
+    ))

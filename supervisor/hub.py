@@ -1,0 +1,50 @@
+"""The supervisor's serving half: records in, logged, folded, fanned out.
+
+Every record, whether from a rank or made by the supervisor, goes through
+`record()`: encoded once, appended to the event log, folded into the job
+state and queued for every attached dashboard. So the log is the full story
+a replay or export reads, and a dashboard sees what the log holds. The hub
+knows nothing of torchrun, which is what lets tests and benchmarks drive it
+with synthetic ranks.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ddptop.supervisor.collector import Collector
+from ddptop.supervisor.jobstate import JobState
+from ddptop.supervisor.rundir import EventLog, RunDir
+from ddptop.supervisor.viewers import CommandHandler, Viewers
+from ddptop.trainer import wire
+
+
+class Hub:
+    def __init__(self, run: RunDir, on_command: CommandHandler) -> None:
+        self.run = run
+        self.state = JobState()
+        self.log = EventLog(run.events_path)
+        self.viewers = Viewers(self.log, run.events_path)
+        self.collector = Collector(self.record, self.viewers, on_command)
+
+    def record(self, frame: wire.Frame) -> None:
+        data = wire.encode(frame)
+        self.log.write(data)
+        self.state.ingest(frame)
+        self.viewers.broadcast(data)
+
+    async def start(self) -> None:
+        await self.collector.start_unix(self.run.socket_path)
+
+    def record_totals(self) -> None:
+        """The per-second job summary that dashboards plot."""
+        self.record({"type": "summary", "wall": time.time(), **self.state.totals()})
+
+    async def finish(self, code: int, stopped_by_signal: int | None = None) -> None:
+        """The job is over: last summary and exit record, then close every connection."""
+        await self.collector.ranks_done()
+        self.record_totals()
+        self.record({"type": "exit", "wall": time.time(), "code": code, "stopped_by_signal": stopped_by_signal})
+        self.viewers.close_all()
+        await self.collector.close()
+        self.log.close()

@@ -1,0 +1,110 @@
+"""Dashboards attached to a supervisor: history first, then the live stream.
+
+A viewer that says hello gets every record of the run so far, straight from
+the event log's bytes (they are wire frames already), then every record as
+it is made. Registration and the history's end are taken in the same step
+of the event loop, so nothing is missed or sent twice. A viewer too slow to
+keep up is disconnected (and may reconnect), never waited for: the
+supervisor's loop must not stall on a dashboard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from ddptop.supervisor.rundir import EventLog
+from ddptop.trainer import wire
+
+QUEUE_MAX = 20_000
+"""Frames a viewer may lag behind before it is dropped."""
+HISTORY_CHUNK = 1 << 20
+
+CommandHandler = Callable[[wire.Frame], None]
+
+
+class Viewers:
+    def __init__(self, log: EventLog, log_path: Path) -> None:
+        self._log = log
+        self._log_path = log_path
+        self._queues: set[asyncio.Queue[bytes | None]] = set()
+        self.dropped_viewers = 0
+
+    @property
+    def count(self) -> int:
+        return len(self._queues)
+
+    def broadcast(self, data: bytes) -> None:
+        """Queue an encoded frame for every viewer; drop those that lag."""
+        for queue in list(self._queues):
+            try:
+                queue.put_nowait(data)
+            except asyncio.QueueFull:
+                self._queues.discard(queue)
+                self.dropped_viewers += 1
+                queue.get_nowait()
+                queue.put_nowait(None)
+
+    def close_all(self) -> None:
+        """The job is over: each viewer gets what is queued, then end of stream."""
+        for queue in self._queues:
+            while queue.full():
+                queue.get_nowait()
+            queue.put_nowait(None)
+        self._queues.clear()
+
+    async def serve(
+        self, hello: wire.Frame, early: list[wire.Frame], reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter, decoder: wire.FrameDecoder, on_command: CommandHandler,
+    ) -> None:
+        """Stream to one viewer until the job ends or it leaves.
+
+        early holds frames that arrived with the hello. A bad frame from the
+        viewer raises wire.FrameError, for the collector to count and log.
+        """
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUE_MAX)
+        self._log.flush()
+        history_end = self._log.bytes_written if hello.get("history", True) else 0
+        self._queues.add(queue)
+        sender = asyncio.create_task(self._send(writer, queue, history_end))
+        commands = asyncio.create_task(_read_commands(early, reader, decoder, on_command))
+        try:
+            done, _ = await asyncio.wait({sender, commands}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            self._queues.discard(queue)
+            sender.cancel()
+            commands.cancel()
+
+    async def _send(self, writer: asyncio.StreamWriter, queue: asyncio.Queue[bytes | None], history_end: int) -> None:
+        offset = 0
+        with self._log_path.open("rb") as history:
+            while offset < history_end:
+                chunk = history.read(min(HISTORY_CHUNK, history_end - offset))
+                if not chunk:
+                    break
+                offset += len(chunk)
+                writer.write(chunk)
+                await writer.drain()
+        while (data := await queue.get()) is not None:
+            writer.write(data)
+            await writer.drain()
+
+
+async def _read_commands(
+    early: list[wire.Frame], reader: asyncio.StreamReader, decoder: wire.FrameDecoder, on_command: CommandHandler
+) -> None:
+    """Commands from a dashboard, until it disconnects."""
+    frames = early
+    while True:
+        for frame in frames:
+            wire.validate(frame)
+            if frame["type"] != "command":
+                raise wire.FrameError(f"a viewer may send commands only, not {frame['type']!r}")
+            on_command(frame)
+        data = await reader.read(1 << 16)
+        if not data:
+            return
+        frames = decoder.feed(data)

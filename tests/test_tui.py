@@ -1,0 +1,261 @@
+"""The dashboard driven by Pilot, attached over the real wire to a real hub fed by synthetic ranks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+
+from ddptop.supervisor import rundir
+from ddptop.supervisor.hub import Hub
+from ddptop.tui.app import DdptopApp
+from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
+from ddptop.tui.screens.help import HelpScreen
+from ddptop.tui.screens.rank_detail import RankDetailScreen
+from ddptop.tui.source import LiveSource, ReplaySource
+from ddptop.tui.widgets.rank_table import RankTable
+from synthetic import synthetic_job
+
+
+class LiveJob:
+    """A hub on a real socket, the commands it received, and its synthetic ranks."""
+
+    def __init__(self, hub: Hub, commands: list) -> None:
+        self.hub, self.commands = hub, commands
+        self.feeder: asyncio.Task | None = None
+        self.finished = False
+
+    def feed(self, world: int = 4, rate_hz: float = 40.0, steps: int | None = None, slow_rank: int | None = None) -> None:
+        self.feeder = asyncio.create_task(synthetic_job(self.hub.run.socket_path, world, rate_hz, steps, slow_rank, total_steps=1000))
+
+    async def finish(self, code: int = 0) -> None:
+        if self.feeder is not None:
+            self.feeder.cancel()
+            await asyncio.gather(self.feeder, return_exceptions=True)
+        await self.hub.finish(code)
+        self.finished = True
+
+
+@pytest.fixture
+async def job(tmp_path: Path, ddptop_home: Path):
+    run = rundir.create(Path("job.py"), tmp_path / "run")
+    run.write_meta({"id": run.id, "script": "job.py", "state": "running", "started": time.time()})
+    commands: list = []
+    hub = Hub(run, commands.append)
+    await hub.start()
+    hub.record({"type": "run", "wall": time.time(), "script": "/data/job.py", "nnodes": "1"})
+    live = LiveJob(hub, commands)
+    yield live
+    if not live.finished:
+        await live.finish()
+
+
+async def until(pilot: Pilot, predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+def dashboard(job: LiveJob, mode: str = "attach") -> DdptopApp:
+    return DdptopApp(LiveSource(job.hub.run.socket_path), mode, job.hub.run.path)
+
+
+def table(app: DdptopApp) -> RankTable:
+    return app.query_one(RankTable)
+
+
+def column(app: DdptopApp, key: str) -> list[str]:
+    t = table(app)
+    return [str(t.get_cell(row.key, key)) for row in t.ordered_rows]
+
+
+async def test_a_row_per_rank_and_the_header_update_live(job):
+    job.feed(world=4)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: table(app).row_count == 4, "a row per rank")
+        first = column(app, "step")
+        await until(pilot, lambda: column(app, "step") != first, "steps to advance in the table")
+        header = str(app.query_one("#header").render())
+        assert "job.py" in header and "world 4" in header and "running" in header
+        assert column(app, "rank") == ["0", "1", "2", "3"]
+
+
+async def test_sort_and_reverse(job):
+    job.feed(world=4, slow_rank=2)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: table(app).row_count == 4 and "-" not in column(app, "step_ms")[2], "step times")
+        while table(app).sort_key != "step_ms":
+            await pilot.press("s")
+        await until(pilot, lambda: column(app, "rank")[-1] == "2", "the slow rank sorted last")
+        await pilot.press("S")
+        await until(pilot, lambda: column(app, "rank")[0] == "2", "the slow rank first once reversed")
+
+
+async def test_the_straggler_is_highlighted(job):
+    job.feed(world=4, slow_rank=1)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 40)) as pilot:
+        def highlighted() -> bool:
+            if table(app).row_count < 4:
+                return False
+            return "yellow" in str(getattr(table(app).get_cell("1", "rank"), "style", ""))
+        await until(pilot, highlighted, "rank 1 flagged as a straggler")
+        assert "yellow" not in str(getattr(table(app).get_cell("0", "rank"), "style", ""))
+
+
+async def test_filter_and_clear(job):
+    job.feed(world=4)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: table(app).row_count == 4, "rows")
+        await pilot.press("slash", *"rank 2")
+        await until(pilot, lambda: column(app, "rank") == ["2"], "only rank 2")
+        await pilot.press("enter", "escape")
+        await until(pilot, lambda: table(app).row_count == 4, "all rows back")
+
+
+async def test_pause_freezes_the_display_not_the_intake(job):
+    job.feed(world=2)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: table(app).row_count == 2, "rows")
+        await pilot.press("p")
+        shown, records = column(app, "step"), app.state.records
+        await until(pilot, lambda: app.state.records > records + 20, "records to keep arriving")
+        assert column(app, "step") == shown
+        assert "paused" in str(app.query_one("#header").render())
+        await pilot.press("p")
+        await until(pilot, lambda: column(app, "step") != shown, "the display to resume")
+
+
+async def test_detail_logs_and_help_screens(job):
+    job.feed(world=2)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: table(app).row_count == 2, "rows")
+        await pilot.press("down", "enter")
+        assert isinstance(app.screen, RankDetailScreen) and app.screen.rank == 1
+        assert "rank 1" in str(app.screen.query_one("#detail-title").render())
+        await pilot.press("escape")
+        await pilot.press("l")
+        assert isinstance(app.screen, RankDetailScreen) and app.focused is app.screen.query_one("#log")
+        await pilot.press("escape", "question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, (HelpScreen, RankDetailScreen))
+
+
+async def test_kill_rank_asks_first(job):
+    job.feed(world=4)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: table(app).row_count == 4, "rows")
+        await pilot.press("down", "down", "K")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await pilot.pause(0.2)
+        assert job.commands == []
+        await pilot.press("K", "y")
+        await until(pilot, lambda: job.commands, "the kill command")
+        assert job.commands == [{"type": "command", "action": "kill_rank", "rank": 2}]
+
+
+async def test_restart_group_asks_first(job):
+    job.feed(world=2)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: table(app).row_count == 2, "rows")
+        await pilot.press("R")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await until(pilot, lambda: job.commands, "the restart command")
+        assert job.commands == [{"type": "command", "action": "restart"}]
+
+
+async def test_quit_in_launch_can_leave_the_job_running(job):
+    job.feed(world=2)
+    app = dashboard(job, mode="launch")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: table(app).row_count == 2, "rows")
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.press("l")
+    assert app.return_value == "leave" and job.commands == []
+    assert not job.feeder.done()  # the ranks still stream to the supervisor
+
+
+async def test_quit_in_launch_can_stop_the_job(job):
+    job.feed(world=2)
+    app = dashboard(job, mode="launch")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: table(app).row_count == 2, "rows")
+        await pilot.press("q", "s")
+        await until(pilot, lambda: job.commands, "the stop command")
+    assert app.return_value == "stop" and job.commands == [{"type": "command", "action": "stop"}]
+
+
+async def test_quit_in_attach_only_detaches(job):
+    job.feed(world=2)
+    app = dashboard(job, mode="attach")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: table(app).row_count == 2, "rows")
+        await pilot.press("q")
+        await pilot.pause(0.1)
+    assert app.return_value is None and job.commands == []
+
+
+async def test_a_late_dashboard_sees_the_history_and_the_end(job):
+    job.feed(world=2, rate_hz=100, steps=50)
+    await asyncio.wait_for(job.feeder, 10)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: column(app, "step") == ["49", "49"], "the history so far")
+        await job.finish(3)
+        await until(pilot, lambda: app.stream_ended, "the end of the stream")
+        assert "ended, exit 3" in str(app.query_one("#header").render())
+        assert column(app, "step") == ["49", "49"] and column(app, "state") == ["exited", "exited"]
+
+
+async def test_two_dashboards_attached_at_once_both_update(job):
+    job.feed(world=2)
+    first, second = dashboard(job), dashboard(job)
+    async with first.run_test(size=(160, 40)) as pilot_a:
+        other = asyncio.create_task(_run_until_steps(second))
+        await until(pilot_a, lambda: table(first).row_count == 2, "rows in the first dashboard")
+        await asyncio.wait_for(other, 15)
+
+
+async def _run_until_steps(app: DdptopApp) -> None:
+    async with app.run_test(size=(120, 30)) as pilot:
+        await until(pilot, lambda: table(app).row_count == 2 and column(app, "step") != ["-", "-"], "steps in the second dashboard")
+
+
+async def test_replay_shows_a_finished_run(job):
+    job.feed(world=3, rate_hz=100, steps=30)
+    await asyncio.wait_for(job.feeder, 10)
+    await job.finish(0)
+    app = DdptopApp(ReplaySource(job.hub.run), "replay", job.hub.run.path)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: app.stream_ended, "the whole log")
+        assert column(app, "step") == ["29", "29", "29"]
+        assert "ended, exit 0" in str(app.query_one("#header").render())
+        await pilot.press("q")
+
+
+async def test_a_terminal_too_small_shows_a_message(job):
+    job.feed(world=2)
+    app = dashboard(job)
+    async with app.run_test(size=(40, 10)) as pilot:
+        await pilot.pause(0.3)
+        assert app.screen.has_class("too-small")
+        assert app.query_one("#too-small").display
+        await pilot.resize_terminal(120, 30)
+        await pilot.pause(0.3)
+        assert not app.screen.has_class("too-small")

@@ -1,0 +1,80 @@
+"""Snapshots of the main, detail and help screens over a fixed, replayed run.
+
+The run is written record by record with fixed times and values, and
+replayed (the dashboard's clock is the log's in replay), so each snapshot
+is the same on every machine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from ddptop.supervisor import rundir
+from ddptop.supervisor.jobstate import JobState
+from ddptop.tui.app import DdptopApp
+from ddptop.tui.source import ReplaySource
+
+BASE = 1_800_000_000.0
+
+
+def fixed_run(path: Path) -> rundir.RunDir:
+    run = rundir.create(Path("train.py"), path)
+    run.write_meta({"id": "fixed", "script": "train.py", "state": "finished", "started": BASE})
+    log, state = rundir.EventLog(run.events_path), JobState()
+
+    def record(frame: dict) -> None:
+        log.append(frame)
+        state.ingest(frame)
+
+    record({"type": "run", "wall": BASE, "script": "/data/train.py", "nnodes": "1"})
+    record({"type": "notice", "wall": BASE, "text": "no CUDA GPU found: starting 4 CPU ranks on gloo"})
+    for rank in range(4):
+        record({"type": "rank_hello", "rank": rank, "local_rank": rank, "world_size": 4, "node": 0,
+                "host": "box", "pid": 4000 + rank, "restart": 0})
+    for step in range(120):
+        for rank in range(4):
+            slow = 2.0 if rank == 3 else 1.0
+            record({"type": "step", "rank": rank, "step": step, "wall": BASE + step * 0.05 * slow,
+                    "step_ms": 50.0 * slow + rank, "data_ms": 0.5, "samples": 32, "total_steps": 200,
+                    "loss": 2.0 * math.exp(-step / 40) + 0.05 * rank, "grad_norm": 1.0 + 0.01 * rank,
+                    "comm_ms": 12.0 + rank, "comm_bytes": 340_000})
+        if step % 20 == 19:
+            record({"type": "sample", "wall": BASE + step * 0.05, "gpus": [],
+                    "procs": [{"rank": r, "pid": 4000 + r, "cpu": 95.0, "rss": 300 << 20} for r in range(4)]})
+            record({"type": "summary", "wall": BASE + step * 0.05, **state.totals()})
+    record({"type": "alert", "wall": BASE + 6, "rank": 3, "step": 119, "text": "straggler: 2.0x the median step time"})
+    record({"type": "exit", "wall": BASE + 12, "code": 0, "stopped_by_signal": None})
+    log.close()
+    return run
+
+
+@pytest.fixture
+def replay_app(tmp_path, ddptop_home, monkeypatch) -> DdptopApp:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    run = fixed_run(tmp_path / "run")
+    return DdptopApp(ReplaySource(run), "replay", run.path)
+
+
+async def replayed(pilot) -> None:
+    deadline = time.monotonic() + 10
+    while not pilot.app.stream_ended and time.monotonic() < deadline:
+        await pilot.pause(0.05)
+    pilot.app.refresh_plots(force=True)
+    await pilot.pause(0.2)
+
+
+def test_main_screen(snap_compare, replay_app):
+    assert snap_compare(replay_app, terminal_size=(140, 30), run_before=replayed)
+
+
+def test_detail_screen(snap_compare, replay_app):
+    assert snap_compare(replay_app, terminal_size=(140, 30), run_before=replayed, press=["down", "down", "down", "enter"])
+
+
+def test_help_screen(snap_compare, replay_app):
+    assert snap_compare(replay_app, terminal_size=(100, 30), run_before=replayed, press=["question_mark"])

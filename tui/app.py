@@ -1,0 +1,220 @@
+"""The ddptop dashboard: one Textual app for launch, attach and replay.
+
+Records arrive in an async worker on the app's own loop (no threads, so no
+call_from_thread) and are folded into a plain JobState; a 10 Hz timer pushes
+only changed values into the widgets, and plots are redrawn once a second.
+Pausing the display stops the pushes, never the intake.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from textual import work
+from textual import events
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import DataTable, Footer, Input, Static
+
+from ddptop.supervisor.jobstate import JobState
+from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
+from ddptop.tui.screens.help import HelpScreen
+from ddptop.tui.screens.rank_detail import RankDetailScreen
+from ddptop.tui.source import Source
+from ddptop.tui.widgets.alert_panel import AlertPanel
+from ddptop.tui.widgets.job_header import JobHeader
+from ddptop.tui.widgets.plots import Plots
+from ddptop.tui.widgets.rank_table import RankTable
+
+TICK_S = 0.1
+PLOT_S = 1.0
+MIN_SIZE = (60, 16)
+
+
+class DdptopApp(App[str | None]):
+    """mode is "launch", "attach" or "replay"; the result says what quit chose."""
+
+    CSS_PATH = "ddptop.tcss"
+    TITLE = "ddptop"
+    BINDINGS = [
+        Binding("q", "quit_dashboard", "quit"),
+        Binding("question_mark", "help", "help"),
+        Binding("s", "sort", "sort"),
+        Binding("S", "reverse_sort", "reverse", show=False),
+        Binding("slash", "filter", "filter"),
+        Binding("escape", "clear_filter", "clear filter", show=False),
+        Binding("p", "pause", "pause"),
+        Binding("enter", "detail", "detail", show=False),
+        Binding("l", "logs", "logs"),
+        Binding("R", "restart_group", "restart"),
+        Binding("K", "kill_rank", "kill rank"),
+    ]
+
+    def __init__(self, source: Source, mode: str, run_dir: Path | None = None) -> None:
+        super().__init__()
+        self.source = source
+        self.mode = mode
+        self.run_dir = run_dir
+        self.state = JobState()
+        self.paused = False
+        self.stream_ended = False
+
+        # The main screen's widgets, kept so that refreshing them works
+        # whichever screen (detail, help, a dialog) is in front.
+        self.header = JobHeader(id="header")
+        self.plots = Plots(id="plots")
+        self.table = RankTable(id="ranks")
+        self.alerts = AlertPanel(id="alerts")
+        self.filter_box = Input(placeholder="filter ranks: words match node, rank, host, state", id="filter")
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="main"):
+            yield self.header
+            yield self.plots
+            yield self.table
+            yield self.alerts
+            yield self.filter_box
+        yield Static(f"terminal too small: ddptop needs at least {MIN_SIZE[0]}x{MIN_SIZE[1]}", id="too-small")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.consume()
+        self.set_interval(TICK_S, self.refresh_view)
+        self.set_interval(PLOT_S, self.refresh_plots)
+        self.table.focus()
+
+    def on_resize(self, event: events.Resize) -> None:
+        small = event.size.width < MIN_SIZE[0] or event.size.height < MIN_SIZE[1]
+        self.screen.set_class(small, "too-small")
+
+    @work(exclusive=True, group="source")
+    async def consume(self) -> None:
+        try:
+            async for record in self.source.records():
+                self.state.ingest(record)
+        except OSError as exc:
+            self.notify(f"lost the supervisor: {exc}", severity="error", timeout=10)
+        self.stream_ended = True
+        if self.source.live:
+            end = self.state.exit
+            message = "the job has ended" + (f" (exit {end['code']})" if end else "; the supervisor is gone")
+            self.notify(message + ": showing its last state", timeout=10)
+        self.refresh_view(force=True)
+        self.refresh_plots(force=True)
+
+    def now(self) -> float:
+        """Wall time for ages and uptime: the clock when live, the last record in replay."""
+        if self.source.live and not self.stream_ended:
+            return time.time()
+        return self.state.last_wall
+
+    def status(self) -> str:
+        if self.state.exit is not None:
+            code = self.state.exit["code"]
+            return f"[{'green' if code == 0 else 'red'}]ended, exit {code}[/]"
+        if self.stream_ended:
+            return "[yellow]supervisor gone[/]" if self.source.live else "[yellow]replay (no end recorded)[/]"
+        return "[green]running[/]" + (" [yellow]paused[/]" if self.paused else "")
+
+    def refresh_view(self, force: bool = False) -> None:
+        if self.paused and not force:
+            return
+        now = self.now()
+        self.header.show(self.state, now, self.status())
+        self.table.show(self.state, now, self.source.live and not self.stream_ended)
+        self.alerts.show(self.state)
+
+    def refresh_plots(self, force: bool = False) -> None:
+        if not self.paused or force:
+            self.plots.show(self.state.summaries)
+
+    def job_running(self) -> bool:
+        return self.source.live and not self.stream_ended and self.state.exit is None
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_sort(self) -> None:
+        key = self.table.cycle_sort()
+        self.notify(f"sorted by {key}", timeout=2)
+        self.refresh_view(force=True)
+
+    def action_reverse_sort(self) -> None:
+        self.table.reverse_sort()
+        self.refresh_view(force=True)
+
+    def action_filter(self) -> None:
+        self.filter_box.add_class("shown")
+        self.filter_box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.table.filter_text = event.value
+        self.refresh_view(force=True)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.table.focus()
+
+    def action_clear_filter(self) -> None:
+        self.filter_box.value = ""
+        self.filter_box.remove_class("shown")
+        self.table.focus()
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self.refresh_view(force=True)
+
+    def _open_detail(self, logs: bool) -> None:
+        rank = self.table.selected_rank()
+        if rank is not None:
+            self.push_screen(RankDetailScreen(self.state, rank, self.run_dir, focus_log=logs))
+
+    def action_detail(self) -> None:
+        self._open_detail(logs=False)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self._open_detail(logs=False)
+
+    def action_logs(self) -> None:
+        self._open_detail(logs=True)
+
+    def action_restart_group(self) -> None:
+        if not self.job_running():
+            self.notify("no running job to restart", severity="warning")
+            return
+
+        async def answered(yes: bool | None) -> None:
+            if yes:
+                await self.source.command("restart")
+                self.notify("restart requested: torchrun restarts the group within --max-restarts")
+
+        self.push_screen(ConfirmScreen("Restart the whole worker group (kill every rank)?"), answered)
+
+    def action_kill_rank(self) -> None:
+        rank = self.table.selected_rank()
+        if not self.job_running() or rank is None:
+            self.notify("no running rank to kill", severity="warning")
+            return
+
+        async def answered(yes: bool | None) -> None:
+            if yes:
+                await self.source.command("kill_rank", rank)
+                self.notify(f"rank {rank} killed")
+
+        self.push_screen(ConfirmScreen(f"Kill rank {rank} (SIGKILL)?"), answered)
+
+    async def action_quit_dashboard(self) -> None:
+        if self.mode != "launch" or not self.job_running():
+            await self.source.close()
+            self.exit(None)
+            return
+
+        async def chosen(choice: str | None) -> None:
+            if choice == "stop":
+                await self.source.command("stop")
+            if choice is not None:
+                await self.source.close()
+                self.exit(choice)
+
+        self.push_screen(QuitScreen(), chosen)

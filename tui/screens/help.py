@@ -1,0 +1,30 @@
+"""The help screen: every key, what it does."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+KEYS = [
+    ("enter", "rank detail: its plots, last stack dump, log tail"),
+    ("s / S", "sort by the next column / reverse the order"),
+    ("/", "filter ranks (words match node, rank, host, state); esc clears"),
+    ("p", "pause the display (data keeps arriving)"),
+    ("l", "logs of the selected rank"),
+    ("R", "restart the worker group (asks first)"),
+    ("K", "kill the selected rank (asks first)"),
+    ("?", "this help"),
+    ("q", "quit; in launch, choose to stop the job or leave it running"),
+]
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
+
+    def compose(self) -> ComposeResult:
+        lines = "\n".join(f"[b]{key:>7}[/b]  {what}" for key, what in KEYS)
+        with Vertical(classes="dialog", id="help"):
+            yield Static("[b]ddptop keys[/b]\n\n" + lines + "\n\n[dim]esc to close[/dim]")

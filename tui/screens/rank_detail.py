@@ -1,0 +1,66 @@
+"""One rank up close: its recent steps, its last stack dump, its log tail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Log, Static
+
+from ddptop.supervisor.jobstate import JobState
+from ddptop.tui.widgets.plots import RankPlots
+
+LOG_LINES = 200
+
+
+def log_tail(run_dir: Path | None, local_rank: int, restart: int, lines: int = LOG_LINES) -> list[str]:
+    """The end of a rank's stdout and stderr as torchrun kept them in the run directory."""
+    if run_dir is None:
+        return ["(no run directory on this machine: logs stay with the supervisor)"]
+    out: list[str] = []
+    for stream in ("stdout", "stderr"):
+        for path in sorted(run_dir.glob(f"logs/*/attempt_{restart}/{local_rank}/{stream}.log")):
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            out += [f"[{stream}] {line}" for line in text]
+    return out or ["(nothing logged yet)"]
+
+
+class RankDetailScreen(Screen[None]):
+    BINDINGS = [Binding("escape,q", "app.pop_screen", "back"), Binding("l", "focus_log", "log")]
+
+    def __init__(self, state: JobState, rank: int, run_dir: Path | None, focus_log: bool = False) -> None:
+        super().__init__()
+        self.state, self.rank, self.run_dir, self.start_on_log = state, rank, run_dir, focus_log
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="detail-title")
+        yield RankPlots(id="rank-plots")
+        yield Static(id="stack")
+        yield Log(id="log", highlight=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.refresh_detail()
+        self.set_interval(1.0, self.refresh_detail)
+        if self.start_on_log:
+            self.action_focus_log()
+
+    def refresh_detail(self) -> None:
+        rank = self.state.ranks.get(self.rank)
+        if rank is None:
+            return
+        self.query_one("#detail-title", Static).update(
+            f"[b]rank {rank.rank}[/b]  node {rank.node} ({rank.host})  local rank {rank.local_rank}  "
+            f"pid {rank.pid}  restart {rank.restart}  step {rank.step}  phase {rank.phase}  dropped {rank.dropped}"
+        )
+        self.query_one(RankPlots).show(list(rank.window.points))
+        stack = rank.stack or "no stack dump recorded for this rank"
+        self.query_one("#stack", Static).update(f"[b]last stack dump[/b]\n{stack}")
+        log = self.query_one(Log)
+        log.clear()
+        log.write_lines(log_tail(self.run_dir, rank.local_rank, rank.restart))
+
+    def action_focus_log(self) -> None:
+        self.query_one(Log).focus()

@@ -1,0 +1,70 @@
+"""Where the dashboard's records come from: a live supervisor or a run's log.
+
+The dashboard talks to a supervisor only through this module, over the wire:
+`LiveSource` says viewer_hello on the supervisor's socket and receives the
+run so far then the live stream (the same code for `launch` and `attach`);
+`ReplaySource` reads a finished run's event log. Both yield the same
+records, which the app folds into the shared JobState.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from ddptop.supervisor.rundir import RunDir, read_events
+from ddptop.trainer import wire
+
+
+class LiveSource:
+    live = True
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def records(self) -> AsyncIterator[wire.Frame]:
+        reader, self._writer = await asyncio.open_unix_connection(str(self.socket_path), limit=1 << 20)
+        self._writer.write(wire.encode({"type": "viewer_hello", "history": True}))
+        await self._writer.drain()
+        decoder = wire.FrameDecoder()
+        while data := await reader.read(1 << 16):
+            for frame in decoder.feed(data):
+                yield frame
+
+    async def command(self, action: str, rank: int | None = None) -> None:
+        """Ask the supervisor to act (stop, restart, kill_rank)."""
+        if self._writer is None or self._writer.is_closing():
+            return
+        frame: wire.Frame = {"type": "command", "action": action}
+        if rank is not None:
+            frame["rank"] = rank
+        self._writer.write(wire.encode(frame))
+        await self._writer.drain()
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+class ReplaySource:
+    live = False
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+
+    async def records(self) -> AsyncIterator[wire.Frame]:
+        for count, record in enumerate(read_events(self.run)):
+            yield record
+            if count % 2000 == 0:
+                await asyncio.sleep(0)  # keep the interface responsive on long logs
+
+    async def command(self, action: str, rank: int | None = None) -> None:
+        """A finished run takes no commands."""
+
+    async def close(self) -> None:
+        return None
+
+
+Source = LiveSource | ReplaySource

@@ -1,0 +1,40 @@
+"""The alert panel: watchdog verdicts and other events, newest first."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.widgets import Static
+
+from ddptop.supervisor.jobstate import JobState
+
+
+def describe(event: dict) -> tuple[str, str]:
+    """(style, text) of one event record."""
+    kind = event["type"]
+    where = "".join(
+        part for part in (
+            f" rank {event['rank']}" if event.get("rank") is not None else "",
+            f" step {event['step']}" if event.get("step") is not None else "",
+        )
+    )
+    if kind == "alert":
+        return "bold red", f"{where.strip() or 'job'}: {event.get('text', '')}"
+    if kind == "exit":
+        code = event.get("code")
+        return ("green" if code == 0 else "bold red"), f"job ended, exit {code}"
+    if kind == "wire_error":
+        return "yellow", f"bad frame refused: {event.get('error', '')}"
+    return "cyan", f"{where.strip() + ': ' if where else ''}{event.get('text', '')}"
+
+
+class AlertPanel(Static):
+    def show(self, state: JobState, rows: int = 50) -> None:
+        text = Text()
+        for event in list(reversed(state.events))[:rows]:
+            style, line = describe(event)
+            stamp = time.strftime("%H:%M:%S", time.localtime(event.get("wall", 0)))
+            text.append(f"{stamp} ", style="dim")
+            text.append(line + "\n", style=style)
+        self.update(text if text else Text("no alerts", style="dim"))

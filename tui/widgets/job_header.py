@@ -1,0 +1,35 @@
+"""The job header: what is running, for how long, and how fast overall."""
+
+from __future__ import annotations
+
+from textual.widgets import Static
+
+from ddptop.supervisor.jobstate import JobState
+from ddptop.supervisor.summary import count, duration, ms
+
+
+def eta(state: JobState, totals: dict) -> str:
+    """Remaining time from the steps left and the job's median step time."""
+    done, total, step_ms = totals["steps_done"], state.total_steps, totals["step_ms_p50"]
+    if not (done is not None and total and step_ms) or state.exit is not None:
+        return "-"
+    return duration(max(0, total - done) * step_ms / 1000.0)
+
+
+class JobHeader(Static):
+    def show(self, state: JobState, now: float, status: str) -> None:
+        totals = state.totals()
+        meta = state.meta
+        done = totals["steps_done"]
+        progress = "-" if done is None else f"{done}" + (f"/{state.total_steps}" if state.total_steps else "")
+        nodes = meta.get("nnodes", "1")
+        script = str(meta.get("script", "?")).rsplit("/", 1)[-1]
+        self.update(
+            f"[b]{script}[/b]  {status}  "
+            f"world {state.world_size or '?'}  nodes {nodes}  up {duration(now - state.started)}  "
+            f"restarts {state.restarts}\n"
+            f"steps {progress}  ETA {eta(state, totals)}  "
+            f"[b]{count(totals['samples_per_s'])}[/b] samples/s  "
+            f"step {ms(totals['step_ms_p50'])}/{ms(totals['step_ms_p95'])} ms  "
+            f"comm {ms(totals['comm_ms'])} ms  alerts {state.alerts}"
+        )
