@@ -30,6 +30,7 @@ from ddptop.supervisor.launcher import JobPlan, Torchrun
 from ddptop.supervisor.rundir import RunDirError
 from ddptop.supervisor.sampler import Sampler, gpu_count, load_nvml, release_nvml
 from ddptop.supervisor.supervise import Supervisor
+from ddptop.trainer.sender import connect
 
 SOCKET_WAIT_S = 30.0
 
@@ -188,13 +189,10 @@ def _live_run(spec: str | None) -> rundir.RunDir:
         raise RunDirError(f"run {run.id} has no socket; its supervisor is gone")
     if sock.stat().st_uid != os.getuid():
         raise RunDirError(f"the socket of run {run.id} belongs to another user")
-    probe = socket.socket(socket.AF_UNIX)
     try:
-        probe.connect(str(sock))
+        connect(f"unix:{sock}", timeout=2.0).close()
     except OSError as exc:
         raise RunDirError(f"run {run.id} does not answer on its socket ({exc.strerror}); its supervisor is gone") from None
-    finally:
-        probe.close()
     return run
 
 

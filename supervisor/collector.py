@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ddptop.supervisor.viewers import CommandHandler, Viewers
-from ddptop.trainer import wire
+from ddptop.trainer import unixpath, wire
 
 READ_SIZE = 1 << 16
 
@@ -39,7 +39,8 @@ class Collector:
     async def start_unix(self, path: Path) -> None:
         old_umask = os.umask(0o177)
         try:
-            self._server = await asyncio.start_unix_server(self._serve, path=str(path))
+            with unixpath.usable(str(path)) as short:
+                self._server = await asyncio.start_unix_server(self._serve, path=short)
         finally:
             os.umask(old_umask)
         path.chmod(0o600)

@@ -25,10 +25,6 @@ import psutil
 
 from ddptop.trainer import wire
 
-SOCKET_PATH_MAX = 100
-"""AF_UNIX paths are limited to about 107 bytes; keep a margin."""
-
-
 def home() -> Path:
     """ddptop's per-user state root (DDPTOP_HOME overrides it, for tests)."""
     if "DDPTOP_HOME" in os.environ:
@@ -118,10 +114,7 @@ def create(script: Path, chosen: Path | None) -> RunDir:
             (runs_root() / f"{stamp}-{path.name}-{secrets.token_hex(2)}").symlink_to(path)
     except OSError as exc:
         raise RunDirError(f"cannot use run directory {path}: {exc.strerror or exc}") from None
-    run = RunDir(path)
-    if len(str(run.socket_path)) > SOCKET_PATH_MAX:
-        raise RunDirError(f"run directory path {path} is too long for a Unix socket; choose a shorter --run-dir")
-    return run
+    return RunDir(path)
 
 
 def find(spec: str | None) -> RunDir:

@@ -89,3 +89,25 @@ def test_no_listener_at_all(tmp_path):
     sender.put(step(0))
     wait_for(lambda: sender.dropped >= 1, 5, "the unsendable record to be counted")
     sender.close(timeout=3)
+
+
+def test_a_socket_path_longer_than_af_unix_allows(tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = deep / "sock"
+    assert len(str(path)) > 108
+    from ddptop.trainer import unixpath
+
+    server = socket.socket(socket.AF_UNIX)
+    with unixpath.usable(str(path)) as short:
+        server.bind(short)
+    server.listen()
+    assert path.exists()
+    frames: list = []
+    sender = Sender(f"unix:{path}", HELLO, heartbeat)
+    sender.start()
+    conn, _ = server.accept()
+    sender.close(timeout=3)
+    read_all(conn, frames)
+    server.close()
+    assert frames[0] == HELLO

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ddptop.trainer import wire
+from ddptop.trainer import unixpath, wire
 
 FLUSH_S = 0.1
 HEARTBEAT_S = 1.0
@@ -39,7 +39,11 @@ def connect(address: str, timeout: float) -> socket.socket:
         raise ValueError(f"unknown address scheme in {address!r}")
     sock.settimeout(timeout)
     try:
-        sock.connect(target)
+        if isinstance(target, str):
+            with unixpath.usable(target) as short:
+                sock.connect(short)
+        else:
+            sock.connect(target)
     except BaseException:
         sock.close()
         raise

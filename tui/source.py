@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from ddptop.supervisor.rundir import RunDir, read_events
-from ddptop.trainer import wire
+from ddptop.trainer import unixpath, wire
 
 
 class LiveSource:
@@ -25,7 +25,8 @@ class LiveSource:
         self._writer: asyncio.StreamWriter | None = None
 
     async def records(self) -> AsyncIterator[wire.Frame]:
-        reader, self._writer = await asyncio.open_unix_connection(str(self.socket_path), limit=1 << 20)
+        with unixpath.usable(str(self.socket_path)) as short:
+            reader, self._writer = await asyncio.open_unix_connection(short, limit=1 << 20)
         self._writer.write(wire.encode({"type": "viewer_hello", "history": True}))
         await self._writer.drain()
         decoder = wire.FrameDecoder()

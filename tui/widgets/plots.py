@@ -33,15 +33,18 @@ class Plot(Vertical):
     def __init__(self, key: str, title: str, fmt, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(**kwargs)
         self.key, self.title, self.fmt = key, title, fmt
+        # Kept, not queried: a refresh may come before the children are mounted.
+        self.label = Label(title, classes="plot-title")
+        self.sparkline = Sparkline([], summary_function=max)
 
     def compose(self) -> ComposeResult:
-        yield Label(self.title, classes="plot-title")
-        yield Sparkline([], summary_function=max)
+        yield self.label
+        yield self.sparkline
 
     def show(self, points: list[float], latest: float | None) -> None:
         """Plot on a zero-based scale: a steady series shows as steady bars, not as nothing."""
-        self.query_one(Label).update(f"{self.title}: [b]{self.fmt(latest)}[/b]")
-        self.query_one(Sparkline).data = [0.0, *points] if points else []
+        self.label.update(f"{self.title}: [b]{self.fmt(latest)}[/b]")
+        self.sparkline.data = [0.0, *points] if points else []
 
 
 class Plots(Grid):
