@@ -61,3 +61,51 @@ def test_ls_and_export_read_run_directories(ddptop_home, tmp_path):
     exported = run_ddptop("export", run.id[:12]).stdout.splitlines()
     assert [json.loads(line)["type"] for line in exported] == ["step"]
     assert os.stat(run.path).st_mode & 0o777 == 0o700
+
+
+def _fake_run(tmp_path, state: str, supervisor_pid: int) -> rundir.RunDir:
+    script = tmp_path / "job.py"
+    script.write_text("")
+    run = rundir.create(script, None)
+    run.write_meta({"id": run.id, "script": str(script), "nproc_per_node": 2, "started": 1.0, "state": state,
+                    "supervisor_pid": supervisor_pid, "supervisor_started": None})
+    rundir.EventLog(run.events_path).close()
+    return run
+
+
+def test_attach_to_nothing_or_to_a_missing_run(ddptop_home):
+    assert_one_line_error(run_ddptop("attach"), "no running job of yours")
+    assert_one_line_error(run_ddptop("attach", "nope"), "no run matches")
+
+
+def test_attach_to_a_finished_run_points_to_replay(ddptop_home, tmp_path):
+    run = _fake_run(tmp_path, "finished", os.getpid())
+    assert_one_line_error(run_ddptop("attach", run.id), f"ddptop replay {run.id}")
+
+
+def test_attach_to_a_dead_socket_file(ddptop_home, tmp_path):
+    import socket
+
+    run = _fake_run(tmp_path, "running", os.getpid())  # a live pid, but nobody listens
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(run.socket_path))
+    dead.close()
+    assert_one_line_error(run_ddptop("attach", run.id), "does not answer on its socket")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a socket another user's needs root")
+def test_attach_to_another_users_socket(ddptop_home, tmp_path):
+    import socket
+
+    run = _fake_run(tmp_path, "running", os.getpid())
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(run.socket_path))
+    os.chown(run.socket_path, 65534, 65534)
+    try:
+        assert_one_line_error(run_ddptop("attach", run.id), "belongs to another user")
+    finally:
+        sock.close()
+
+
+def test_replay_of_a_missing_run(ddptop_home):
+    assert_one_line_error(run_ddptop("replay", "nope"), "no run matches")
