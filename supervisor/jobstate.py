@@ -176,11 +176,15 @@ class JobState:
     def restarts(self) -> int:
         return max((r.restart for r in self.ranks.values()), default=0)
 
-    def straggler_ratio(self, rank: RankState) -> float | None:
-        """The rank's median step time over the median of all ranks' medians."""
-        own = rank.window.step_ms(50)
-        job = median([x for r in self.ranks.values() if (x := r.window.step_ms(50)) is not None])
-        return own / job if own is not None and job else None
+    def straggler_ratios(self) -> dict[int, float]:
+        """Each rank's median step time over the median of all ranks' medians.
+
+        One pass for all ranks: a per-rank call would redo the job's median
+        for every rank, quadratic in the world size.
+        """
+        own = {r.rank: x for r in self.ranks.values() if (x := r.window.step_ms(50)) is not None}
+        job = median(list(own.values()))
+        return {rank: x / job for rank, x in own.items()} if job else {}
 
     def totals(self) -> dict[str, Any]:
         """Job-wide figures for the header and the summary line."""

@@ -38,3 +38,20 @@ def test_window_is_bounded_and_rates_use_rank_wall_time():
     assert len(window.points) == 10
     assert window.rate("samples") == pytest.approx(320.0)
     assert window.step_ms(50) == 100.0
+
+
+@given(st.lists(st.tuples(st.floats(0.1, 1e4), st.none() | st.floats(0, 1e3), st.integers(1, 64)), min_size=1, max_size=300),
+       st.integers(1, 50))
+def test_incremental_window_matches_a_recomputation(steps, size):
+    window = RollingWindow(size=size)
+    for i, (step_ms, comm_ms, samples) in enumerate(steps):
+        window.add(StepPoint(wall=i * 0.1, step_ms=step_ms, data_ms=None, comm_ms=comm_ms, comm_bytes=None, samples=samples, tokens=None))
+    kept = steps[-size:]
+    assert window.step_ms(50) == percentile([s for s, _, _ in kept], 50)
+    assert window.step_ms(95) == percentile([s for s, _, _ in kept], 95)
+    comms = [c for _, c, _ in kept if c is not None]
+    assert window.mean("comm_ms") == (pytest.approx(sum(comms) / len(comms), rel=1e-6, abs=1e-6) if comms else None)
+    if len(kept) >= 2:
+        span = (len(kept) - 1) * 0.1
+        assert window.rate("samples") == pytest.approx(sum(n for _, _, n in kept[1:]) / span, rel=1e-6)
+    assert window.mean("data_ms") is None

@@ -71,7 +71,7 @@ def table(app: DdptopApp) -> RankTable:
 
 def column(app: DdptopApp, key: str) -> list[str]:
     t = table(app)
-    return [str(t.get_cell(row.key, key)) for row in t.ordered_rows]
+    return [t.cell(rank, key).strip() for rank in t.ranks_in_order()]
 
 
 async def test_a_row_per_rank_and_the_header_update_live(job):
@@ -102,12 +102,8 @@ async def test_the_straggler_is_highlighted(job):
     job.feed(world=4, slow_rank=1)
     app = dashboard(job)
     async with app.run_test(size=(160, 40)) as pilot:
-        def highlighted() -> bool:
-            if table(app).row_count < 4:
-                return False
-            return "yellow" in str(getattr(table(app).get_cell("1", "rank"), "style", ""))
-        await until(pilot, highlighted, "rank 1 flagged as a straggler")
-        assert "yellow" not in str(getattr(table(app).get_cell("0", "rank"), "style", ""))
+        await until(pilot, lambda: table(app).row_count == 4 and table(app).mark(1) == "straggler", "rank 1 flagged as a straggler")
+        assert [table(app).mark(r) for r in (0, 2, 3)] == ["", "", ""]
 
 
 async def test_filter_and_clear(job):

@@ -16,7 +16,7 @@ from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import Footer, Input, Static
 
 from ddptop.supervisor.jobstate import JobState
 from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
@@ -171,9 +171,6 @@ class DdptopApp(App[str | None]):
             self.push_screen(RankDetailScreen(self.state, rank, self.run_dir, focus_log=logs))
 
     def action_detail(self) -> None:
-        self._open_detail(logs=False)
-
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self._open_detail(logs=False)
 
     def action_logs(self) -> None:

@@ -30,7 +30,14 @@ def describe(event: dict) -> tuple[str, str]:
 
 
 class AlertPanel(Static):
+    _shown_records: tuple[int, int] = (-1, 0)
+
     def show(self, state: JobState, rows: int = 50) -> None:
+        latest = state.events[-1] if state.events else None
+        key = (len(state.events), id(latest))
+        if key == self._shown_records:
+            return
+        self._shown_records = key
         text = Text()
         for event in list(reversed(state.events))[:rows]:
             style, line = describe(event)

@@ -17,6 +17,10 @@ def eta(state: JobState, totals: dict) -> str:
 
 
 class JobHeader(Static):
+    """Two lines that never wrap (CSS), so an update never needs a layout pass."""
+
+    _shown = ""
+
     def show(self, state: JobState, now: float, status: str) -> None:
         totals = state.totals()
         meta = state.meta
@@ -24,12 +28,15 @@ class JobHeader(Static):
         progress = "-" if done is None else f"{done}" + (f"/{state.total_steps}" if state.total_steps else "")
         nodes = meta.get("nnodes", "1")
         script = str(meta.get("script", "?")).rsplit("/", 1)[-1]
-        self.update(
+        text = (
             f"[b]{script}[/b]  {status}  "
             f"world {state.world_size or '?'}  nodes {nodes}  up {duration(now - state.started)}  "
-            f"restarts {state.restarts}\n"
+            f"restarts {state.restarts}  alerts {state.alerts}\n"
             f"steps {progress}  ETA {eta(state, totals)}  "
             f"[b]{count(totals['samples_per_s'])}[/b] samples/s  "
             f"step {ms(totals['step_ms_p50'])}/{ms(totals['step_ms_p95'])} ms  "
-            f"comm {ms(totals['comm_ms'])} ms  alerts {state.alerts}"
+            f"comm {ms(totals['comm_ms'])} ms"
         )
+        if text != self._shown:  # re-rendering markup ten times a second is not free
+            self._shown = text
+            self.update(text, layout=False)

@@ -1,8 +1,11 @@
-"""The rank table: one row per rank, updated in place.
+"""The rank table: one line per rank, drawn with Textual's line API.
 
-Rows are keyed by rank, so the cursor and scroll survive updates; a cell is
-written only when its text changed. Sorting reorders rows by a numeric key
-per column, filtering removes and re-adds rows, never a clear().
+DataTable re-renders every visible cell whenever any cell changes (its
+render caches are keyed by a global update count), which at 64 ranks
+updating ten times a second saturates a core. This table keeps each rank's
+cell texts, and draws a line as a string join and a Strip, so a refresh
+costs microseconds a visible line. The cursor follows its rank, not its
+position, through re-sorts and filtering.
 """
 
 from __future__ import annotations
@@ -10,8 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rich.text import Text
-from textual.widgets import DataTable
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Region, Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from ddptop.supervisor.jobstate import STRAGGLER_RATIO, JobState, RankState
 from ddptop.supervisor.summary import count, ms, nbytes
@@ -64,78 +72,179 @@ COLUMNS: list[Column] = [
 ]
 SORTABLE = [key for key, *_ in COLUMNS if key not in ("pid", "state")]
 HIGHLIGHTED = ("rank", "state")
+_KEYS = [key for key, *_ in COLUMNS]
+_INDEX = {key: i for i, key in enumerate(_KEYS)}
+_SORT = {key: sort_of for key, _, _, sort_of in COLUMNS}
 
 
-class RankTable(DataTable):
+GAP = "  "
+
+
+class RankTable(ScrollView, can_focus=True):
+    DEFAULT_CSS = """
+    RankTable > .rank-table--header { text-style: bold; background: $panel; }
+    RankTable > .rank-table--cursor { background: $accent 40%; text-style: bold; }
+    RankTable > .rank-table--zebra { background: $boost; }
+    RankTable > .rank-table--straggler { color: $warning; text-style: bold; }
+    RankTable > .rank-table--alerting { color: $error; text-style: bold; }
+    """
+    COMPONENT_CLASSES = {
+        "rank-table--header", "rank-table--cursor", "rank-table--zebra",
+        "rank-table--straggler", "rank-table--alerting",
+    }
+    BINDINGS = [
+        Binding("up", "cursor(-1)", show=False),
+        Binding("down", "cursor(1)", show=False),
+        Binding("pageup", "page(-1)", show=False),
+        Binding("pagedown", "page(1)", show=False),
+        Binding("home", "cursor(-1000000)", show=False),
+        Binding("end", "cursor(1000000)", show=False),
+    ]
+
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        super().__init__(**kwargs)
         self.sort_key = "rank"
         self.sort_reverse = False
         self.filter_text = ""
-        self._cells: dict[tuple[str, str], str] = {}
-        self._order: list[str] = []
+        self._cells: dict[int, list[str]] = {}
+        self._marks: dict[int, str] = {}
+        self._order: list[int] = []
+        self._widths = [len(label) for _, label, *_ in COLUMNS]
+        self._cursor_rank: int | None = None
+        self._styles: dict[str, Style] = {}
 
-    def on_mount(self) -> None:
-        for key, label, *_ in COLUMNS:
-            self.add_column(label, key=key)
+    def notify_style_update(self) -> None:
+        """CSS or theme changed: the cached component styles are stale."""
+        super().notify_style_update()
+        self._styles = {}
+
+    def _style(self, name: str) -> Style:
+        """A component style ("base" is the widget's own), resolved once per CSS change."""
+        if name not in self._styles:
+            self._styles[name] = self.rich_style if name == "base" else self.get_component_rich_style(f"rank-table--{name}")
+        return self._styles[name]
+
+    @property
+    def row_count(self) -> int:
+        return len(self._order)
+
+    def ranks_in_order(self) -> list[int]:
+        return list(self._order)
+
+    def cell(self, rank: int, key: str) -> str:
+        return self._cells[rank][_INDEX[key]]
+
+    def mark(self, rank: int) -> str:
+        """"alerting", "straggler" or "" for a shown rank."""
+        return self._marks[rank]
 
     def selected_rank(self) -> int | None:
-        if not self.row_count:
-            return None
-        return int(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value or 0)
+        return self._cursor_rank if self._cursor_rank in self._cells else None
 
     def show(self, state: JobState, now: float, live: bool) -> None:
-        wanted = [r for _, r in sorted(state.ranks.items()) if self._matches(state, r, now, live)]
-        keys = {str(r.rank) for r in wanted}
-        for row_key in [k for k in self._rows_present() if k not in keys]:
-            self.remove_row(row_key)
-            self._cells = {cell: v for cell, v in self._cells.items() if cell[0] != row_key}
-        present = set(self._rows_present())
-        for rank in wanted:
-            self._show_rank(state, rank, now, live, str(rank.rank) in present)
-        self._apply_order(state, wanted)
+        ratios = state.straggler_ratios()
+        shown = [r for r in state.ranks.values() if self._matches(r, now, live)]
+        cells: dict[int, list[str]] = {}
+        marks: dict[int, str] = {}
+        sort_values: dict[int, Any] = {}
+        sort_of = _SORT[self.sort_key]
+        for rank in shown:
+            row = [render(state, rank, now, live) for _, _, render, _ in COLUMNS]
+            cells[rank.rank] = row
+            ratio = ratios.get(rank.rank)
+            marks[rank.rank] = "alerting" if rank.alerts else "straggler" if ratio and ratio > STRAGGLER_RATIO else ""
+            sort_values[rank.rank] = sort_of(state, rank)
+            self._widths = [max(w, len(text)) for w, text in zip(self._widths, row)]
+        order = sorted(sort_values, key=lambda r: (sort_values[r], r), reverse=self.sort_reverse)
+        if cells == self._cells and marks == self._marks and order == self._order:
+            return
+        self._cells, self._marks, self._order = cells, marks, order
+        if self._cursor_rank not in cells:
+            self._cursor_rank = order[0] if order else None
+        size = Size(sum(self._widths) + len(GAP) * (len(self._widths) - 1) + 2, len(order) + 1)
+        if size != self.virtual_size:  # a new virtual size costs a layout pass
+            self.virtual_size = size
+        self.refresh()
 
-    def _rows_present(self) -> list[str]:
-        return [str(key.value) for key in self.rows]
-
-    def _matches(self, state: JobState, rank: RankState, now: float, live: bool) -> bool:
+    def _matches(self, rank: RankState, now: float, live: bool) -> bool:
         if not self.filter_text:
             return True
         words = f"node {rank.node} rank {rank.rank} {rank.host} {rank_status(rank, now, live)}".lower()
         return all(part in words for part in self.filter_text.lower().split())
 
-    def _show_rank(self, state: JobState, rank: RankState, now: float, live: bool, exists: bool) -> None:
-        row_key = str(rank.rank)
-        ratio = state.straggler_ratio(rank)
-        style = "bold red" if rank.alerts else "bold yellow" if ratio and ratio > STRAGGLER_RATIO else ""
-        values = []
-        for key, _, render, _ in COLUMNS:
-            text = render(state, rank, now, live)
-            cell = Text(text, style=style) if key in HIGHLIGHTED and style else text
-            values.append((key, text + "\0" + style if key in HIGHLIGHTED else text, cell))
-        if not exists:
-            self.add_row(*(cell for *_, cell in values), key=row_key)
-            self._cells.update({(row_key, key): marker for key, marker, _ in values})
-            return
-        for key, marker, cell in values:
-            if self._cells.get((row_key, key)) != marker:
-                self._cells[(row_key, key)] = marker
-                self.update_cell(row_key, key, cell)
+    def _line(self, texts: list[str]) -> str:
+        return " " + GAP.join(t.ljust(w) for t, w in zip(texts, self._widths)) + " "
 
-    def _apply_order(self, state: JobState, ranks: list[RankState]) -> None:
-        sort_of = next(fn for key, _, _, fn in COLUMNS if key == self.sort_key)
-        values = {str(r.rank): sort_of(state, r) for r in ranks}
-        order = sorted(values, key=lambda k: (values[k], int(k)), reverse=self.sort_reverse)
-        if order != self._order:
-            self._order = order
-            position = {k: i for i, k in enumerate(order)}
-            self.sort("rank", key=lambda cell: position[str(cell)])
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.size.width
+        if y == 0:
+            style = self._style("header")
+            segments = [Segment(self._line([label for _, label, *_ in COLUMNS]), style)]
+        else:
+            index = scroll_y + y - 1
+            if index >= len(self._order):
+                return Strip.blank(width, self._style("base"))
+            segments = self._row_segments(index)
+        return Strip(segments).crop(scroll_x, scroll_x + width).adjust_cell_length(width, self._style("base"))
+
+    def _row_segments(self, index: int) -> list[Segment]:
+        """A row as few segments as its styles allow: Textual's per-line work
+        (filters, cropping) grows with segments, not with characters."""
+        rank = self._order[index]
+        base = self._style("base")
+        if rank == self._cursor_rank and self.has_focus:
+            base += self._style("cursor")
+        elif index % 2:
+            base += self._style("zebra")
+        line = self._line(self._cells[rank])
+        mark = self._marks[rank]
+        if not mark:
+            return [Segment(line, base)]
+        marked = base + self._style(mark)
+        segments, at = [], 0
+        for start, end in self._highlight_spans():
+            segments += [Segment(line[at:start], base), Segment(line[start:end], marked)]
+            at = end
+        return [*segments, Segment(line[at:], base)]
+
+    def _highlight_spans(self) -> list[tuple[int, int]]:
+        """Character spans of the highlighted columns in a line."""
+        spans, at = [], 1
+        for key, width in zip(_KEYS, self._widths):
+            if key in HIGHLIGHTED:
+                spans.append((at, at + width))
+            at += width + len(GAP)
+        return spans
+
+    def _move_to(self, index: int) -> None:
+        if not self._order:
+            return
+        index = max(0, min(len(self._order) - 1, index))
+        self._cursor_rank = self._order[index]
+        self.scroll_to_region(Region(0, index + 1, 1, 1), animate=False, spacing=None)
+        self.refresh()
+
+    def action_cursor(self, delta: int) -> None:
+        current = self._order.index(self._cursor_rank) if self._cursor_rank in self._order else 0
+        self._move_to(current + delta)
+
+    def action_page(self, direction: int) -> None:
+        self.action_cursor(direction * max(1, self.size.height - 2))
+
+    def on_click(self, event: events.Click) -> None:
+        if event.y > 0:
+            self._move_to(self.scroll_offset.y + event.y - 1)
+
+    def on_focus(self) -> None:
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self.refresh()
 
     def cycle_sort(self) -> str:
         self.sort_key = SORTABLE[(SORTABLE.index(self.sort_key) + 1) % len(SORTABLE)]
-        self._order = []
         return self.sort_key
 
     def reverse_sort(self) -> None:
         self.sort_reverse = not self.sort_reverse
-        self._order = []
