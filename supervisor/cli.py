@@ -169,7 +169,10 @@ def _dashboard_for_launch(run: rundir.RunDir) -> int:
         print(f"ddptop: stopping the job; run directory {run.path}")
         return 0
     end = app.state.exit
-    return int(end["code"]) if end is not None else 0
+    if end is None:
+        print(f"ddptop: the supervisor is gone; see {run.path / 'supervisor.log'}", file=sys.stderr)
+        return 1
+    return int(end["code"])
 
 
 def _live_run(spec: str | None) -> rundir.RunDir:

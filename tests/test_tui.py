@@ -255,3 +255,14 @@ async def test_a_terminal_too_small_shows_a_message(job):
         await pilot.resize_terminal(120, 30)
         await pilot.pause(0.3)
         assert not app.screen.has_class("too-small")
+
+
+def test_log_tail_reads_only_the_end_of_a_long_log(tmp_path):
+    from ddptop.tui.screens.rank_detail import log_tail
+
+    log = tmp_path / "logs" / "none_x" / "attempt_0" / "1" / "stdout.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(f"line {i}\n" for i in range(100_000)))
+    tail = log_tail(tmp_path, local_rank=1, restart=0, lines=3)
+    assert tail == ["[stdout] line 99997", "[stdout] line 99998", "[stdout] line 99999"]
+    assert log_tail(tmp_path, local_rank=2, restart=0) == ["(nothing logged yet)"]

@@ -40,6 +40,7 @@ class DdptopApp(App[str | None]):
     TITLE = "ddptop"
     BINDINGS = [
         Binding("q", "quit_dashboard", "quit"),
+        Binding("ctrl+q", "quit_dashboard", "quit", show=False, priority=True),
         Binding("question_mark", "help", "help"),
         Binding("s", "sort", "sort"),
         Binding("S", "reverse_sort", "reverse", show=False),
