@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -31,6 +32,9 @@ from ddptop.supervisor.rundir import RunDirError
 from ddptop.supervisor.sampler import Sampler, gpu_count, load_nvml, release_nvml
 from ddptop.supervisor.supervise import Supervisor
 from ddptop.trainer.sender import connect
+
+if TYPE_CHECKING:
+    from ddptop.tui.app import DdptopApp
 
 SOCKET_WAIT_S = 30.0
 
@@ -156,11 +160,7 @@ def _dashboard_for_launch(run: rundir.RunDir) -> int:
         if time.monotonic() > deadline:
             raise RunDirError(f"the supervisor did not start; see {run.path / 'supervisor.log'}")
         time.sleep(0.05)
-    # Textual is imported only where a dashboard opens: headless stays light.
-    from ddptop.tui.app import DdptopApp
-    from ddptop.tui.source import LiveSource
-
-    app = DdptopApp(LiveSource(run.socket_path), "launch", run.path)
+    app = _dashboard(run, "launch")
     choice = app.run()
     if choice == "leave":
         print(f"ddptop: the job runs on headless; ddptop attach {run.id}")
@@ -199,29 +199,35 @@ def _live_run(spec: str | None) -> rundir.RunDir:
     return run
 
 
-def attach(argv: list[str]) -> int:
-    parser = OneLineParser(prog="ddptop attach")
-    parser.add_argument("run", nargs="?", help="run directory, run id or id prefix (default: newest running)")
-    opts = parser.parse_args(argv)
-    run = _live_run(opts.run)
-    from ddptop.tui.app import DdptopApp
-    from ddptop.tui.source import LiveSource
+def _dashboard(run: rundir.RunDir, mode: str) -> DdptopApp:
+    """The dashboard on a run: live for launch and attach, from its log for replay.
 
-    DdptopApp(LiveSource(run.socket_path), "attach", run.path).run()
+    Textual is imported only here, where a dashboard opens: headless stays light.
+    """
+    from ddptop.tui.app import DdptopApp
+    from ddptop.tui.source import LiveSource, ReplaySource
+
+    source = ReplaySource(run) if mode == "replay" else LiveSource(run.socket_path)
+    return DdptopApp(source, mode, run.path)
+
+
+def _run_argument(prog: str, argv: list[str], required: bool = True) -> str | None:
+    parser = OneLineParser(prog=prog)
+    default = "" if required else " (default: your newest running job)"
+    parser.add_argument("run", nargs=None if required else "?", help=f"run directory, run id or id prefix{default}")
+    return parser.parse_args(argv).run
+
+
+def attach(argv: list[str]) -> int:
+    _dashboard(_live_run(_run_argument("ddptop attach", argv, required=False)), "attach").run()
     return 0
 
 
 def replay(argv: list[str]) -> int:
-    parser = OneLineParser(prog="ddptop replay")
-    parser.add_argument("run", help="run directory, run id or id prefix")
-    opts = parser.parse_args(argv)
-    run = rundir.find(opts.run)
+    run = rundir.find(_run_argument("ddptop replay", argv))
     if not run.events_path.exists():
         raise RunDirError(f"run {run.id} has no event log")
-    from ddptop.tui.app import DdptopApp
-    from ddptop.tui.source import ReplaySource
-
-    DdptopApp(ReplaySource(run), "replay", run.path).run()
+    _dashboard(run, "replay").run()
     return 0
 
 
@@ -257,10 +263,7 @@ def list_runs(argv: list[str]) -> int:
 
 
 def export(argv: list[str]) -> int:
-    parser = OneLineParser(prog="ddptop export")
-    parser.add_argument("run", help="run directory, run id or id prefix")
-    opts = parser.parse_args(argv)
-    run = rundir.find(opts.run)
+    run = rundir.find(_run_argument("ddptop export", argv))
     out = sys.stdout
     for record in rundir.read_events(run):
         out.write(json.dumps(record, separators=(",", ":")) + "\n")

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import uuid
-from pathlib import Path
 
 import psutil
 import pytest

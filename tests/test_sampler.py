@@ -1,7 +1,6 @@
 """The sampler's psutil path for real, its NVML path against a fake of pynvml's shape."""
 
 import os
-from pathlib import Path
 
 import pytest
 
