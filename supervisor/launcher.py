@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 import ddptop.trainer.bootstrap
 
 BOOTSTRAP_DIR = str(Path(ddptop.trainer.bootstrap.__file__).parent)
@@ -110,6 +112,15 @@ class Torchrun:
     @property
     def pid(self) -> int | None:
         return None if self.proc is None else self.proc.pid
+
+    def descendants(self) -> set[int]:
+        """Pids of every live process under torchrun: the job's own."""
+        if self.pid is None:
+            return set()
+        try:
+            return {p.pid for p in psutil.Process(self.pid).children(recursive=True)}
+        except psutil.Error:
+            return set()
 
     async def wait(self) -> int:
         """torchrun's exit status, a signal death mapped to 128+N as shells do."""

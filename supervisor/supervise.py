@@ -62,11 +62,12 @@ class Supervisor:
         ranks = list(self.state.ranks.values())
         if action == "kill_rank":
             ranks = [r for r in ranks if r.rank == command.get("rank")]
+        ours = self.torchrun.descendants()
         for rank in ranks:
-            try:
+            # A pid comes from the rank's own hello: signal it only if it
+            # really is a process of this job, never whatever a frame names.
+            if rank.pid in ours:
                 os.kill(rank.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                continue
         what = "restart of the group" if action == "restart" else f"kill of rank {command.get('rank')}"
         self._note(command.get("rank"), f"{what} requested from a dashboard")
 

@@ -182,3 +182,45 @@ def test_a_rank_counts_what_it_dropped_while_the_supervisor_was_gone(tmp_path):
         rank.join(120)
     assert result["r"].returncode == 0, result["r"].stderr
     assert dropped > 0
+
+
+def test_a_dashboard_kill_touches_only_the_jobs_own_processes(ddptop_home, tmp_path):
+    """A hello that names a foreign pid must not get that process killed; the real rank is."""
+    import asyncio
+
+    from ddptop.tui.source import LiveSource
+
+    bystander = subprocess.Popen(["sleep", "120"])
+    run_path = tmp_path / "run"
+    proc = subprocess.Popen(
+        [DDPTOP, "launch", "--headless", "--run-dir", str(run_path), str(EXAMPLE), "--gpus", "2", "--steps", "1000000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    run = rundir.RunDir(run_path)
+    try:
+        wait_for(lambda: run.events_path.exists() and sum(r["type"] == "rank_hello" for r in rundir.read_events(run)) == 2,
+                 90, "both ranks")
+        with socket.socket(socket.AF_UNIX) as liar:
+            liar.connect(str(run.socket_path))
+            liar.sendall(wire.encode({"type": "rank_hello", "rank": 7, "local_rank": 0, "world_size": 2, "node": 0,
+                                      "host": "x", "pid": bystander.pid, "restart": 0}))
+
+            async def kill(rank: int) -> None:
+                source = LiveSource(run.socket_path)
+                records = source.records()
+                await anext(records)  # connected
+                await source.command("kill_rank", rank)
+                await source.close()
+
+            wait_for(lambda: any(r["type"] == "rank_hello" and r["rank"] == 7 for r in rundir.read_events(run)), 10, "the lie")
+            asyncio.run(kill(7))
+            rank1 = next(r["pid"] for r in rundir.read_events(run) if r["type"] == "rank_hello" and r["rank"] == 1)
+            asyncio.run(kill(1))
+            wait_for(lambda: proc.poll() is not None, 60, "the job to end once its rank 1 was killed")
+        assert bystander.poll() is None, "a process outside the job was killed"
+        assert not psutil.pid_exists(rank1) or psutil.Process(rank1).status() == psutil.STATUS_ZOMBIE
+        assert proc.returncode != 0
+    finally:
+        bystander.kill()
+        if proc.poll() is None:
+            proc.kill()
