@@ -88,7 +88,7 @@ def test_launch_dashboard_leave_running_then_attach(tmux, ddptop_home, run_path)
     assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids) and run.state() == "running"
 
     tmux("new-session", "-d", "-s", "attach", "-x", "120", "-y", "30",
-         f"{env} {DDPTOP} attach {run.id}; echo ATTACH-EXITED $?; sleep 60")
+         f"{env} {DDPTOP} attach; echo ATTACH-EXITED $?; sleep 60")  # no argument: the newest running job
     attached = tmux.wait_screen("attach", "world 2", "running")
     wait_for(lambda: _rank_rows(tmux.screen("attach")) == 2, 30, "both rank rows in the attached dashboard")
     assert "up 00:00" not in attached  # attached late, it shows the run's history, not an empty start
