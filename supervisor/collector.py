@@ -34,7 +34,6 @@ class Collector:
         self._connections: set[asyncio.Task] = set()
         self._rank_connections: set[asyncio.Task] = set()
         self.bad_frames = 0
-        self.rank_connections = 0
 
     async def start_unix(self, path: Path) -> None:
         old_umask = os.umask(0o177)
@@ -91,7 +90,6 @@ class Collector:
                     if frame["type"] != "rank_hello":
                         raise wire.FrameError(f"expected a hello, got {frame['type']!r}")
                     hello = frame
-                    self.rank_connections += 1
                     task = asyncio.current_task()
                     assert task is not None
                     self._rank_connections.add(task)

@@ -16,13 +16,17 @@ WINDOW = 100
 """Steps per rank that the rolling figures cover."""
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100) of values; None when empty."""
-    if not values:
+def nearest_rank(ordered: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of values already sorted; None when empty."""
+    if not ordered:
         return None
-    ordered = sorted(values)
     index = max(0, math.ceil(q / 100.0 * len(ordered)) - 1)
     return ordered[min(index, len(ordered) - 1)]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of values; None when empty."""
+    return nearest_rank(sorted(values), q)
 
 
 def median(values: list[float]) -> float | None:
@@ -82,11 +86,7 @@ class RollingWindow:
                 self._counts[attr] += sign
 
     def step_ms(self, q: float) -> float | None:
-        ordered = self._sorted_step_ms
-        if not ordered:
-            return None
-        index = max(0, math.ceil(q / 100.0 * len(ordered)) - 1)
-        return ordered[min(index, len(ordered) - 1)]
+        return nearest_rank(self._sorted_step_ms, q)
 
     def mean(self, attr: str) -> float | None:
         count = self._counts[attr]

@@ -29,11 +29,6 @@ class Viewers:
         self._log = log
         self._log_path = log_path
         self._queues: set[asyncio.Queue[bytes | None]] = set()
-        self.dropped_viewers = 0
-
-    @property
-    def count(self) -> int:
-        return len(self._queues)
 
     def broadcast(self, data: bytes) -> None:
         """Queue an encoded frame for every viewer; drop those that lag."""
@@ -42,7 +37,6 @@ class Viewers:
                 queue.put_nowait(data)
             except asyncio.QueueFull:
                 self._queues.discard(queue)
-                self.dropped_viewers += 1
                 queue.get_nowait()
                 queue.put_nowait(None)
 
