@@ -5,6 +5,19 @@ uses ddptop's optional API for the loss, exact sample counts and the step
 count (for the dashboard's ETA); everything else ddptop measures alone.
 
     ddptop launch examples/train.py --gpus 4 --steps 200
+
+`--inject KIND@STEP:RANK[/ATTEMPT]` (repeatable) breaks the job on purpose,
+to see the watchdog at work; a fault fires in the given attempt only (the
+first by default), so a restarted group runs clean:
+
+    nan       the loss is NaN on that rank
+    inf-grad  one gradient element is inf as backward produces it
+    explode   the gradients are scaled by 1e6
+    desync    that rank nudges one parameter after optimizer.step
+    hang      that rank blocks forever before its next all-reduce
+    slow      that rank sleeps 5x its step time from then on
+    crash     that rank exits with code 3
+    segv      that rank kills itself with SIGSEGV
 """
 
 from __future__ import annotations
@@ -12,7 +25,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import signal
+import sys
+import threading
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -22,16 +39,70 @@ from torch.nn.parallel import DistributedDataParallel
 from ddptop.trainer import monitor
 
 
+FAULTS = ("nan", "inf-grad", "explode", "desync", "hang", "slow", "crash", "segv")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int
+    rank: int
+    attempt: int = 0
+
+
+def parse_fault(text: str) -> Fault:
+    try:
+        kind, _, where = text.partition("@")
+        step, _, rest = where.partition(":")
+        rank, _, attempt = rest.partition("/")
+        fault = Fault(kind, int(step), int(rank), int(attempt or 0))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KIND@STEP:RANK[/ATTEMPT]") from None
+    if fault.kind not in FAULTS:
+        raise argparse.ArgumentTypeError(f"unknown fault {fault.kind!r} (one of {', '.join(FAULTS)})")
+    if min(fault.step, fault.rank, fault.attempt) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: step, rank and attempt must not be negative")
+    return fault
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """One line on a mistake, said once (by rank 0), not usage text from every rank."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+class Faults:
+    """The faults this rank injects in this attempt, by step."""
+
+    def __init__(self, faults: list[Fault], rank: int, attempt: int) -> None:
+        self.by_step: dict[int, set[str]] = {}
+        for fault in faults:
+            if fault.rank == rank and fault.attempt == attempt:
+                self.by_step.setdefault(fault.step, set()).add(fault.kind)
+        self.slow_s = 0.0
+
+    def at(self, step: int, kind: str) -> bool:
+        return kind in self.by_step.get(step, ())
+
+
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1000, help="optimizer steps to run")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
     parser.add_argument("--width", type=int, default=256, help="hidden width of the MLP")
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--inject", type=parse_fault, action="append", default=[], metavar="KIND@STEP:RANK[/ATTEMPT]", help="break the job on purpose (see above)")
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    for fault in args.inject:
+        if fault.rank >= world:
+            parser.error(f"--inject {fault.kind}@{fault.step}:{fault.rank}: rank {fault.rank} is outside the world of {world} ranks")
     return args
 
 
@@ -56,6 +127,28 @@ def params_sha256(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
+def inject_before_step(faults: Faults, step: int, started: float, model: nn.Module) -> None:
+    """The faults that strike before the forward pass."""
+    if faults.at(step, "slow"):
+        faults.slow_s = 5 * (time.perf_counter() - started) / max(step, 1)
+    if faults.slow_s:
+        time.sleep(faults.slow_s)
+    if faults.at(step, "crash"):
+        sys.exit(3)
+    if faults.at(step, "segv"):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if faults.at(step, "inf-grad"):
+        param = next(model.parameters())
+
+        def poison(grad: torch.Tensor) -> torch.Tensor:
+            handle.remove()
+            grad = grad.clone()
+            grad.view(-1)[0] = float("inf")
+            return grad
+
+        handle = param.register_hook(poison)
+
+
 def main() -> None:
     args = parse_args()
     use_cuda = torch.cuda.is_available()
@@ -69,15 +162,27 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     monitor.configure(total_steps=args.steps)
+    faults = Faults(args.inject, rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     warmup = min(10, args.steps - 1)
+    started = time.perf_counter()
     for step in range(args.steps):
         if step == warmup:
             timed_from = time.perf_counter()
         x, y = batch(step, rank, args.batch_size, device)
+        inject_before_step(faults, step, started, model)
         loss = loss_fn(model(x), y)
+        if faults.at(step, "nan"):
+            loss = loss * float("nan")
+        if faults.at(step, "explode"):
+            loss = loss * 1e6
         optimizer.zero_grad(set_to_none=True)
+        if faults.at(step, "hang"):
+            threading.Event().wait()  # never set: the other ranks wait in the all-reduce
         loss.backward()
         optimizer.step()
+        if faults.at(step, "desync"):
+            with torch.no_grad():
+                next(model.parameters()).view(-1)[0] += 1e-3
         monitor.step(loss=loss, samples=x.shape[0])
         if rank == 0 and (step % 100 == 0 or step == args.steps - 1):
             print(f"step {step} loss {loss.item():.4f}", flush=True)
@@ -85,6 +190,8 @@ def main() -> None:
         rate = (args.steps - warmup) / (time.perf_counter() - timed_from)
         print(f"train-steps-per-s {rate:.2f}", flush=True)
         print(f"final-params-sha256 {params_sha256(model.module)}", flush=True)
+        finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+        print(f"final-params-finite {str(finite).lower()}", flush=True)
     dist.destroy_process_group()
 
 

@@ -31,6 +31,8 @@ from ddptop.supervisor.launcher import JobPlan, Torchrun
 from ddptop.supervisor.rundir import RunDirError
 from ddptop.supervisor.sampler import Sampler, gpu_count, load_nvml, release_nvml
 from ddptop.supervisor.supervise import Supervisor
+from ddptop.supervisor.watchdog import WatchPolicy
+from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.sender import connect
 
 if TYPE_CHECKING:
@@ -85,6 +87,8 @@ def plan_job(args: launchargs.LaunchArgs, nvml: ModuleType | None, run: rundir.R
         log_dir=run.logs_path,
         address=f"unix:{run.socket_path}",
         cpu_only=not gpus,
+        stacks_dir=run.stacks_path,
+        guard=GuardPolicy(on_nan=opts.on_nan, clip_grad=opts.clip_grad, desync_every=opts.desync_every),
         visible_gpus=visible,
         nnodes=opts.nnodes,
         node_rank=opts.node_rank,
@@ -132,7 +136,9 @@ def launch(argv: list[str]) -> int:
         nvml = load_nvml()
         meta.update(supervisor_pid=os.getpid(), supervisor_started=psutil.Process().create_time())
         run.write_meta(meta)
-    supervisor = Supervisor(run, Torchrun(plan), Sampler(nvml), args.options.summary_every)
+    opts = args.options
+    watch = WatchPolicy(on_nan=opts.on_nan, on_desync=opts.on_desync, on_hang=opts.on_hang, hang_timeout=opts.hang_timeout)
+    supervisor = Supervisor(run, Torchrun(plan), Sampler(nvml), opts.summary_every, watch)
     for notice in notices:
         supervisor.record({"type": "notice", "wall": time.time(), "text": notice})
     code = asyncio.run(supervisor.main({**meta, "wall": meta["started"]}))

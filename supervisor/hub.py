@@ -11,6 +11,7 @@ with synthetic ranks.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from ddptop.supervisor.collector import Collector
 from ddptop.supervisor.jobstate import JobState
@@ -20,8 +21,10 @@ from ddptop.trainer import wire
 
 
 class Hub:
-    def __init__(self, run: RunDir, on_command: CommandHandler) -> None:
+    def __init__(self, run: RunDir, on_command: CommandHandler, observer: Callable[[wire.Frame], None] | None = None) -> None:
+        """observer sees every record after the state has folded it in (the watchdog)."""
         self.run = run
+        self.observer = observer
         self.state = JobState()
         self.log = EventLog(run.events_path)
         self.viewers = Viewers(self.log, run.events_path)
@@ -32,6 +35,8 @@ class Hub:
         self.log.write(data)
         self.state.ingest(frame)
         self.viewers.broadcast(data)
+        if self.observer is not None:
+            self.observer(frame)
 
     async def start(self) -> None:
         await self.collector.start_unix(self.run.socket_path)

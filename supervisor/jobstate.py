@@ -39,6 +39,10 @@ class RankState:
     gpu: int | None = None
     gpu_mem: int | None = None
     steps_seen: int = 0
+    nan_skips: int = 0
+    scaler_skips: int = 0
+    clipped: int = 0
+    clip_checked: int = 0
     alerts: int = 0
     exited: bool = False
     stack: str | None = None
@@ -50,6 +54,19 @@ class RankState:
     def comm_share(self) -> float | None:
         comm, step = self.window.mean("comm_ms"), self.window.mean("step_ms")
         return comm / step if comm is not None and step else None
+
+    def busy_ms(self) -> float | None:
+        """Mean step time less time in communication: the rank's own work.
+
+        In DDP every rank's step takes as long as the slowest one's, because
+        the fast ones wait for it in the all-reduce; what sets a straggler
+        apart is that its time is its own, not waiting.
+        """
+        step = self.window.mean("step_ms")
+        return None if step is None else step - (self.window.mean("comm_ms") or 0.0)
+
+    def clip_rate(self) -> float | None:
+        return self.clipped / self.clip_checked if self.clip_checked else None
 
 
 @dataclass
@@ -63,14 +80,15 @@ class GpuState:
     power_w: float | None = None
 
 
-EVENT_TYPES = frozenset({"alert", "action", "notice", "wire_error", "exit"})
+EVENT_TYPES = frozenset({"alert", "action", "notice", "wire_error", "exit", "group_restart"})
 """Records the dashboard's alert panel lists."""
 
 HISTORY = 600
 """Per-second summaries kept for plots: ten minutes."""
 
 STRAGGLER_RATIO = 1.25
-"""A rank whose median step time is this much over the job's median is flagged."""
+"""A rank whose own work per step (busy_ms) is this much over the job's
+median is highlighted; the watchdog alerts from a higher ratio."""
 
 
 class JobState:
@@ -115,6 +133,8 @@ class JobState:
         for key in ("local_rank", "node", "host", "pid", "restart"):
             setattr(state, key, record[key])
         state.phase = "startup"
+        state.step = -1
+        state.exited = False
         self.world_size = max(self.world_size, record["world_size"])
 
     def _on_step(self, record: wire.Frame) -> None:
@@ -125,6 +145,14 @@ class JobState:
         for key in ("loss", "grad_norm", "mem_alloc", "mem_reserved", "mem_peak"):
             if record.get(key) is not None:
                 setattr(state, key, record[key])
+        skipped = record.get("skipped")
+        if skipped == "nan":
+            state.nan_skips += 1
+        elif skipped == "scaler":
+            state.scaler_skips += 1
+        if record.get("clipped") is not None:
+            state.clip_checked += 1
+            state.clipped += record["clipped"]
         if record.get("total_steps") is not None:
             self.total_steps = record["total_steps"]
         state.window.add(
@@ -158,8 +186,12 @@ class JobState:
 
     def _on_alert(self, record: wire.Frame) -> None:
         self.alerts += 1
-        if record.get("rank") in self.ranks:
-            self.ranks[record["rank"]].alerts += 1
+        for rank in record.get("ranks") or [record.get("rank")]:
+            if rank in self.ranks:
+                self.ranks[rank].alerts += 1
+
+    def _on_gone(self, record: wire.Frame) -> None:
+        self.rank(record["rank"]).exited = True
 
     def _on_stack(self, record: wire.Frame) -> None:
         self.rank(record["rank"]).stack = record.get("text")
@@ -177,12 +209,12 @@ class JobState:
         return max((r.restart for r in self.ranks.values()), default=0)
 
     def straggler_ratios(self) -> dict[int, float]:
-        """Each rank's median step time over the median of all ranks' medians.
+        """Each rank's own work per step (busy_ms) over the median of all ranks'.
 
         One pass for all ranks: a per-rank call would redo the job's median
         for every rank, quadratic in the world size.
         """
-        own = {r.rank: x for r in self.ranks.values() if (x := r.window.step_ms(50)) is not None}
+        own = {r.rank: x for r in self.ranks.values() if not r.exited and (x := r.busy_ms()) is not None}
         job = median(list(own.values()))
         return {rank: x / job for rank, x in own.items()} if job else {}
 
@@ -218,6 +250,9 @@ class JobState:
             "dropped": sum(r.dropped for r in ranks),
             "alerts": self.alerts,
             "total_steps": self.total_steps,
+            "nan_skips": max((r.nan_skips for r in ranks), default=0),
+            "scaler_skips": max((r.scaler_skips for r in ranks), default=0),
+            "clip_rate": median([x for r in ranks if (x := r.clip_rate()) is not None]),
         }
 
 
@@ -230,5 +265,6 @@ _HANDLERS = {
     "alert": JobState._on_alert,
     "summary": JobState._on_summary,
     "stack": JobState._on_stack,
+    "rank_gone": JobState._on_gone,
     "exit": JobState._on_exit,
 }

@@ -13,6 +13,9 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddptop.supervisor.watchdog import HANG_TIMEOUT_S
+from ddptop.trainer.policy import DESYNC_EVERY, ON_DESYNC, ON_HANG, ON_NAN
+
 
 class UsageError(Exception):
     """Bad input on the command line: reported in one line, exit status 2."""
@@ -56,6 +59,12 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     (("--headless",), {"action": "store_true", "help": "no dashboard: summaries on stdout, alerts on stderr"}),
     (("--run-dir",), {"type": Path, "help": "the run directory (default: a new one under ~/.local/state/ddptop/runs)"}),
     (("--summary-every",), {"type": _positive_float, "default": 5.0, "help": "seconds between headless summary lines"}),
+    (("--on-nan",), {"choices": ON_NAN, "default": "skip", "help": "a step with NaN/Inf loss or gradients: skip it on all ranks, restart, stop, or warn (and apply it)"}),
+    (("--clip-grad",), {"type": _positive_float, "help": "enforce this global grad norm inside optimizer.step, also when the script does not clip"}),
+    (("--desync-every",), {"type": _non_negative_int, "default": DESYNC_EVERY, "help": "steps between parameter checksums compared across ranks (0: off)"}),
+    (("--on-desync",), {"choices": ON_DESYNC, "default": "warn", "help": "ranks whose parameters differ: warn, restart or stop"}),
+    (("--hang-timeout",), {"type": _positive_float, "default": HANG_TIMEOUT_S, "help": "seconds without a step before the job counts as hung"}),
+    (("--on-hang",), {"choices": ON_HANG, "default": "restart", "help": "a hang, once the stacks are collected: restart the group or stop"}),
 ]
 
 

@@ -19,12 +19,13 @@ import functools
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
 import ddptop.trainer.bootstrap
+from ddptop.trainer.policy import STACKS_DIR_ENV, GuardPolicy
 
 BOOTSTRAP_DIR = str(Path(ddptop.trainer.bootstrap.__file__).parent)
 STOP_GRACE_S = 10.0
@@ -42,6 +43,8 @@ class JobPlan:
     log_dir: Path
     address: str
     cpu_only: bool
+    stacks_dir: Path
+    guard: GuardPolicy = field(default_factory=GuardPolicy)
     visible_gpus: list[int] | None = None
     nnodes: str | None = None
     node_rank: int | None = None
@@ -52,7 +55,7 @@ class JobPlan:
 
 def command(plan: JobPlan) -> list[str]:
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "ddptop.supervisor.torchrun_probe",
         "--nproc-per-node", str(plan.nproc_per_node),
         "--max-restarts", str(plan.max_restarts),
         "--log-dir", str(plan.log_dir),
@@ -81,6 +84,13 @@ def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, 
     env["DDPTOP_ADDRESS"] = plan.address
     env["PYTHONUNBUFFERED"] = "1"
     env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank${rank}]:"
+    # torchrun shares one TCPStore across restarts of the group, and the new
+    # ranks then read the old ranks' gloo addresses from it: the restarted
+    # group hangs or fails to connect (seen with torch 2.13, plain torchrun
+    # too). A store per rendezvous round, torch's own opt-out, restarts clean.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    env[STACKS_DIR_ENV] = str(plan.stacks_dir)
+    env.update(plan.guard.to_env())
     if plan.cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif plan.visible_gpus is not None and "CUDA_VISIBLE_DEVICES" not in env:

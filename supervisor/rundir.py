@@ -8,6 +8,7 @@ elsewhere with --run-dir are linked from the default root so `ls` finds them.
     <run dir>/events.log    every record, as wire frames, appended
     <run dir>/sock          the supervisor's Unix socket (0600)
     <run dir>/logs/         torchrun's per-rank stdout/stderr files
+    <run dir>/stacks/       Python stacks the ranks dumped when asked (hangs)
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ class RunDir:
     def logs_path(self) -> Path:
         return self.path / "logs"
 
+    @property
+    def stacks_path(self) -> Path:
+        return self.path / "stacks"
+
     def read_meta(self) -> dict[str, Any]:
         return json.loads(self.meta_path.read_text())
 
@@ -109,6 +114,7 @@ def create(script: Path, chosen: Path | None) -> RunDir:
         probe.write_bytes(b"")
         probe.unlink()
         (path / "logs").mkdir(mode=0o700)
+        (path / "stacks").mkdir(mode=0o700)
         if chosen is not None:
             runs_root().mkdir(mode=0o700, parents=True, exist_ok=True)
             (runs_root() / f"{stamp}-{path.name}-{secrets.token_hex(2)}").symlink_to(path)
@@ -175,3 +181,24 @@ def read_events(run: RunDir) -> Iterator[wire.Frame]:
         return
     with run.events_path.open("rb") as stream:
         yield from wire.read_frames(stream)
+
+
+TAIL_BYTES = 64 << 10
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    """The last lines of a file, reading only its end: rank logs grow without bound."""
+    with path.open("rb") as stream:
+        size = stream.seek(0, 2)
+        stream.seek(max(0, size - TAIL_BYTES))
+        text = stream.read().decode(errors="replace").splitlines()
+    return text[-lines:] if size <= TAIL_BYTES else text[1:][-lines:]
+
+
+def rank_log_tail(run_dir: Path, local_rank: int, restart: int, lines: int, streams: tuple[str, ...] = ("stdout", "stderr")) -> list[str]:
+    """The end of a rank's output as torchrun kept it (one attempt's files)."""
+    out: list[str] = []
+    for stream in streams:
+        for path in sorted(run_dir.glob(f"logs/*/attempt_{restart}/{local_rank}/{stream}.log")):
+            out += [f"[{stream}] {line}" if len(streams) > 1 else line for line in _tail(path, lines)]
+    return out

@@ -1,8 +1,11 @@
-"""One supervised job: the torchrun child, sampling, summaries, signals, commands.
+"""One supervised job: the torchrun child, sampling, summaries, signals,
+commands, and the watchdog's verdicts carried out.
 
 Everything runs on one asyncio loop in the supervisor process; the only
 blocking calls (NVML and psutil) run in a worker thread. Records go through
-the hub (hub.py), which logs them and serves them to dashboards.
+the hub (hub.py), which logs them, serves them to dashboards and shows them
+to the watchdog (watchdog.py), whose verdicts come back here as alerts and
+actions: collect stacks, restart the group, stop the job.
 """
 
 from __future__ import annotations
@@ -15,13 +18,19 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from ddptop.supervisor import summary
+from ddptop.supervisor import stacks, summary
 from ddptop.supervisor.hub import Hub
 from ddptop.supervisor.launcher import Torchrun
-from ddptop.supervisor.rundir import RunDir
+from ddptop.supervisor.rundir import RunDir, rank_log_tail
 from ddptop.supervisor.sampler import Sampler
+from ddptop.supervisor.watchdog import Verdict, Watchdog, WatchPolicy
 from ddptop.trainer import wire
 
+WATCH_S = 0.25
+"""Period of the watchdog's tick: how late a verdict may be carried out."""
+CRASH_LOG_LINES = 20
+WATCHDOG_STOP_EXIT = 1
+"""Exit status of a job the watchdog stopped (--on-nan/--on-desync/--on-hang stop)."""
 SAMPLE_S = 1.0
 FLUSH_S = 1.0
 STATE_S = 1.0
@@ -35,6 +44,7 @@ class Supervisor:
         torchrun: Torchrun,
         sampler: Sampler,
         summary_every: float,
+        watch: WatchPolicy | None = None,
         out: TextIO = sys.stdout,
     ) -> None:
         self.run = run
@@ -42,10 +52,13 @@ class Supervisor:
         self.sampler = sampler
         self.summary_every = summary_every
         self.out = out
-        self.hub = Hub(run, self.on_command)
+        self.hub = Hub(run, self.on_command, observer=self._observe)
         self.state = self.hub.state
         self.record = self.hub.record
+        self.watchdog = Watchdog(watch or WatchPolicy(), self.state, self._crash_log)
+        self._verdicts: list[Verdict] = []
         self._stop_signal: int | None = None
+        self._stop_code: int | None = None
         self._stopping: asyncio.Task | None = None
 
     def on_command(self, command: wire.Frame) -> None:
@@ -59,17 +72,60 @@ class Supervisor:
             self._note(None, "stop requested from a dashboard")
             self._request_stop(signal.SIGTERM)
             return
-        ranks = list(self.state.ranks.values())
-        if action == "kill_rank":
-            ranks = [r for r in ranks if r.rank == command.get("rank")]
-        ours = self.torchrun.descendants()
-        for rank in ranks:
-            # A pid comes from the rank's own hello: signal it only if it
-            # really is a process of this job, never whatever a frame names.
-            if rank.pid in ours:
-                os.kill(rank.pid, signal.SIGKILL)
+        self._kill_ranks(command.get("rank") if action == "kill_rank" else None)
         what = "restart of the group" if action == "restart" else f"kill of rank {command.get('rank')}"
         self._note(command.get("rank"), f"{what} requested from a dashboard")
+
+    def _kill_ranks(self, only: int | None = None) -> None:
+        """SIGKILL the live ranks (or one): torchrun then restarts the group.
+
+        A pid comes from the rank's own hello: it is signalled only if it
+        really is a process of this job, never whatever a frame names.
+        """
+        ours = self.torchrun.descendants()
+        pids = {r.pid for r in self.state.ranks.values() if not r.exited and (only is None or r.rank == only)} & ours
+        self.watchdog.expect_deaths(pids)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+
+    def _observe(self, record: wire.Frame) -> None:
+        self._verdicts += self.watchdog.observe(record)
+
+    def _crash_log(self, rank: int) -> list[str]:
+        state = self.state.ranks.get(rank)
+        if state is None:
+            return []
+        return rank_log_tail(self.run.path, state.local_rank, state.restart, CRASH_LOG_LINES, streams=("stderr",))
+
+    async def _watch(self) -> None:
+        verdicts, self._verdicts = self._verdicts + self.watchdog.tick(), []
+        for verdict in verdicts:
+            await self._carry_out(verdict)
+
+    async def _carry_out(self, verdict: Verdict) -> None:
+        """Alert first (log, dashboards, stderr), then stacks, then the action."""
+        self.record(verdict.record())
+        print(f"ddptop: ALERT {verdict.kind}: {verdict.text}", file=sys.stderr, flush=True)
+        if verdict.stacks:
+            await asyncio.gather(*(self._collect_stack(rank) for rank in verdict.stacks))
+        if verdict.action == "restart":
+            self._note(None, f"restarting the worker group after the {verdict.kind} alert")
+            self._kill_ranks()
+        elif verdict.action == "stop":
+            self._note(None, f"stopping the job after the {verdict.kind} alert")
+            self._stop_code = WATCHDOG_STOP_EXIT
+            self._request_stop(signal.SIGTERM)
+
+    async def _collect_stack(self, rank: int) -> None:
+        state = self.state.ranks.get(rank)
+        if state is None or state.pid not in self.torchrun.descendants():
+            return
+        got = await stacks.dump(self.run.stacks_path, rank, state.pid)
+        if got is None:
+            self._note(rank, f"rank {rank} gave no stack dump")
+            return
+        source, text = got
+        self.record({"type": "stack", "rank": rank, "wall": time.time(), "source": source, "text": text})
 
     def _note(self, rank: int | None, text: str) -> None:
         self.record({"type": "action", "wall": time.time(), "rank": rank, "text": text})
@@ -89,14 +145,21 @@ class Supervisor:
             asyncio.create_task(_every(STATE_S, self._record_totals)),
             asyncio.create_task(_every(self.summary_every, self._print_summary)),
             asyncio.create_task(_every(FLUSH_S, self._flush)),
+            asyncio.create_task(_every(WATCH_S, self._watch)),
         ]
         code = await self.torchrun.wait()
         for task in periodic:
             task.cancel()
         await asyncio.gather(*periodic, return_exceptions=True)
-        if self._stop_signal is not None:
+        await self.hub.collector.ranks_done()
+        for verdict in self._verdicts + self.watchdog.tick(final=True):
+            verdict.action = "none"  # the job is over: alert only
+            await self._carry_out(verdict)
+        if self._stop_code is not None:
+            code = self._stop_code
+        elif self._stop_signal is not None:
             code = 128 + self._stop_signal
-        await self.hub.finish(code, self._stop_signal)
+        await self.hub.finish(code, None if self._stop_code is not None else self._stop_signal)
         await self._print_summary()
         self.run.update_meta(state="finished" if code == 0 else "failed", ended=time.time(), exit_code=code)
         print(f"ddptop: job {'finished' if code == 0 else 'failed'} (exit {code}); run directory {self.run.path}", file=self.out, flush=True)

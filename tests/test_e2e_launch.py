@@ -34,11 +34,8 @@ def by_rank(records: list[dict], kind: str) -> dict[int, list[dict]]:
 
 
 def assert_grad_norms(rows: list[dict]) -> None:
-    """Finite and positive wherever measured; measured on the first step and
-    then within its budget of the step time (sampled on these tiny CPU steps)."""
-    norms = [r["grad_norm"] for r in rows if "grad_norm" in r]
-    assert "grad_norm" in rows[0] and len(norms) >= 3, [r["step"] for r in rows if "grad_norm" in r]
-    assert all(math.isfinite(n) and n > 0 for n in norms)
+    """Measured on every step (the NaN guard needs it), finite and positive."""
+    assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in rows), [r["step"] for r in rows if "grad_norm" not in r]
 
 
 def job_pids(records: list[dict], run: rundir.RunDir) -> list[int]:

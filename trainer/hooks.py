@@ -8,10 +8,11 @@ only through torch's public extension points, so the script runs unchanged:
 - at a model's first forward, if the script registered no comm hook of its
   own, a timed all-reduce with the semantics of DDP's default is registered;
   a comm hook the script registers itself is wrapped with the same timing;
-- the global optimizer step pre/post hooks mark the step boundary and
-  measure the grad norm before the optimizer sees the gradients, within a
-  budget of the step time (budget.py): every step on any job whose steps
-  are long against one pass over the gradients, sampled on tiny ones.
+- the global optimizer step pre/post hooks mark the step boundary and run
+  the in-rank watchdog (guard.py): grad norm, NaN/Inf skip, clipping, and
+  every few steps a parameter checksum;
+- GradScaler.step is wrapped so that a step the scaler skips on purpose
+  (inf in fp16 gradients) still ends, marked as the scaler's skip.
 
 This module imports torch at the top: runtime.py imports it only from the
 callback that runs once the script's own `import torch` has finished.
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import functools
 import math
-import time
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,59 +31,97 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddptop.trainer import late
-from ddptop.trainer.budget import Budget
+from ddptop.trainer import guard
 from ddptop.trainer.commtimer import CommTimer
+from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.steps import StepTracker
 
 
-def install(tracker: StepTracker) -> None:
-    timer = CommTimer()
-    budget = Budget()
-    _wrap_ddp(tracker, timer)
-    register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(tracker, budget, optimizer))
-    register_optimizer_step_post_hook(
-        lambda optimizer, args, kwargs: _optimizer_end(tracker, timer)
-    )
+class Probe:
+    """What the hooks of one rank share: where records go, the policy, the
+    comm timer, the pre-all-reduce check and the DDP models (for checksums)."""
+
+    def __init__(self, tracker: StepTracker, policy: GuardPolicy) -> None:
+        self.tracker = tracker
+        self.policy = policy
+        self.timer = CommTimer()
+        self.local = guard.LocalCheck()
+        self.models: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def parameters(self) -> Iterator[torch.Tensor]:
+        for model in list(self.models):
+            yield from model.module.parameters()
+
+
+def install(tracker: StepTracker, policy: GuardPolicy) -> None:
+    probe = Probe(tracker, policy)
+    _wrap_ddp(probe)
+    _wrap_grad_scaler(probe)
+    register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(probe, optimizer))
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _optimizer_end(probe))
 
 
 _original_register = DistributedDataParallel.register_comm_hook
 
 
-def _wrap_ddp(tracker: StepTracker, timer: CommTimer) -> None:
+def _wrap_ddp(probe: Probe) -> None:
     original_init = DistributedDataParallel.__init__
+    tracker = probe.tracker
 
     @functools.wraps(original_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
-        self.register_forward_pre_hook(_forward_pre_hook(tracker, timer), with_kwargs=True)
+        probe.models.add(self)
+        self.register_forward_pre_hook(_forward_pre_hook(probe), with_kwargs=True)
         self.register_forward_hook(lambda module, args, output: tracker.forward_end())
 
     @functools.wraps(_original_register)
     def register_comm_hook(self: Any, state: object, hook: Any) -> None:
-        _original_register(self, state, _timed(hook, tracker, timer))
+        _original_register(self, state, _timed(hook, probe))
 
     DistributedDataParallel.__init__ = __init__
     DistributedDataParallel.register_comm_hook = register_comm_hook
 
 
-def _forward_pre_hook(tracker: StepTracker, timer: CommTimer) -> Any:
+def _wrap_grad_scaler(probe: Probe) -> None:
+    """End the step that GradScaler skips: optimizer.step() never runs for it."""
+    scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler_class is None:
+        return
+    original_step = scaler_class.step
+
+    @functools.wraps(original_step)
+    def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        before = probe.tracker.step
+        result = original_step(self, optimizer, *args, **kwargs)
+        if probe.tracker.step == before:
+            probe.local.take()
+            probe.timer.take()
+            probe.tracker.scaler_skip()
+        return result
+
+    scaler_class.step = step
+
+
+def _forward_pre_hook(probe: Probe) -> Any:
+    tracker = probe.tracker
+
     def hook(module: Any, args: tuple, kwargs: dict) -> None:
         if not getattr(module, "_ddptop_comm_hooked", False):
             module._ddptop_comm_hooked = True
-            _ensure_comm_hook(module, tracker, timer)
+            _ensure_comm_hook(module, probe)
         if module.training and torch.is_grad_enabled():
             tracker.forward_begin(_batch_size(args, kwargs))
 
     return hook
 
 
-def _ensure_comm_hook(model: Any, tracker: StepTracker, timer: CommTimer) -> None:
+def _ensure_comm_hook(model: Any, probe: Probe) -> None:
     """Register a timed default all-reduce unless the script has a hook of its own."""
     if model._comm_hooks:
         return
     try:
-        _original_register(model, model.process_group, _timed(_allreduce_mean, tracker, timer))
+        _original_register(model, model.process_group, _timed(_allreduce_mean, probe))
     except (RuntimeError, ValueError):
         # A built-in C++ hook is already registered: leave it, untimed.
         return
@@ -98,16 +138,20 @@ def _allreduce_mean(process_group, bucket):  # type: ignore[no-untyped-def]
     return dist.all_reduce(buffer, group=group, async_op=True).get_future()
 
 
-def _timed(hook: Any, tracker: StepTracker, timer: CommTimer) -> Any:
-    """A comm hook that times the hook it wraps.
+def _timed(hook: Any, probe: Probe) -> Any:
+    """A comm hook that times the hook it wraps, and checks the rank's own
+    gradients before they are mixed with everyone's.
 
     DDP inspects a hook's signature: the parameter must be named `bucket`,
     and any annotation must be the real GradBucket class, so the wrapper
     carries none (this module's postponed annotations would be strings).
     """
 
+    tracker, timer, local = probe.tracker, probe.timer, probe.local
+
     def timed_hook(state, bucket):  # type: ignore[no-untyped-def]
         tracker.comm_begin()
+        local.add(bucket.buffer())
         span = timer.begin(bucket.buffer())
 
         def done(fut):  # type: ignore[no-untyped-def]
@@ -122,36 +166,34 @@ def _timed(hook: Any, tracker: StepTracker, timer: CommTimer) -> Any:
     return timed_hook
 
 
-def _optimizer_begin(tracker: StepTracker, budget: Budget, optimizer: Any) -> None:
-    if not budget.due(tracker.last_step_s):
-        tracker.optimizer_begin({})
-        return
-    start = time.perf_counter()
-    norm = _grad_norm(optimizer)
-    budget.spent(time.perf_counter() - start)
-    tracker.optimizer_begin({"grad_norm": norm})
+def _optimizer_begin(probe: Probe, optimizer: Any) -> None:
+    """The guard, before the optimizer sees the gradients."""
+    grads = guard.gradients(optimizer)
+    norm = guard.grad_norm(grads)
+    local = probe.local.take()
+    values: dict[str, Any] = {}
+    if norm is not None and not math.isfinite(norm):
+        values["nonfinite"] = True
+        values["local_nonfinite"] = guard.any_nonfinite(local)
+        if probe.policy.skips_nan:
+            guard.skip(optimizer)
+            values["skipped"] = "nan"
+    elif norm is not None:
+        values["grad_norm"] = norm
+        if probe.policy.clip_grad is not None:
+            values["clipped"] = guard.clip(grads, norm, probe.policy.clip_grad)
+    probe.tracker.optimizer_begin(values)
 
 
-def _optimizer_end(tracker: StepTracker, timer: CommTimer) -> None:
+def _optimizer_end(probe: Probe) -> None:
     values: dict[str, Any] = _memory()
-    comm = timer.take()
+    comm = probe.timer.take()
     if comm is not None:
         values["comm_ms"], values["comm_bytes"] = comm
-    tracker.optimizer_end(values)
-
-
-def _grad_norm(optimizer: Any) -> Any:
-    """The global L2 norm of the gradients the optimizer is about to apply."""
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if not grads:
-        return None
-    norms = torch._foreach_norm(grads)
-    if not norms[0].is_cuda:
-        # A few host reads beat stacking and a second kernel for CPU tensors.
-        return math.sqrt(math.fsum(float(n) ** 2 for n in norms))
-    if any(n.device != norms[0].device for n in norms):
-        norms = [n.to(norms[0].device) for n in norms]
-    return late.scalar(torch.linalg.vector_norm(torch.stack(norms)))
+    every = probe.policy.desync_every
+    if every and probe.tracker.step % every == 0:
+        values["checksum"] = guard.checksum(probe.parameters())
+    probe.tracker.optimizer_end(values)
 
 
 def _memory() -> dict[str, int]:

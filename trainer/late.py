@@ -24,12 +24,13 @@ class Late(Protocol):
 
 
 class LateTensorScalar:
-    """A one-element CUDA tensor on its way to the host."""
+    """A one-element CUDA tensor on its way to the host, in its own dtype
+    (a float loss, an integer checksum)."""
 
     def __init__(self, tensor: Any) -> None:
         import torch
 
-        self._host = torch.empty((), dtype=torch.float64, pin_memory=True)
+        self._host = torch.empty((), dtype=tensor.dtype, pin_memory=True)
         self._host.copy_(tensor.detach().reshape(()), non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
@@ -37,8 +38,8 @@ class LateTensorScalar:
     def ready(self) -> bool:
         return bool(self._event.query())
 
-    def get(self) -> float:
-        return float(self._host)
+    def get(self) -> float | int:
+        return self._host.item()
 
 
 def scalar(value: Any) -> float | Late | None:
@@ -48,7 +49,7 @@ def scalar(value: Any) -> float | Late | None:
     if hasattr(value, "is_cuda"):
         if value.is_cuda:
             return LateTensorScalar(value)
-        return float(value)
+        return float(value.detach())  # a loss still needs its graph: no warning, no copy
     return float(value)
 
 

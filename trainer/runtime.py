@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import faulthandler
 import os
 import signal
 import socket
 import sys
 import time
+import traceback
+from collections.abc import Callable
+from types import TracebackType
 
 from ddptop.trainer import importwatch, monitor, wire
+from ddptop.trainer.policy import STACK_SIGNAL, STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.sender import Sender
 from ddptop.trainer.steps import StepTracker
 
@@ -24,6 +29,8 @@ ADDRESS_ENV = "DDPTOP_ADDRESS"
 """Where the supervisor listens; set by the launcher, absent otherwise."""
 
 EXIT_FLUSH_S = 1.0
+TRACEBACK_MAX = 8192
+"""Characters of an uncaught exception's traceback sent along (its end)."""
 
 
 def rank_hello() -> wire.Frame:
@@ -58,9 +65,42 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def stacks_on_signal(rank: int) -> None:
+    """Write every thread's Python stack to the run directory on STACK_SIGNAL.
+
+    faulthandler does it from C inside the signal handler, so it works while
+    the main thread is stuck in a collective or a sleep, which is exactly
+    when the supervisor asks. Fatal signals (SIGSEGV...) get the same dump on
+    stderr, which torchrun keeps in the rank's log.
+    """
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)
+    folder = os.environ.get(STACKS_DIR_ENV)
+    if folder and os.path.isdir(folder):
+        stream = open(os.path.join(folder, f"rank{rank}.{os.getpid()}.txt"), "a")  # noqa: SIM115 - open for life
+        faulthandler.register(STACK_SIGNAL, file=stream, all_threads=True, chain=False)
+
+
+def report_uncaught(put: Callable[[wire.Frame], None], rank: int) -> None:
+    """Send an uncaught exception's traceback to the supervisor, then print it as usual.
+
+    So the crash alert can quote the first failing rank's own error without
+    the script decorating its main with torchrun's @record.
+    """
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        text = "".join(traceback.format_exception(kind, value, tb))[-TRACEBACK_MAX:]
+        put({"type": "exception", "rank": rank, "wall": time.time(), "text": text})
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
 def activate() -> None:
     hello = rank_hello()
     die_with_parent()
+    stacks_on_signal(hello["rank"])
     sender: Sender
     tracker = StepTracker(hello["rank"], emit=lambda record: sender.put(record))
 
@@ -75,6 +115,7 @@ def activate() -> None:
         }
 
     sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat)
+    report_uncaught(sender.put, tracker.rank)
     monitor.bind(tracker)
     sender.start()
 
@@ -82,7 +123,7 @@ def activate() -> None:
         try:
             from ddptop.trainer import hooks
 
-            hooks.install(tracker)
+            hooks.install(tracker, GuardPolicy.from_env())
         except Exception as exc:  # never break the user's `import torch`
             print(f"ddptop: rank {tracker.rank}: instrumentation off: {exc}", file=sys.stderr)
 

@@ -42,7 +42,6 @@ class StepTracker:
         self._last_end: float | None = None
         self._first_forward: float | None = None
         self._samples = 0
-        self.last_step_s = 0.0
         self._values: dict[str, Any] = {}
         self._lates: dict[str, late.Late] = {}
         self._optimizer_seen = False
@@ -73,6 +72,12 @@ class StepTracker:
         """Close the step; values holds what the hooks measured after it (comm, memory)."""
         self._optimizer_seen = True
         _add(self._values, self._lates, values)
+        self._close_step()
+
+    def scaler_skip(self) -> None:
+        """GradScaler found inf/nan and did not call optimizer.step(): the step ends anyway."""
+        self._optimizer_seen = True
+        _add(self._values, self._lates, {"skipped": "scaler"})
         self._close_step()
 
     def explicit(self, loss: Any, samples: int | None, tokens: int | None) -> None:
@@ -120,7 +125,6 @@ class StepTracker:
         self._values, self._lates = {}, {}
         self._samples = 0
         self._first_forward = None
-        self.last_step_s = record["step_ms"] / 1000.0
         self._last_end = now
         self.step += 1
         self.phase = "data"

@@ -68,6 +68,12 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "mem_reserved": (_INT, False),
         "mem_peak": (_INT, False),
         "total_steps": (_INT, False),
+        # The in-rank watchdog (guard.py): set only when something happened.
+        "nonfinite": (_BOOL, False),
+        "local_nonfinite": (_BOOL, False),
+        "skipped": (_STR, False),
+        "clipped": (_BOOL, False),
+        "checksum": (_INT, False),
     },
     # About once a second: liveness and where the rank is.
     "heartbeat": {
@@ -77,6 +83,22 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "step": (_INT, True),
         "dropped": (_INT, True),
     },
+    # torchrun's own agent, through ddptop's probe (supervisor/torchrun_probe.py).
+    "agent_hello": {"node": (_INT, True)},
+    # A worker process ended with a failure: what only torchrun knows.
+    "worker_failure": {
+        "node": (_INT, True),
+        "rank": (_INT, True),
+        "local_rank": (_INT, True),
+        "pid": (_INT, True),
+        "exitcode": (_INT, True),
+        "wall": (_NUM, True),
+        "message": (_STR, False),
+    },
+    # torchrun restarts its worker group (restart counts from 1).
+    "group_restart": {"node": (_INT, True), "restart": (_INT, True), "remaining": (_INT, True), "wall": (_NUM, True)},
+    # The traceback of an exception the script did not catch (its end).
+    "exception": {"rank": (_INT, True), "wall": (_NUM, True), "text": (_STR, True)},
     # A rank's records, sent together so the socket sees a few frames a second.
     "batch": {"items": (_LIST, True)},
     # A dashboard introduces itself; with history, it first gets the run so far.
@@ -88,8 +110,11 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
 COMMANDS = frozenset({"stop", "restart", "kill_rank"})
 """Actions a viewer may request: stop the job, restart the group, kill one rank."""
 
-RANK_RECORD_TYPES = frozenset({"step", "heartbeat"})
+RANK_RECORD_TYPES = frozenset({"step", "heartbeat", "exception"})
 """What a batch from a rank may carry."""
+
+AGENT_RECORD_TYPES = frozenset({"worker_failure", "group_restart"})
+"""What torchrun's probe may send after its hello."""
 
 
 class FrameError(ValueError):

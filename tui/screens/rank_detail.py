@@ -10,30 +10,17 @@ from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
 from ddptop.supervisor.jobstate import JobState
+from ddptop.supervisor.rundir import rank_log_tail
 from ddptop.tui.widgets.plots import RankPlots
 
 LOG_LINES = 200
-TAIL_BYTES = 64 << 10
-
-
-def _tail(path: Path, lines: int) -> list[str]:
-    """The last lines of a file, reading only its end: rank logs grow without bound."""
-    with path.open("rb") as stream:
-        size = stream.seek(0, 2)
-        stream.seek(max(0, size - TAIL_BYTES))
-        text = stream.read().decode(errors="replace").splitlines()
-    return text[-lines:] if size <= TAIL_BYTES else text[1:][-lines:]
 
 
 def log_tail(run_dir: Path | None, local_rank: int, restart: int, lines: int = LOG_LINES) -> list[str]:
     """The end of a rank's stdout and stderr as torchrun kept them in the run directory."""
     if run_dir is None:
         return ["(no run directory on this machine: logs stay with the supervisor)"]
-    out: list[str] = []
-    for stream in ("stdout", "stderr"):
-        for path in sorted(run_dir.glob(f"logs/*/attempt_{restart}/{local_rank}/{stream}.log")):
-            out += [f"[{stream}] {line}" for line in _tail(path, lines)]
-    return out or ["(nothing logged yet)"]
+    return rank_log_tail(run_dir, local_rank, restart, lines) or ["(nothing logged yet)"]
 
 
 class RankDetailScreen(Screen[None]):

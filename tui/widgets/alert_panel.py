@@ -24,6 +24,8 @@ def describe(event: dict) -> tuple[str, str]:
     if kind == "exit":
         code = event.get("code")
         return ("green" if code == 0 else "bold red"), f"job ended, exit {code}"
+    if kind == "group_restart":
+        return "yellow", f"torchrun restarts the worker group (restart {event['restart']}, {event['remaining']} left)"
     if kind == "wire_error":
         return "yellow", f"bad frame refused: {event.get('error', '')}"
     return "cyan", f"{where.strip() + ': ' if where else ''}{event.get('text', '')}"

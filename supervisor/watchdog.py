@@ -1,0 +1,353 @@
+"""The watchdog's verdicts: rules over the job's records, nothing else.
+
+Fed every record the supervisor logs (`observe`) and ticked about twice a
+second (`tick`), it returns verdicts; the supervisor (supervise.py) records
+them as alerts and carries out their actions. It never touches a process
+or a file itself, so every rule is tested with plain records.
+
+| rule      | seen from                                             | action            |
+|-----------|-------------------------------------------------------|-------------------|
+| nan       | step records marked non-finite (the ranks' guard.py)  | --on-nan          |
+| desync    | parameter checksums of one step that differ           | --on-desync       |
+| hang      | no rank's step advanced for --hang-timeout            | stacks, --on-hang |
+| straggler | a rank's own work per step over STRAGGLER_ALERT x     | alert only        |
+| crash     | torchrun's worker_failure records (its probe)         | torchrun restarts |
+
+Times are the supervisor's own monotonic clock at arrival, so ranks on
+other hosts with skewed clocks cannot fake or hide a hang.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddptop.supervisor.jobstate import JobState
+from ddptop.trainer import wire
+
+HANG_TIMEOUT_S = 300.0
+"""Default: generous for a first step that compiles, well under NCCL's 10 min."""
+
+STARTUP_GRACE_S = 120.0
+"""Least time a rank gets before its first step: importing torch, joining
+the process group and loading data take far longer than a step, more so
+with every rank of a restarted group starting at once."""
+
+GATHER_S = 2.0
+"""How long a step's verdict waits for the ranks that have not reported it."""
+
+FAILURE_GATHER_S = 0.3
+"""torchrun reports the failures of one poll together; the ones a first
+failure causes follow within a moment. They make one verdict."""
+
+STRAGGLER_ALERT = 2.0
+STRAGGLER_CLEAR = 1.5
+STRAGGLER_TICKS = 3
+STRAGGLER_MIN_STEPS = 10
+
+
+@dataclass(frozen=True)
+class WatchPolicy:
+    on_nan: str = "skip"
+    on_desync: str = "warn"
+    on_hang: str = "restart"
+    hang_timeout: float = HANG_TIMEOUT_S
+
+
+@dataclass
+class Verdict:
+    kind: str
+    text: str
+    action: str = "none"
+    """none, restart (the group) or stop (the job)."""
+    ranks: list[int] = field(default_factory=list)
+    step: int | None = None
+    stacks: list[int] = field(default_factory=list)
+    """Ranks whose Python stacks to collect before acting."""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def record(self) -> wire.Frame:
+        return {
+            "type": "alert",
+            "wall": time.time(),
+            "kind": self.kind,
+            "rank": self.ranks[0] if len(self.ranks) == 1 else None,
+            "ranks": self.ranks,
+            "step": self.step,
+            "text": self.text,
+            "action": self.action,
+            **self.details,
+        }
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, sorted(ranks)))
+
+
+def exit_reason(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def last_error_line(log: list[str]) -> str | None:
+    """The line of a rank's stderr that best says how it died.
+
+    faulthandler's report of a fatal signal ends with a list of extension
+    modules; the telling part is the error and the innermost Python frame.
+    """
+    for index, line in enumerate(log):
+        if line.startswith("Fatal Python error"):
+            frame = next((f.strip() for f in log[index:] if f.strip().startswith("File ")), None)
+            return line.strip() + (f" in {frame}" if frame else "")
+    return next((line.strip() for line in reversed(log) if line.strip()), None)
+
+
+class _StepGather:
+    """Per-rank values for one step, complete when every rank has given one."""
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.values: dict[int, Any] = {}
+
+
+class Watchdog:
+    def __init__(
+        self,
+        policy: WatchPolicy,
+        state: JobState,
+        log_tail: Callable[[int], list[str]] = lambda rank: [],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self.state = state
+        self.log_tail = log_tail
+        self.clock = clock
+        self._restart: dict[int, int] = {}
+        self._progress: dict[int, float] = {}
+        self._stepped: set[int] = set()
+        self._heard: dict[int, float] = {}
+        self._gone: dict[int, float] = {}
+        self._nan: dict[tuple[int, int], _StepGather] = {}
+        self._sums: dict[tuple[int, int], _StepGather] = {}
+        self._desynced: frozenset[int] = frozenset()
+        self._hang_reported = False
+        self._slow: dict[int, int] = {}
+        self._straggling: set[int] = set()
+        self._failures: list[wire.Frame] = []
+        self._failures_since = 0.0
+        self._expected_deaths: set[int] = set()
+        self._exceptions: dict[int, str] = {}
+
+    def expect_deaths(self, pids: set[int]) -> None:
+        """Processes the supervisor kills on purpose: their deaths are not crashes."""
+        self._expected_deaths |= pids
+
+    def observe(self, record: wire.Frame) -> list[Verdict]:
+        kind = record.get("type")
+        now = self.clock()
+        if kind == "rank_hello":
+            rank = record["rank"]
+            self._restart[rank] = record["restart"]
+            self._progress[rank] = self._heard[rank] = now
+            self._stepped.discard(rank)
+            self._exceptions.pop(rank, None)
+            self._gone.pop(rank, None)
+            self._hang_reported = False
+        elif kind == "heartbeat":
+            self._heard[record["rank"]] = now
+        elif kind == "exception":
+            self._exceptions[record["rank"]] = record["text"]
+        elif kind == "rank_gone":
+            self._gone[record["rank"]] = now
+        elif kind == "worker_failure":
+            if record["pid"] not in self._expected_deaths:
+                if not self._failures:
+                    self._failures_since = now
+                self._failures.append(record)
+        elif kind == "step":
+            return self._on_step(record, now)
+        return []
+
+    def _on_step(self, record: wire.Frame, now: float) -> list[Verdict]:
+        rank = record["rank"]
+        self._progress[rank] = self._heard[rank] = now
+        self._stepped.add(rank)
+        self._hang_reported = False
+        key = (self._restart.get(rank, 0), record["step"])
+        if record.get("nonfinite"):
+            self._nan.setdefault(key, _StepGather(now)).values[rank] = record.get("local_nonfinite")
+        if record.get("checksum") is not None:
+            self._sums.setdefault(key, _StepGather(now)).values[rank] = record["checksum"]
+        return self._complete(now)
+
+    def tick(self, final: bool = False) -> list[Verdict]:
+        """Time-based verdicts; final (the job has ended) judges what is pending now."""
+        if final:
+            return self._complete(float("inf")) + self._crash(float("inf"))
+        now = self.clock()
+        verdicts = self._complete(now)
+        verdicts += self._crash(now)
+        verdicts += self._hang(now)
+        verdicts += self._stragglers()
+        return verdicts
+
+    def _complete(self, now: float) -> list[Verdict]:
+        """Verdicts on steps every rank has reported, or that waited long enough."""
+        world = self.state.world_size
+        verdicts = []
+        for table, judge in ((self._nan, self._nan_verdict), (self._sums, self._desync_verdict)):
+            for key in [k for k, g in table.items() if len(g.values) >= world or now - g.since > GATHER_S]:
+                verdict = judge(key[1], table.pop(key).values)
+                if verdict is not None:
+                    verdicts.append(verdict)
+        return verdicts
+
+    def _nan_verdict(self, step: int, local: dict[int, bool | None]) -> Verdict:
+        named = sorted(r for r, bad in local.items() if bad)
+        source = f"{_ranks(named)}'s own gradients were" if named else "no rank's own gradients were seen as"
+        handling = {
+            "skip": "step skipped on all ranks",
+            "warn": "applied anyway (--on-nan warn)",
+            "restart": "step skipped; restarting the group",
+            "stop": "step skipped; stopping the job",
+        }[self.policy.on_nan]
+        return Verdict(
+            "nan",
+            f"non-finite loss or gradients at step {step}: {source} non-finite; {handling}",
+            action=self.policy.on_nan if self.policy.on_nan in ("restart", "stop") else "none",
+            ranks=named,
+            step=step,
+        )
+
+    def _desync_verdict(self, step: int, sums: dict[int, int]) -> Verdict | None:
+        counts = Counter(sums.values())
+        if len(counts) == 1:
+            self._desynced = frozenset()
+            return None
+        common, votes = counts.most_common(1)[0]
+        if votes * 2 > len(sums):
+            odd = sorted(r for r, v in sums.items() if v != common)
+            text = (
+                f"parameters differ at step {step}: {_ranks(odd)} "
+                + ", ".join(f"{sums[r]:016x}" for r in odd)
+                + f"; the other {votes} ranks {common:016x}"
+            )
+        else:
+            odd = sorted(sums)
+            text = f"parameters differ at step {step}, no majority: " + ", ".join(f"rank {r} {v:016x}" for r, v in sorted(sums.items()))
+        if frozenset(odd) == self._desynced:
+            return None  # the same ranks as before: one alert per divergence
+        self._desynced = frozenset(odd)
+        return Verdict(
+            "desync",
+            text,
+            action=self.policy.on_desync if self.policy.on_desync != "warn" else "none",
+            ranks=odd,
+            step=step,
+            details={"checksums": {str(r): f"{v:016x}" for r, v in sums.items()}},
+        )
+
+    def _live(self) -> list[int]:
+        return [r for r in self._progress if r not in self._gone]
+
+    def _hang(self, now: float) -> list[Verdict]:
+        if self._hang_reported:
+            return []
+        live = self._live()
+        timeout = self.policy.hang_timeout
+        startup = max(timeout, STARTUP_GRACE_S)
+        stuck = [r for r in live if now - self._progress[r] > (timeout if r in self._stepped else startup)]
+        if not stuck:
+            return []
+        self._hang_reported = True
+        silent = sorted(r for r in stuck if now - self._heard.get(r, 0.0) > timeout)
+        where: dict[tuple[str, int], list[int]] = {}
+        for rank in stuck:
+            if rank in silent:
+                continue
+            state = self.state.ranks.get(rank)
+            phase, step = (state.phase, state.step) if state else ("startup", -1)
+            where.setdefault((phase, step), []).append(rank)
+        parts = [
+            f"{_ranks(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in {phase} "
+            + ("before the first step" if step < 0 else f"after step {step}")
+            for (phase, step), ranks in sorted(where.items(), key=lambda item: -len(item[1]))
+        ]
+        if silent:
+            parts.append(f"{_ranks(silent)} sent nothing for {now - max(self._heard.get(r, 0.0) for r in silent):.0f} s")
+        return [
+            Verdict(
+                "hang",
+                f"no step for {now - min(self._progress[r] for r in stuck):.0f} s: " + "; ".join(parts),
+                action=self.policy.on_hang,
+                ranks=sorted(stuck),
+                step=max((s.step for r in stuck if (s := self.state.ranks.get(r))), default=None),
+                stacks=sorted(set(stuck) - set(silent)) or sorted(stuck),
+            )
+        ]
+
+    def _stragglers(self) -> list[Verdict]:
+        ratios = self.state.straggler_ratios()
+        if len(ratios) < 2:
+            return []
+        verdicts = []
+        for rank, ratio in ratios.items():
+            state = self.state.ranks[rank]
+            if ratio < STRAGGLER_CLEAR:
+                self._slow.pop(rank, None)
+                self._straggling.discard(rank)
+                continue
+            if ratio < STRAGGLER_ALERT or len(state.window.points) < STRAGGLER_MIN_STEPS:
+                continue
+            self._slow[rank] = self._slow.get(rank, 0) + 1
+            if self._slow[rank] >= STRAGGLER_TICKS and rank not in self._straggling:
+                self._straggling.add(rank)
+                busy = state.busy_ms() or 0.0
+                verdicts.append(
+                    Verdict(
+                        "straggler",
+                        f"rank {rank} is a straggler: its own work per step is {ratio:.1f}x the job's median "
+                        f"({busy:.0f} ms vs {busy / ratio:.0f} ms); the other ranks wait for it in the all-reduce",
+                        ranks=[rank],
+                        step=state.step,
+                        details={"ratio": round(ratio, 2)},
+                    )
+                )
+        return verdicts
+
+    def _crash(self, now: float) -> list[Verdict]:
+        if not self._failures or now - self._failures_since < FAILURE_GATHER_S:
+            return []
+        failures, self._failures = self._failures, []
+        first = min(failures, key=lambda f: (self._gone.get(f["rank"], float("inf")), f["wall"]))
+        rank = first["rank"]
+        state = self.state.ranks.get(rank)
+        where = "" if state is None else (" before its first step" if state.step < 0 else f" after step {state.step} (in {state.phase})")
+        tail = self.log_tail(rank)
+        error = self._exceptions.get(rank) or first.get("message")
+        last = last_error_line(tail)
+        text = f"rank {rank} {'failed with ' if first['exitcode'] >= 0 else 'was '}{exit_reason(first['exitcode'])}{where}"
+        if error:
+            text += f": {error.strip().splitlines()[-1]}"
+        elif last:
+            text += f"; its log ends: {last}"
+        others = sorted({f["rank"] for f in failures} - {rank})
+        if others:
+            text += f" ({_ranks(others)} failed after it)"
+        return [
+            Verdict(
+                "crash",
+                text,
+                ranks=[rank],
+                step=None if state is None or state.step < 0 else state.step,
+                details={"exitcode": first["exitcode"], "log": tail, "traceback": error},
+            )
+        ]

@@ -1,0 +1,162 @@
+"""The watchdog's rules, fed plain records on a clock the test moves."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddptop.supervisor.jobstate import JobState
+from ddptop.supervisor.watchdog import GATHER_S, STARTUP_GRACE_S, Watchdog, WatchPolicy, last_error_line
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def hello(rank: int, restart: int = 0, world: int = 4) -> dict:
+    return {"type": "rank_hello", "rank": rank, "local_rank": rank, "world_size": world, "node": 0, "host": "h", "pid": 100 + rank, "restart": restart}
+
+
+def step(rank: int, n: int, **extra: object) -> dict:
+    return {"type": "step", "rank": rank, "step": n, "wall": 0.0, "step_ms": 10.0, **extra}
+
+
+def make(policy: WatchPolicy = WatchPolicy(), world: int = 4, log: list[str] | None = None) -> tuple[Watchdog, JobState, Clock]:
+    state, clock = JobState(), Clock()
+    dog = Watchdog(policy, state, lambda rank: log or [], clock)
+    for rank in range(world):
+        feed(dog, state, hello(rank, world=world))
+    return dog, state, clock
+
+
+def feed(dog: Watchdog, state: JobState, record: dict) -> list:
+    state.ingest(record)
+    return dog.observe(record)
+
+
+def test_nan_verdict_waits_for_every_rank_and_names_the_source():
+    dog, state, _ = make()
+    verdicts = []
+    for rank in range(4):
+        verdicts += feed(dog, state, step(rank, 15, nonfinite=True, local_nonfinite=rank == 2, skipped="nan"))
+        if rank < 3:
+            assert verdicts == []
+    [v] = verdicts
+    assert (v.kind, v.step, v.ranks, v.action) == ("nan", 15, [2], "none")
+    assert "rank 2's own gradients" in v.text and "skipped on all ranks" in v.text
+
+
+@pytest.mark.parametrize("policy, action", [("stop", "stop"), ("restart", "restart"), ("warn", "none")])
+def test_nan_policy_becomes_the_action(policy, action):
+    dog, state, _ = make(WatchPolicy(on_nan=policy), world=1)
+    [v] = feed(dog, state, step(0, 3, nonfinite=True, local_nonfinite=True))
+    assert v.action == action
+
+
+def test_nan_verdict_goes_without_a_silent_rank_after_the_gather_time():
+    dog, state, clock = make(world=2)
+    assert feed(dog, state, step(0, 4, nonfinite=True, local_nonfinite=False)) == []
+    clock.now += GATHER_S + 0.1
+    [v] = dog.tick()
+    assert v.ranks == [] and "no rank's own gradients" in v.text
+
+
+def test_desync_names_the_minority_once_per_divergence():
+    dog, state, _ = make(WatchPolicy(on_desync="restart"))
+    sums = {0: 7, 1: 7, 2: 7, 3: 9}
+    verdicts = [v for r, c in sums.items() for v in feed(dog, state, step(r, 10, checksum=c))]
+    [v] = verdicts
+    assert (v.kind, v.ranks, v.step, v.action) == ("desync", [3], 10, "restart")
+    assert "0000000000000009" in v.text and v.details["checksums"]["0"] == "0000000000000007"
+    again = [v for r, c in sums.items() for v in feed(dog, state, step(r, 20, checksum=c))]
+    assert again == []
+
+
+def test_desync_without_majority_names_every_rank():
+    dog, state, _ = make(world=2)
+    verdicts = feed(dog, state, step(0, 0, checksum=1)) + feed(dog, state, step(1, 0, checksum=2))
+    assert verdicts[0].ranks == [0, 1] and "no majority" in verdicts[0].text
+
+
+def test_equal_checksums_raise_nothing():
+    dog, state, _ = make()
+    assert [v for r in range(4) for v in feed(dog, state, step(r, 0, checksum=5))] == []
+
+
+def test_hang_groups_ranks_by_phase_and_asks_for_stacks():
+    dog, state, clock = make(WatchPolicy(hang_timeout=10))
+    for rank in range(4):
+        feed(dog, state, step(rank, 19))
+        phase = "backward" if rank == 2 else "comm"
+        feed(dog, state, {"type": "heartbeat", "rank": rank, "wall": 0.0, "phase": phase, "step": 20, "dropped": 0})
+    clock.now += 9.9
+    assert dog.tick() == []
+    for rank in range(4):
+        feed(dog, state, {"type": "heartbeat", "rank": rank, "wall": 0.0, "phase": "backward" if rank == 2 else "comm", "step": 20, "dropped": 0})
+    clock.now += 0.2
+    [v] = dog.tick()
+    assert v.kind == "hang" and v.action == "restart" and v.stacks == [0, 1, 2, 3]
+    assert "ranks 0,1,3 wait in comm after step 19" in v.text and "rank 2 waits in backward after step 19" in v.text
+    assert dog.tick() == []  # one alert per hang
+
+
+def test_hang_names_silent_ranks_and_gives_startup_its_grace():
+    dog, state, clock = make(WatchPolicy(hang_timeout=10, on_hang="stop"), world=2)
+    clock.now += 11
+    assert dog.tick() == []  # no step yet: startup has STARTUP_GRACE_S
+    feed(dog, state, step(0, 0))
+    feed(dog, state, step(1, 0))
+    clock.now += 11
+    [v] = dog.tick()
+    assert v.action == "stop" and "ranks 0,1 sent nothing for 11 s" in v.text
+    clock.now += STARTUP_GRACE_S
+    feed(dog, state, hello(0, restart=1, world=2))
+    feed(dog, state, {"type": "rank_gone", "rank": 1, "wall": 0.0})
+    assert dog.tick() == []  # a new attempt starts with a clean slate
+
+
+def test_crash_picks_the_first_rank_to_go_and_ignores_deaths_we_caused():
+    log = ["Fatal Python error: Segmentation fault", "", "Current thread 0x1 (most recent call first):", '  File "train.py", line 9 in step', "", "Extension modules: torch._C"]
+    dog, state, clock = make(log=log)
+    dog.expect_deaths({103})
+    feed(dog, state, {"type": "rank_gone", "rank": 2, "wall": 0.0})
+    clock.now += 0.01
+    feed(dog, state, {"type": "rank_gone", "rank": 0, "wall": 0.0})
+    for rank, code, pid in ((0, 1, 100), (2, -11, 102), (3, -9, 103)):
+        feed(dog, state, {"type": "worker_failure", "node": 0, "rank": rank, "local_rank": rank, "pid": pid, "exitcode": code, "wall": 0.0})
+    assert dog.tick() == []  # gathering the failures of one poll
+    clock.now += 0.5
+    [v] = dog.tick()
+    assert v.kind == "crash" and v.ranks == [2] and v.details["exitcode"] == -11
+    assert "rank 2 was killed by SIGSEGV before its first step" in v.text
+    assert 'Segmentation fault in File "train.py", line 9 in step' in v.text and "(rank 0 failed after it)" in v.text
+
+
+def test_crash_quotes_the_ranks_own_exception():
+    dog, state, clock = make(world=1)
+    feed(dog, state, step(0, 4))
+    feed(dog, state, {"type": "heartbeat", "rank": 0, "wall": 0.0, "phase": "data", "step": 5, "dropped": 0})
+    feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": "Traceback...\nValueError: bad batch\n"})
+    feed(dog, state, {"type": "worker_failure", "node": 0, "rank": 0, "local_rank": 0, "pid": 100, "exitcode": 1, "wall": 0.0})
+    [v] = dog.tick(final=True)
+    assert v.text == "rank 0 failed with exit code 1 after step 4 (in data): ValueError: bad batch"
+
+
+def test_straggler_needs_a_sustained_ratio():
+    dog, state, _ = make(world=4)
+    for n in range(20):
+        for rank in range(4):
+            busy = 50.0 if rank == 1 else 10.0
+            feed(dog, state, {**step(rank, n), "step_ms": 60.0, "comm_ms": 60.0 - busy})
+    assert dog.tick() == [] and dog.tick() == []
+    [v] = dog.tick()
+    assert v.kind == "straggler" and v.ranks == [1] and v.details["ratio"] == 5.0
+    assert dog.tick() == []
+
+
+def test_last_error_line_falls_back_to_the_last_words():
+    assert last_error_line(["a", "b", "  "]) == "b"
+    assert last_error_line([]) is None

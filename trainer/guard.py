@@ -1,0 +1,135 @@
+"""The watchdog's in-rank half: the NaN/Inf guard, enforced clipping, checksums.
+
+Called from the optimizer step hooks (hooks.py), so the script needs no
+change. Before the optimizer applies a step:
+
+- the global gradient norm is taken, every step: it is the pre-clip norm
+  the dashboard shows, the NaN/Inf test, and the clipping factor in one pass.
+  After DDP's all-reduce every rank holds the same gradients, so a
+  non-finite value on any rank is non-finite on all of them: every rank
+  reaches the same verdict at the same step with no collective of its own;
+- a non-finite step is skipped by setting the gradients to None, which
+  every torch optimizer treats as "leave this parameter and its state be";
+- with a clip norm set, gradients over it are scaled down as
+  torch.nn.utils.clip_grad_norm_ does. Gradients the script already
+  clipped to that norm are under it, and are left bitwise alone.
+
+Only the pre-all-reduce bucket sums (LocalCheck) say which rank's own
+gradients were bad. Every `desync_every` steps a checksum of the parameters
+goes with the step record; the supervisor compares ranks.
+
+On CUDA the norm is read on the host once per step: the skip decision needs
+it before the optimizer runs, and it is the one synchronisation the guard
+makes. Bucket sums and checksums stay on the device until read late.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ddptop.trainer import late
+
+CLIP_EPS = 1e-6
+"""Added to the norm before dividing, as clip_grad_norm_ does."""
+
+LOCAL_SUMS_MAX = 4096
+"""Bucket sums kept between two optimizer steps; a script that never steps a
+torch optimizer must not grow them without bound."""
+
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_MOD = 1 << 63
+
+
+class LocalCheck:
+    """This rank's gradient buckets as they were before the all-reduce.
+
+    A sum is non-finite exactly when some element is (inf - inf is nan), and
+    one sum per bucket is the cheapest pass there is. On CUDA the sums are
+    queued kernels, read only when the guard trips.
+    """
+
+    def __init__(self) -> None:
+        self._sums: deque[Any] = deque(maxlen=LOCAL_SUMS_MAX)
+
+    def add(self, buffer: torch.Tensor) -> None:
+        self._sums.append(torch.sum(buffer, dtype=torch.float32))
+
+    def take(self) -> list[Any]:
+        """This step's sums; the next step starts empty."""
+        sums = list(self._sums)
+        self._sums.clear()
+        return sums
+
+
+def any_nonfinite(sums: list[Any]) -> bool | None:
+    """Whether this rank's own gradients held a NaN/Inf; None when unknown (no DDP)."""
+    if not sums:
+        return None
+    return not all(math.isfinite(float(s)) for s in sums)
+
+
+def gradients(optimizer: Any) -> list[torch.Tensor]:
+    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
+def grad_norm(grads: list[torch.Tensor]) -> float | None:
+    """The global L2 norm of grads, read on the host; inf or nan when they are not finite."""
+    if not grads:
+        return None
+    norms = torch._foreach_norm(grads)
+    if not norms[0].is_cuda:
+        # A few host reads beat stacking and a second kernel for CPU tensors.
+        return math.sqrt(math.fsum(x * x for x in map(float, norms)))
+    if any(n.device != norms[0].device for n in norms):
+        norms = [n.to(norms[0].device) for n in norms]
+    return float(torch.linalg.vector_norm(torch.stack(norms)))
+
+
+def skip(optimizer: Any) -> None:
+    """Make optimizer.step() a no-op for this step: no weight or state changes."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            param.grad = None
+
+
+def clip(grads: list[torch.Tensor], norm: float, max_norm: float) -> bool:
+    """Scale grads down to max_norm when over it; whether it did."""
+    if norm <= max_norm:
+        return False
+    torch._foreach_mul_(grads, max_norm / (norm + CLIP_EPS))
+    return True
+
+
+def checksum(tensors: Iterable[torch.Tensor]) -> int | late.Late | None:
+    """An exact fingerprint of tensors' bits, equal on ranks whose tensors are.
+
+    Each tensor's bits are summed as integers (exact, so the order of the
+    reduction cannot matter) and the sums weighted by position, so two
+    swapped tensors do not cancel out.
+    """
+    sums = [t.detach().view(_INT_VIEW[t.element_size()]).sum(dtype=torch.int64) for t in tensors]
+    if not sums:
+        return None
+    if not sums[0].is_cuda:
+        return sum((i + 1) * int(s) for i, s in enumerate(sums)) % _MOD
+    stacked = torch.stack([s.to(sums[0].device) for s in sums])
+    weights = torch.arange(1, len(sums) + 1, device=stacked.device, dtype=torch.int64)
+    return _Modulo(late.LateTensorScalar((stacked * weights).sum()))
+
+
+class _Modulo:
+    """A late int64 checksum brought into the wire's unsigned range when read."""
+
+    def __init__(self, value: late.LateTensorScalar) -> None:
+        self._value = value
+
+    def ready(self) -> bool:
+        return self._value.ready()
+
+    def get(self) -> int:
+        return int(self._value.get()) % _MOD

@@ -1,0 +1,62 @@
+"""The watchdog's settings, as the launcher hands them to every rank.
+
+The supervisor decides them from its command line (`--on-nan`, `--clip-grad`,
+`--desync-every`) and passes them in the ranks' environment, so the in-rank
+half of the watchdog (guard.py) knows what to do at a step without asking
+anyone. No torch here: the supervisor imports this module too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+ON_NAN = ("skip", "restart", "stop", "warn")
+"""What a non-finite step gets: skipped (the default), the group restarted,
+the job stopped; all but warn skip the step in the ranks first."""
+
+ON_DESYNC = ("warn", "restart", "stop")
+ON_HANG = ("restart", "stop")
+
+DESYNC_EVERY = 100
+"""Default steps between parameter checksums: one pass over the parameters
+every hundred steps."""
+
+STACK_SIGNAL = signal.SIGUSR2
+"""The signal that makes a rank write its Python stacks (faulthandler).
+SIGUSR1 is left alone: SLURM and Lightning use it for preemption."""
+
+_ENV = {"on_nan": "DDPTOP_ON_NAN", "clip_grad": "DDPTOP_CLIP_GRAD", "desync_every": "DDPTOP_DESYNC_EVERY"}
+STACKS_DIR_ENV = "DDPTOP_STACKS_DIR"
+
+
+@dataclass(frozen=True)
+class GuardPolicy:
+    on_nan: str = "skip"
+    clip_grad: float | None = None
+    desync_every: int = DESYNC_EVERY
+
+    @property
+    def skips_nan(self) -> bool:
+        return self.on_nan != "warn"
+
+    def to_env(self) -> dict[str, str]:
+        env = {_ENV["on_nan"]: self.on_nan, _ENV["desync_every"]: str(self.desync_every)}
+        if self.clip_grad is not None:
+            env[_ENV["clip_grad"]] = repr(self.clip_grad)
+        return env
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | os._Environ[str] = os.environ) -> GuardPolicy:
+        """The rank's copy; a value it cannot read falls back to the default."""
+        on_nan = env.get(_ENV["on_nan"], "skip")
+        try:
+            clip = float(env[_ENV["clip_grad"]]) if _ENV["clip_grad"] in env else None
+        except ValueError:
+            clip = None
+        try:
+            every = int(env.get(_ENV["desync_every"], DESYNC_EVERY))
+        except ValueError:
+            every = DESYNC_EVERY
+        return cls(on_nan if on_nan in ON_NAN else "skip", clip if clip and clip > 0 else None, max(0, every))
