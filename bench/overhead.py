@@ -7,6 +7,11 @@ and the ratio ddptop/plain. Alternating rounds spread the machine's drift
 over both sides equally.
 
     python bench/overhead.py --ranks 2 --steps 2000 --rounds 5
+    python bench/overhead.py --clip-grad 1.0 --desync-every 10   # the watchdog's checks on
+
+ddptop's NaN/Inf guard runs on every step in every configuration (it is
+the default); --clip-grad and --desync-every add enforced clipping and
+parameter checksums.
 """
 
 from __future__ import annotations
@@ -40,13 +45,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--width", type=int, default=256, help="MLP width of the example job")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
+    parser.add_argument("--clip-grad", type=float, help="ddptop enforces this grad norm")
+    parser.add_argument("--desync-every", type=int, default=100, help="steps between ddptop's parameter checksums (its default: 100)")
     args = parser.parse_args()
 
     job = [str(EXAMPLE), "--steps", str(args.steps), "--width", str(args.width), "--batch-size", str(args.batch_size)]
     plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks), *job]
     home = tempfile.mkdtemp(prefix="ddptop-bench-")
     env = {**os.environ, "DDPTOP_HOME": home, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
-    with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *job]
+    checks = ["--desync-every", str(args.desync_every)]
+    if args.clip_grad is not None:
+        checks += ["--clip-grad", str(args.clip_grad)]
+    with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *checks, *job]
 
     results: dict[str, list[float]] = {"plain torchrun": [], "ddptop": []}
     for round_ in range(args.rounds):
@@ -62,7 +72,7 @@ def main() -> None:
     ratios = [d / p for d, p in zip(results["ddptop"], results["plain torchrun"])]
     print()
     print(f"example job, {args.ranks} ranks, {args.steps} steps, width {args.width}, batch {args.batch_size}, "
-          f"{args.rounds} alternating rounds")
+          f"{args.rounds} alternating rounds; ddptop {' '.join(checks)}")
     print(f"{'':<16}{'median steps/s':>16}{'min':>10}{'max':>10}")
     for name, values in results.items():
         print(f"{name:<16}{statistics.median(values):>16.1f}{min(values):>10.1f}{max(values):>10.1f}")

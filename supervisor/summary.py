@@ -52,6 +52,19 @@ def line(totals: dict[str, Any], uptime_s: float) -> str:
         memory,
         f"alerts {totals['alerts']}",
     ]
+    parts += guard_parts(totals)
     if totals["dropped"]:
         parts.append(f"dropped {totals['dropped']}")
     return " | ".join(parts)
+
+
+def guard_parts(totals: dict[str, Any]) -> list[str]:
+    """What the in-rank guard did: clip rate, steps skipped for NaN/Inf or by the scaler."""
+    parts = []
+    if totals["clip_rate"] is not None:
+        parts.append(f"clip {totals['clip_rate']:.0%}")
+    if totals["nan_skips"]:
+        parts.append(f"nan skips {totals['nan_skips']}")
+    if totals["scaler_skips"]:
+        parts.append(f"scaler skips {totals['scaler_skips']}")
+    return parts

@@ -27,6 +27,12 @@ def assert_one_line_error(result, fragment: str) -> None:
         (["launch", "--gpus", "2"], "no training script"),
         (["frobnicate"], "unknown command"),
         (["export", "no-such-run"], "no run matches"),
+        (["launch", "--on-nan", "ignore", str(EXAMPLE)], "invalid choice: 'ignore'"),
+        (["launch", "--on-desync", "skip", str(EXAMPLE)], "invalid choice: 'skip'"),
+        (["launch", "--on-hang", "warn", str(EXAMPLE)], "invalid choice: 'warn'"),
+        (["launch", "--hang-timeout", "-5", str(EXAMPLE)], "--hang-timeout"),
+        (["launch", "--clip-grad", "0", str(EXAMPLE)], "--clip-grad"),
+        (["launch", "--desync-every", "-1", str(EXAMPLE)], "--desync-every"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(ddptop_home, args, fragment):

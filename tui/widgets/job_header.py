@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from ddptop.supervisor.jobstate import JobState
-from ddptop.supervisor.summary import count, duration, ms
+from ddptop.supervisor.summary import count, duration, guard_parts, ms
 
 
 def eta(state: JobState, totals: dict) -> str:
@@ -36,6 +36,7 @@ class JobHeader(Static):
             f"[b]{count(totals['samples_per_s'])}[/b] samples/s  "
             f"step {ms(totals['step_ms_p50'])}/{ms(totals['step_ms_p95'])} ms  "
             f"comm {ms(totals['comm_ms'])} ms"
+            + "".join(f"  {part}" for part in guard_parts(totals))
         )
         if text != self._shown:  # re-rendering markup ten times a second is not free
             self._shown = text

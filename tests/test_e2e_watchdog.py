@@ -1,0 +1,173 @@
+"""The watchdog proven on real gloo jobs: each verdict from a fault injected
+into a real rank (examples/train.py --inject) or a test script."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from ddptop.supervisor import rundir
+
+from conftest import DDPTOP, EXAMPLE, SCRIPTS
+
+pytestmark = pytest.mark.slow
+
+
+class Job:
+    """One finished `ddptop launch --headless` run and its event log."""
+
+    def __init__(self, run_path: Path, proc: subprocess.CompletedProcess) -> None:
+        self.proc = proc
+        self.run = rundir.RunDir(run_path)
+        self.records = list(rundir.read_events(self.run))
+
+    def of(self, kind: str) -> list[dict]:
+        return [r for r in self.records if r["type"] == kind]
+
+    def alerts(self, kind: str | None = None) -> list[dict]:
+        return [a for a in self.of("alert") if kind is None or a["kind"] == kind]
+
+    def steps(self, restart: int = 0) -> dict[int, dict[int, dict]]:
+        """rank -> step -> record, for one attempt of the group."""
+        attempt: dict[int, int] = {}
+        out: dict[int, dict[int, dict]] = defaultdict(dict)
+        for record in self.records:
+            if record["type"] == "rank_hello":
+                attempt[record["rank"]] = record["restart"]
+            elif record["type"] == "step" and attempt.get(record["rank"]) == restart:
+                out[record["rank"]][record["step"]] = record
+        return out
+
+
+def launch(tmp_path: Path, *args: str, timeout: float = 240) -> Job:
+    run_path = tmp_path / "run"
+    proc = subprocess.run(
+        [DDPTOP, "launch", "--headless", "--run-dir", str(run_path), *args],
+        capture_output=True, text=True, timeout=timeout,
+    )
+    return Job(run_path, proc)
+
+
+def test_nan_inf_explosion_and_desync_on_four_ranks(ddptop_home, tmp_path):
+    job = launch(
+        tmp_path, str(EXAMPLE), "--gpus", "4", "--steps", "80", "--clip-grad", "1.0", "--desync-every", "10",
+        "--inject", "nan@15:1", "--inject", "inf-grad@30:2", "--inject", "explode@45:0", "--inject", "desync@60:3",
+    )
+    assert job.proc.returncode == 0, job.proc.stderr[-3000:]
+    steps = job.steps()
+    assert sorted(steps) == [0, 1, 2, 3] and all(sorted(rows) == list(range(80)) for rows in steps.values())
+
+    # NaN/Inf: the same step skipped on every rank, the source rank named.
+    skipped = {(rank, n) for rank, rows in steps.items() for n, r in rows.items() if r.get("skipped")}
+    assert skipped == {(rank, n) for rank in range(4) for n in (15, 30)}
+    nan_alerts = sorted((a["step"], a["ranks"]) for a in job.alerts("nan"))
+    assert nan_alerts == [(15, [1]), (30, [2])]
+    assert "ALERT nan: non-finite loss or gradients at step 15: rank 1's own gradients" in job.proc.stderr
+    assert "final-params-finite true" in job.proc.stdout
+    assert all(math.isfinite(r["loss"]) for rows in steps.values() for n, r in rows.items() if n not in (15, 30))
+
+    # Explosion: the pre-clip norm is reported, the step clipped on every rank.
+    assert all(steps[rank][45]["clipped"] and steps[rank][45]["grad_norm"] > 1e3 for rank in range(4))
+
+    # Desync: rank 3 nudged a parameter after step 60's update; step 70's checksums name it.
+    [desync] = job.alerts("desync")
+    assert desync["ranks"] == [3] and desync["step"] == 70
+    sums = desync["checksums"]
+    assert sums["0"] == sums["1"] == sums["2"] != sums["3"] and sums["3"] in desync["text"]
+    assert {a["kind"] for a in job.alerts()} == {"nan", "desync"}
+
+
+def test_clipping_is_enforced_when_the_script_never_clips(ddptop_home, tmp_path):
+    job = launch(tmp_path, str(SCRIPTS / "clip_check.py"), "--gpus", "2", "--clip-grad", "1.0", "--steps", "30")
+    assert job.proc.returncode == 0, job.proc.stderr[-3000:]
+    lines = [line for line in job.proc.stdout.splitlines() if "max-applied-grad-norm" in line]
+    assert len(lines) == 2
+    for line in lines:
+        words = line.split()
+        assert words[-3] == "30" and float(words[-1]) <= 1.0 + 1e-6, line
+    rows = [r for r in job.of("step")]
+    assert all(r["clipped"] and r["grad_norm"] > 1.0 for r in rows)
+    assert "clip 100%" in job.proc.stdout  # the summary line reports the clip rate
+
+
+def test_hang_is_named_with_stacks_then_the_group_restarts(ddptop_home, tmp_path):
+    job = launch(
+        tmp_path, str(EXAMPLE), "--gpus", "4", "--steps", "40", "--hang-timeout", "10", "--max-restarts", "1",
+        "--inject", "hang@20:2",
+    )
+    assert job.proc.returncode == 0, job.proc.stderr[-3000:]
+    [hang] = job.alerts("hang")
+    assert "ranks 0,1,3 wait in comm after step 19" in hang["text"]
+    assert "rank 2 waits in backward after step 19" in hang["text"]
+    last_step = max(r["wall"] for r in job.of("step") if r["step"] == 19)
+    assert hang["wall"] - last_step <= 12.0
+
+    stacks = {r["rank"]: r["text"] for r in job.of("stack")}
+    assert sorted(stacks) == [0, 1, 2, 3]
+    assert "in main" in stacks[2] and "wait" in stacks[2]
+    assert "backward" in stacks[0]  # waiting for rank 2 inside the all-reduce
+    assert len(list(job.run.stacks_path.glob("rank2.*.txt"))) == 2  # one per attempt; the first holds the dump
+
+    assert [r["restart"] for r in job.of("group_restart")] == [1]
+    assert sorted(job.steps(restart=1)[0]) == list(range(40))
+    assert job.alerts("crash") == []  # the kills were ours, not crashes
+
+
+def test_crash_then_segv_then_a_straggler(ddptop_home, tmp_path):
+    job = launch(
+        tmp_path, str(EXAMPLE), "--gpus", "4", "--steps", "80", "--max-restarts", "2",
+        "--inject", "crash@10:1", "--inject", "segv@10:2/1", "--inject", "slow@5:3/2",
+    )
+    assert job.proc.returncode == 0, job.proc.stderr[-3000:]
+    first, second = job.alerts("crash")
+    assert first["ranks"] == [1] and first["exitcode"] == 3 and "rank 1 failed with exit code 3" in first["text"]
+    assert second["ranks"] == [2] and second["exitcode"] == -11
+    assert "killed by SIGSEGV" in second["text"] and "Segmentation fault" in second["text"]
+    assert any("Fatal Python error: Segmentation fault" in line for line in second["log"])
+    assert [r["restart"] for r in job.of("group_restart")] == [1, 2]
+
+    [straggler] = job.alerts("straggler")
+    assert straggler["ranks"] == [3] and straggler["ratio"] > 2.0
+    slow_from = min(r["wall"] for r in job.of("step") if r["rank"] == 3 and r["step"] == 5 and r["wall"] > second["wall"])
+    assert straggler["wall"] - slow_from < 30.0
+    assert "final-params-sha256" in job.proc.stdout
+
+
+def test_on_nan_stop_stops_the_job_with_a_clear_message(ddptop_home, tmp_path):
+    job = launch(tmp_path, str(EXAMPLE), "--gpus", "2", "--steps", "400", "--on-nan", "stop", "--inject", "nan@5:0")
+    assert job.proc.returncode == 1
+    assert "ddptop: stopping the job after the nan alert" in job.proc.stderr
+    assert "Traceback" not in job.proc.stderr
+    assert job.of("exit")[0]["code"] == 1 and job.run.state() == "failed"
+    assert max(r["step"] for r in job.of("step")) < 399
+
+
+def test_a_clean_run_raises_no_alert(ddptop_home, tmp_path):
+    job = launch(tmp_path, str(EXAMPLE), "--gpus", "4", "--steps", "500")
+    assert job.proc.returncode == 0, job.proc.stderr[-3000:]
+    assert job.alerts() == []
+    rows = job.steps()
+    assert all(len(r) == 500 for r in rows.values())
+    assert all(rows[rank][n]["checksum"] == rows[0][n]["checksum"] for rank in range(4) for n in range(0, 500, 100))
+
+
+def test_scaler_skips_are_not_nan_faults(ddptop_home, tmp_path):
+    job = launch(tmp_path, str(SCRIPTS / "scaler_ddp.py"), "--gpus", "2", "--steps", "20", "--inf-at", "5", "--inf-at", "11")
+    assert job.proc.returncode == 0, job.proc.stderr[-3000:]
+    steps = job.steps()
+    assert all(sorted(rows) == list(range(20)) for rows in steps.values())
+    skipped = {(rank, n, r.get("skipped")) for rank, rows in steps.items() for n, r in rows.items() if r.get("skipped")}
+    assert skipped == {(rank, n, "scaler") for rank in (0, 1) for n in (5, 11)}
+    assert job.alerts() == []
+
+
+def test_inject_outside_the_world_is_one_line_and_exit_2(ddptop_home, tmp_path):
+    job = launch(tmp_path, str(EXAMPLE), "--gpus", "2", "--inject", "nan@5:7")
+    assert job.proc.returncode == 2
+    errors = [line for line in job.proc.stderr.splitlines() if "error:" in line]
+    assert errors == ["[rank0]:train.py: error: --inject nan@5:7: rank 7 is outside the world of 2 ranks"]
+    assert "Traceback" not in job.proc.stderr
