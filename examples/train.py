@@ -153,7 +153,7 @@ def main() -> None:
     args = parse_args()
     use_cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if use_cuda else "gloo")
-    rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0))
+    rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)

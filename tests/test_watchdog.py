@@ -24,9 +24,9 @@ def step(rank: int, n: int, **extra: object) -> dict:
     return {"type": "step", "rank": rank, "step": n, "wall": 0.0, "step_ms": 10.0, **extra}
 
 
-def make(policy: WatchPolicy = WatchPolicy(), world: int = 4, log: list[str] | None = None) -> tuple[Watchdog, JobState, Clock]:
+def make(policy: WatchPolicy | None = None, world: int = 4, log: list[str] | None = None) -> tuple[Watchdog, JobState, Clock]:
     state, clock = JobState(), Clock()
-    dog = Watchdog(policy, state, lambda rank: log or [], clock)
+    dog = Watchdog(policy or WatchPolicy(), state, lambda rank: log or [], clock)
     for rank in range(world):
         feed(dog, state, hello(rank, world=world))
     return dog, state, clock
@@ -136,7 +136,7 @@ def test_crash_picks_the_first_rank_to_go_and_ignores_deaths_we_caused():
 
 
 def test_crash_quotes_the_ranks_own_exception():
-    dog, state, clock = make(world=1)
+    dog, state, _ = make(world=1)
     feed(dog, state, step(0, 4))
     feed(dog, state, {"type": "heartbeat", "rank": 0, "wall": 0.0, "phase": "data", "step": 5, "dropped": 0})
     feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": "Traceback...\nValueError: bad batch\n"})

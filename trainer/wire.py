@@ -68,7 +68,7 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "mem_reserved": (_INT, False),
         "mem_peak": (_INT, False),
         "total_steps": (_INT, False),
-        # The in-rank watchdog (guard.py): set only when something happened.
+        # The in-rank watchdog (guard.py); clipped is sent whenever --clip-grad is on.
         "nonfinite": (_BOOL, False),
         "local_nonfinite": (_BOOL, False),
         "skipped": (_STR, False),
