@@ -162,6 +162,7 @@ def test_scaler_skips_are_not_nan_faults(ddptop_home, tmp_path):
     assert all(sorted(rows) == list(range(20)) for rows in steps.values())
     skipped = {(rank, n, r.get("skipped")) for rank, rows in steps.items() for n, r in rows.items() if r.get("skipped")}
     assert skipped == {(rank, n, "scaler") for rank in (0, 1) for n in (5, 11)}
+    assert all(rows[n]["comm_ms"] > 0 for rows in steps.values() for n in (5, 11))  # the skipped steps did communicate
     assert job.alerts() == []
 
 

@@ -96,8 +96,7 @@ def _wrap_grad_scaler(probe: Probe) -> None:
         result = original_step(self, optimizer, *args, **kwargs)
         if probe.tracker.step == before:
             probe.local.take()
-            probe.timer.take()
-            probe.tracker.scaler_skip()
+            probe.tracker.scaler_skip(_after_step(probe))
         return result
 
     scaler_class.step = step
@@ -151,8 +150,9 @@ def _timed(hook: Any, probe: Probe) -> Any:
 
     def timed_hook(state, bucket):  # type: ignore[no-untyped-def]
         tracker.comm_begin()
-        local.add(bucket.buffer())
-        span = timer.begin(bucket.buffer())
+        buffer = bucket.buffer()
+        local.add(buffer)
+        span = timer.begin(buffer)
 
         def done(fut):  # type: ignore[no-untyped-def]
             timer.end(span)
@@ -186,6 +186,12 @@ def _optimizer_begin(probe: Probe, optimizer: Any) -> None:
 
 
 def _optimizer_end(probe: Probe) -> None:
+    probe.tracker.optimizer_end(_after_step(probe))
+
+
+def _after_step(probe: Probe) -> dict[str, Any]:
+    """What a step's record gets once it is over, applied or skipped by a scaler:
+    comm, memory, and on checksum steps the parameters' checksum."""
     values: dict[str, Any] = _memory()
     comm = probe.timer.take()
     if comm is not None:
@@ -193,7 +199,7 @@ def _optimizer_end(probe: Probe) -> None:
     every = probe.policy.desync_every
     if every and probe.tracker.step % every == 0:
         values["checksum"] = guard.checksum(probe.parameters())
-    probe.tracker.optimizer_end(values)
+    return values
 
 
 def _memory() -> dict[str, int]:

@@ -74,11 +74,9 @@ class StepTracker:
         _add(self._values, self._lates, values)
         self._close_step()
 
-    def scaler_skip(self) -> None:
+    def scaler_skip(self, values: dict[str, Any]) -> None:
         """GradScaler found inf/nan and did not call optimizer.step(): the step ends anyway."""
-        self._optimizer_seen = True
-        _add(self._values, self._lates, {"skipped": "scaler"})
-        self._close_step()
+        self.optimizer_end({**values, "skipped": "scaler"})
 
     def explicit(self, loss: Any, samples: int | None, tokens: int | None) -> None:
         """monitor.step(): exact values for the step just finished or in progress.
