@@ -35,7 +35,7 @@ class Collector:
         self._on_command = on_command
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task] = set()
-        self._rank_connections: set[asyncio.Task] = set()
+        self._job_connections: set[asyncio.Task] = set()
         self.bad_frames = 0
         self._closing = False
 
@@ -50,7 +50,7 @@ class Collector:
 
     async def ranks_done(self, timeout: float = 2.0) -> None:
         """Wait (bounded) for the ranks' and torchrun's connections to deliver their last frames and end."""
-        pending = [t for t in self._rank_connections if not t.done()]
+        pending = [t for t in self._job_connections if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=timeout)
 
@@ -69,8 +69,8 @@ class Collector:
         """A rank's or torchrun's connection: the job's end waits for it."""
         task = asyncio.current_task()
         assert task is not None
-        self._rank_connections.add(task)
-        task.add_done_callback(self._rank_connections.discard)
+        self._job_connections.add(task)
+        task.add_done_callback(self._job_connections.discard)
         if rank is not None:
             task.add_done_callback(lambda _: self._gone(rank))
 

@@ -106,6 +106,11 @@ def _die_with(supervisor_pid: int) -> None:
             os._exit(1)
 
 
+def exit_status(code: int) -> int:
+    """A process's exit code as a shell reports it: death by signal N is 128+N."""
+    return 128 - code if code < 0 else code
+
+
 class Torchrun:
     def __init__(self, plan: JobPlan) -> None:
         self.plan = plan
@@ -135,8 +140,7 @@ class Torchrun:
     async def wait(self) -> int:
         """torchrun's exit status, a signal death mapped to 128+N as shells do."""
         assert self.proc is not None
-        code = await self.proc.wait()
-        return 128 - code if code < 0 else code
+        return exit_status(await self.proc.wait())
 
     async def stop(self) -> None:
         """SIGTERM (torchrun stops its workers), then SIGKILL after the grace."""

@@ -107,7 +107,8 @@ class Supervisor:
         self.record(verdict.record())
         print(f"ddptop: ALERT {verdict.kind}: {verdict.text}", file=sys.stderr, flush=True)
         if verdict.stacks:
-            await asyncio.gather(*(self._collect_stack(rank) for rank in verdict.stacks))
+            ours = self.torchrun.descendants()
+            await asyncio.gather(*(self._collect_stack(rank, ours) for rank in verdict.stacks))
         if verdict.action == "restart":
             self._note(None, f"restarting the worker group after the {verdict.kind} alert")
             self._kill_ranks()
@@ -116,9 +117,10 @@ class Supervisor:
             self._stop_code = WATCHDOG_STOP_EXIT
             self._request_stop(signal.SIGTERM)
 
-    async def _collect_stack(self, rank: int) -> None:
+    async def _collect_stack(self, rank: int, ours: set[int]) -> None:
+        """Ask one rank for its stacks; ours holds the job's pids (see _kill_ranks)."""
         state = self.state.ranks.get(rank)
-        if state is None or state.pid not in self.torchrun.descendants():
+        if state is None or state.pid not in ours:
             return
         got = await stacks.dump(self.run.stacks_path, rank, state.pid)
         if got is None:

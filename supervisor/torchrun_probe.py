@@ -27,6 +27,7 @@ import sys
 import time
 from typing import Any
 
+from ddptop.supervisor.launcher import exit_status
 from ddptop.trainer import wire
 from ddptop.trainer.sender import connect
 
@@ -107,11 +108,6 @@ def install(reporter: Reporter) -> None:
 
     LocalElasticAgent._monitor_workers = _monitor_workers
     LocalElasticAgent._restart_workers = _restart_workers
-
-
-def exit_status(exitcode: int) -> int:
-    """A worker's exit code as a shell reports it: a signal N is 128+N."""
-    return 128 - exitcode if exitcode < 0 else exitcode
 
 
 def main(argv: list[str]) -> int:
