@@ -84,6 +84,7 @@ def plan_job(args: launchargs.LaunchArgs, nvml: ModuleType | None, run: rundir.R
         script_args=args.script_args,
         nproc_per_node=nproc,
         max_restarts=opts.max_restarts,
+        restart_backoff=opts.restart_backoff,
         log_dir=run.logs_path,
         address=f"unix:{run.socket_path}",
         cpu_only=not gpus,
@@ -137,7 +138,10 @@ def launch(argv: list[str]) -> int:
         meta.update(supervisor_pid=os.getpid(), supervisor_started=psutil.Process().create_time())
         run.write_meta(meta)
     opts = args.options
-    watch = WatchPolicy(on_nan=opts.on_nan, on_desync=opts.on_desync, on_hang=opts.on_hang, hang_timeout=opts.hang_timeout)
+    watch = WatchPolicy(
+        on_nan=opts.on_nan, on_desync=opts.on_desync, on_hang=opts.on_hang, hang_timeout=opts.hang_timeout,
+        crash_loop=opts.crash_loop, crash_loop_window=opts.crash_loop_window,
+    )
     supervisor = Supervisor(run, Torchrun(plan), Sampler(nvml), opts.summary_every, watch)
     for notice in notices:
         supervisor.record({"type": "notice", "wall": time.time(), "text": notice})

@@ -13,7 +13,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddptop.supervisor.watchdog import HANG_TIMEOUT_S
+from ddptop.supervisor.watchdog import CRASH_LOOP, CRASH_LOOP_WINDOW_S, HANG_TIMEOUT_S
 from ddptop.trainer.policy import DESYNC_EVERY, ON_DESYNC, ON_HANG, ON_NAN
 
 
@@ -42,9 +42,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError
+    return value
+
+
 _positive_int.__name__ = "positive integer"
 _non_negative_int.__name__ = "non-negative integer"
 _positive_float.__name__ = "positive number"
+_non_negative_float.__name__ = "non-negative number"
 
 # (spellings, argparse keyword arguments); the first spelling names the dest.
 OPTIONS: list[tuple[tuple[str, ...], dict]] = [
@@ -55,7 +63,10 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     (("--rdzv-endpoint", "--rdzv_endpoint"), {"help": "HOST:PORT of the rendezvous"}),
     (("--rdzv-backend", "--rdzv_backend"), {"help": "rendezvous backend (default c10d)"}),
     (("--rdzv-id", "--rdzv_id"), {"help": "job id shared by all nodes"}),
-    (("--max-restarts", "--max_restarts"), {"type": _non_negative_int, "default": 0, "help": "restarts of the worker group torchrun may make"}),
+    (("--max-restarts", "--max_restarts"), {"type": _non_negative_int, "default": 3, "help": "restarts of the worker group torchrun may make (default 3)"}),
+    (("--restart-backoff",), {"type": _non_negative_float, "default": 1.0, "help": "seconds before the 2nd restart, doubling for each after (the 1st is at once; 0: no waits)"}),
+    (("--crash-loop",), {"type": _positive_int, "default": CRASH_LOOP, "help": f"stop the job when the same failure happens this many times (default {CRASH_LOOP})"}),
+    (("--crash-loop-window",), {"type": _positive_float, "default": CRASH_LOOP_WINDOW_S, "help": f"... within this many seconds (default {CRASH_LOOP_WINDOW_S:.0f})"}),
     (("--headless",), {"action": "store_true", "help": "no dashboard: summaries on stdout, alerts on stderr"}),
     (("--run-dir",), {"type": Path, "help": "the run directory (default: a new one under ~/.local/state/ddptop/runs)"}),
     (("--summary-every",), {"type": _positive_float, "default": 5.0, "help": "seconds between headless summary lines"}),

@@ -26,8 +26,11 @@ import psutil
 
 import ddptop.trainer.bootstrap
 from ddptop.trainer.policy import STACKS_DIR_ENV, GuardPolicy
+from ddptop.trainer.runtime import AGENT_PID_ENV
 
 BOOTSTRAP_DIR = str(Path(ddptop.trainer.bootstrap.__file__).parent)
+BACKOFF_ENV = "DDPTOP_RESTART_BACKOFF"
+"""Base of the waits between restarts, read by the probe inside torchrun."""
 STOP_GRACE_S = 10.0
 """How long torchrun gets to stop its workers after SIGTERM before SIGKILL."""
 
@@ -45,6 +48,7 @@ class JobPlan:
     cpu_only: bool
     stacks_dir: Path
     guard: GuardPolicy = field(default_factory=GuardPolicy)
+    restart_backoff: float = 1.0
     visible_gpus: list[int] | None = None
     nnodes: str | None = None
     node_rank: int | None = None
@@ -78,7 +82,7 @@ def command(plan: JobPlan) -> list[str]:
 
 def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
-    for inherited in ("RANK", "LOCAL_RANK", "DDPTOP_RANK_PID"):
+    for inherited in ("RANK", "LOCAL_RANK", "DDPTOP_RANK_PID", AGENT_PID_ENV):
         env.pop(inherited, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
     env["DDPTOP_ADDRESS"] = plan.address
@@ -90,6 +94,7 @@ def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, 
     # too). A store per rendezvous round, torch's own opt-out, restarts clean.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     env[STACKS_DIR_ENV] = str(plan.stacks_dir)
+    env[BACKOFF_ENV] = str(plan.restart_backoff)
     env.update(plan.guard.to_env())
     if plan.cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""

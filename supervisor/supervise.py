@@ -23,14 +23,15 @@ from ddptop.supervisor.hub import Hub
 from ddptop.supervisor.launcher import Torchrun
 from ddptop.supervisor.rundir import RunDir, rank_log_tail
 from ddptop.supervisor.sampler import Sampler
-from ddptop.supervisor.watchdog import Verdict, Watchdog, WatchPolicy
+from ddptop.supervisor.watchdog import Verdict, Watchdog, WatchPolicy, restart_text
 from ddptop.trainer import wire
 
 WATCH_S = 0.25
 """Period of the watchdog's tick: how late a verdict may be carried out."""
 CRASH_LOG_LINES = 20
 WATCHDOG_STOP_EXIT = 1
-"""Exit status of a job the watchdog stopped (--on-nan/--on-desync/--on-hang stop)."""
+"""Exit status of a job the watchdog stopped (--on-nan/--on-desync/--on-hang stop);
+a crash loop ends with the status of the failure that looped instead."""
 SAMPLE_S = 1.0
 FLUSH_S = 1.0
 STATE_S = 1.0
@@ -89,6 +90,8 @@ class Supervisor:
             os.kill(pid, signal.SIGKILL)
 
     def _observe(self, record: wire.Frame) -> None:
+        if record["type"] == "group_restart":
+            print(f"ddptop: {restart_text(record)}", file=sys.stderr, flush=True)
         self._verdicts += self.watchdog.observe(record)
 
     def _crash_log(self, rank: int) -> list[str]:
@@ -114,7 +117,7 @@ class Supervisor:
             self._kill_ranks()
         elif verdict.action == "stop":
             self._note(None, f"stopping the job after the {verdict.kind} alert")
-            self._stop_code = WATCHDOG_STOP_EXIT
+            self._stop_code = verdict.details.get("exit_status", WATCHDOG_STOP_EXIT)
             self._request_stop(signal.SIGTERM)
 
     async def _collect_stack(self, rank: int, ours: set[int]) -> None:

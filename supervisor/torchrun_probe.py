@@ -8,7 +8,9 @@ engine, in the same process, with two of its agent's methods wrapped:
   sees its exit code or signal (it is the workers' parent); each failure is
   sent to the supervisor as a `worker_failure` record;
 - `_restart_workers`: each restart of the worker group is a `group_restart`
-  record with the count.
+  record with the count and the failure that caused it; restarts after the
+  first wait an exponentially growing backoff first, so a job failing on a
+  flaky resource does not spin (the supervisor stops a crash loop).
 
 And one change at the end: a failed job ends with the first failing rank's
 exit status (128+N for a signal), and a stopped one with 128+N of the stop
@@ -27,12 +29,21 @@ import sys
 import time
 from typing import Any
 
-from ddptop.supervisor.launcher import exit_status
+from ddptop.supervisor.launcher import BACKOFF_ENV, exit_status
 from ddptop.trainer import wire
+from ddptop.trainer.runtime import AGENT_PID_ENV
 from ddptop.trainer.sender import connect
 
 SEND_TIMEOUT_S = 1.0
 MESSAGE_MAX = 4096
+BACKOFF_MAX_S = 60.0
+
+
+def backoff_s(restart: int, base: float) -> float:
+    """Wait before restart number `restart` (from 1): none for the first, then base, 2x base..."""
+    if restart <= 1 or base <= 0:
+        return 0.0
+    return min(base * 2 ** (restart - 2), BACKOFF_MAX_S)
 
 
 class Reporter:
@@ -41,6 +52,8 @@ class Reporter:
     def __init__(self, address: str | None) -> None:
         self.address = address
         self.node = int(os.environ.get("GROUP_RANK", "0"))
+        self.last_failure: tuple[int, int] | None = None
+        """(rank, exit code) of the latest failure torchrun saw first."""
         self._sock: socket.socket | None = None
 
     def send(self, frame: wire.Frame) -> None:
@@ -55,6 +68,9 @@ class Reporter:
             self._sock = None
 
     def failures(self, result: Any, group_rank: int) -> None:
+        if result.failures:
+            rank, first = min(result.failures.items(), key=lambda item: item[1].timestamp)
+            self.last_failure = (int(rank), int(first.exitcode))
         for rank, failure in result.failures.items():
             frame: wire.Frame = {
                 "type": "worker_failure",
@@ -81,7 +97,7 @@ def _message(failure: Any) -> str | None:
     return str(message)[:MESSAGE_MAX] if message else None
 
 
-def install(reporter: Reporter) -> None:
+def install(reporter: Reporter, backoff_base: float) -> None:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     monitor = LocalElasticAgent._monitor_workers
@@ -94,16 +110,20 @@ def install(reporter: Reporter) -> None:
         return result
 
     def _restart_workers(self: Any, worker_group: Any) -> None:
-        spec = worker_group.spec
-        reporter.send(
-            {
-                "type": "group_restart",
-                "node": worker_group.group_rank or 0,
-                "restart": spec.max_restarts - self._remaining_restarts,
-                "remaining": self._remaining_restarts,
-                "wall": time.time(),
-            }
-        )
+        count = worker_group.spec.max_restarts - self._remaining_restarts
+        wait = backoff_s(count, backoff_base)
+        frame: wire.Frame = {
+            "type": "group_restart",
+            "node": worker_group.group_rank or 0,
+            "restart": count,
+            "remaining": self._remaining_restarts,
+            "wall": time.time(),
+            "backoff_s": wait,
+        }
+        if reporter.last_failure is not None:
+            frame["rank"], frame["exitcode"] = reporter.last_failure
+        reporter.send(frame)
+        time.sleep(wait)  # a stop signal still interrupts it (SignalException)
         restart(self, worker_group)
 
     LocalElasticAgent._monitor_workers = _monitor_workers
@@ -115,9 +135,10 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    os.environ[AGENT_PID_ENV] = str(os.getpid())  # inherited by the ranks: their parent's pid
     reporter = Reporter(os.environ.get("DDPTOP_ADDRESS"))
     try:
-        install(reporter)
+        install(reporter, float(os.environ.get(BACKOFF_ENV, "0")))
     except (ImportError, AttributeError) as exc:
         print(f"ddptop: torchrun probe off ({exc}); failures are reported without exit codes", file=sys.stderr)
     try:

@@ -12,6 +12,7 @@ or a file itself, so every rule is tested with plain records.
 | hang      | no rank's step advanced for --hang-timeout            | stacks, --on-hang |
 | straggler | a rank's own work per step over STRAGGLER_ALERT x     | alert only        |
 | crash     | torchrun's worker_failure records (its probe)         | torchrun restarts |
+| crash-loop| the same crash --crash-loop times in the window       | stop              |
 
 Times are the supervisor's own monotonic clock at arrival, so ranks on
 other hosts with skewed clocks cannot fake or hide a hang.
@@ -19,14 +20,16 @@ other hosts with skewed clocks cannot fake or hide a hang.
 
 from __future__ import annotations
 
+import re
 import signal
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ddptop.supervisor.jobstate import JobState
+from ddptop.supervisor.launcher import exit_status
 from ddptop.trainer import wire
 
 HANG_TIMEOUT_S = 300.0
@@ -44,6 +47,10 @@ FAILURE_GATHER_S = 0.3
 """torchrun reports the failures of one poll together; the ones a first
 failure causes follow within a moment. They make one verdict."""
 
+CRASH_LOOP = 3
+CRASH_LOOP_WINDOW_S = 600.0
+"""Default: three alike failures in ten minutes are a loop, not bad luck."""
+
 STRAGGLER_ALERT = 2.0
 STRAGGLER_CLEAR = 1.5
 STRAGGLER_TICKS = 3
@@ -56,6 +63,8 @@ class WatchPolicy:
     on_desync: str = "warn"
     on_hang: str = "restart"
     hang_timeout: float = HANG_TIMEOUT_S
+    crash_loop: int = CRASH_LOOP
+    crash_loop_window: float = CRASH_LOOP_WINDOW_S
 
 
 @dataclass
@@ -95,6 +104,17 @@ def exit_reason(exitcode: int) -> str:
         except ValueError:
             return f"killed by signal {-exitcode}"
     return f"exit code {exitcode}"
+
+
+def restart_text(record: wire.Frame) -> str:
+    """A group_restart record in words: count, cause and backoff."""
+    text = f"torchrun restarts the worker group (restart {record['restart']}, {record['remaining']} left)"
+    if record.get("rank") is not None and record.get("exitcode") is not None:
+        verb = "failed with" if record["exitcode"] >= 0 else "was"
+        text += f" after rank {record['rank']} {verb} {exit_reason(record['exitcode'])}"
+    if record.get("backoff_s"):
+        text += f", in {record['backoff_s']:g} s"
+    return text
 
 
 def last_error_line(log: list[str]) -> str | None:
@@ -145,6 +165,7 @@ class Watchdog:
         self._failures_since = 0.0
         self._expected_deaths: set[int] = set()
         self._exceptions: dict[int, str] = {}
+        self._crashes: deque[tuple[float, tuple[int, str]]] = deque()
 
     def expect_deaths(self, pids: set[int]) -> None:
         """Processes the supervisor kills on purpose: their deaths are not crashes."""
@@ -327,27 +348,68 @@ class Watchdog:
         if not self._failures or now - self._failures_since < FAILURE_GATHER_S:
             return []
         failures, self._failures = self._failures, []
-        first = min(failures, key=lambda f: (self._gone.get(f["rank"], float("inf")), f["wall"]))
+        # A rank killed by a hard signal (SIGKILL, SIGSEGV...) is a cause, never
+        # a consequence: the others die of a collective's error or of torchrun's
+        # SIGTERM. Among the rest, the first connection to close goes first.
+        consequence = {0, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP}
+        failures.sort(key=lambda f: (f["exitcode"] >= 0 or f["exitcode"] in consequence,
+                                     self._gone.get(f["rank"], float("inf")), f["wall"]))
+        first = failures[0]
         rank = first["rank"]
         state = self.state.ranks.get(rank)
         where = "" if state is None else (" before its first step" if state.step < 0 else f" after step {state.step} (in {state.phase})")
         tail = self.log_tail(rank)
-        error = self._exceptions.get(rank) or first.get("message")
-        last = last_error_line(tail)
+        error = self._error_line(first)
         text = f"rank {rank} {'failed with ' if first['exitcode'] >= 0 else 'was '}{exit_reason(first['exitcode'])}{where}"
-        if error:
-            text += f": {error.strip().splitlines()[-1]}"
-        elif last:
-            text += f"; its log ends: {last}"
+        if error is not None:
+            text += f": {error}" if self._exceptions.get(rank) or first.get("message") else f"; its log ends: {error}"
         others = sorted({f["rank"] for f in failures} - {rank})
         if others:
             text += f" ({_ranks(others)} failed after it)"
+        crash = Verdict(
+            "crash",
+            text,
+            ranks=[rank],
+            step=None if state is None or state.step < 0 else state.step,
+            details={"exitcode": first["exitcode"], "log": tail, "traceback": self._exceptions.get(rank) or first.get("message")},
+        )
+        # Ranks that fail alike at once come first in any order, and only one
+        # may have said why (rank 0 printing a usage error): the loop check
+        # takes the first words any of them left.
+        said = next((line for f in failures if (line := self._error_line(f)) is not None), None)
+        return [crash, *self._crash_loop(crash, said)]
+
+    def _error_line(self, failure: wire.Frame) -> str | None:
+        """The last line of a failed rank's own exception, or of its stderr."""
+        error = self._exceptions.get(failure["rank"]) or failure.get("message")
+        if error and error.strip():
+            return error.strip().splitlines()[-1]
+        return last_error_line(self.log_tail(failure["rank"]))
+
+    def _crash_loop(self, crash: Verdict, said: str | None) -> list[Verdict]:
+        """Stop the job when the same failure keeps coming back within the window.
+
+        "The same" is the exit status and the error's last line with numbers
+        blanked (addresses, sizes and step numbers vary between attempts);
+        which rank fails first may change, so it is not part of it.
+        """
+        now = self.clock()
+        exitcode = crash.details["exitcode"]
+        signature = (exitcode, re.sub(r"0x[0-9a-fA-F]+|\d+", "#", said or ""))
+        self._crashes.append((now, signature))
+        while self._crashes and now - self._crashes[0][0] > self.policy.crash_loop_window:
+            self._crashes.popleft()
+        alike = [t for t, sig in self._crashes if sig == signature]
+        if len(alike) < self.policy.crash_loop:
+            return []
+        self._crashes.clear()
         return [
             Verdict(
-                "crash",
-                text,
-                ranks=[rank],
-                step=None if state is None or state.step < 0 else state.step,
-                details={"exitcode": first["exitcode"], "log": tail, "traceback": error},
+                "crash-loop",
+                f"the same failure {len(alike)} times in {now - alike[0]:.0f} s, stopping the job: {crash.text}",
+                action="stop",
+                ranks=crash.ranks,
+                step=crash.step,
+                details={"exitcode": exitcode, "exit_status": exit_status(exitcode)},
             )
         ]

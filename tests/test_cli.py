@@ -33,6 +33,10 @@ def assert_one_line_error(result, fragment: str) -> None:
         (["launch", "--hang-timeout", "-5", str(EXAMPLE)], "--hang-timeout"),
         (["launch", "--clip-grad", "0", str(EXAMPLE)], "--clip-grad"),
         (["launch", "--desync-every", "-1", str(EXAMPLE)], "--desync-every"),
+        (["launch", "--restart-backoff", "-1", str(EXAMPLE)], "--restart-backoff"),
+        (["launch", "--restart-backoff", "nan", str(EXAMPLE)], "--restart-backoff"),
+        (["launch", "--crash-loop", "0", str(EXAMPLE)], "--crash-loop"),
+        (["launch", "--crash-loop-window", "0", str(EXAMPLE)], "--crash-loop-window"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(ddptop_home, args, fragment):

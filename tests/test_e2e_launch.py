@@ -190,7 +190,7 @@ def test_a_dashboard_kill_touches_only_the_jobs_own_processes(ddptop_home, tmp_p
     bystander = subprocess.Popen(["sleep", "120"])
     run_path = tmp_path / "run"
     proc = subprocess.Popen(
-        [DDPTOP, "launch", "--headless", "--run-dir", str(run_path), str(EXAMPLE), "--gpus", "2", "--steps", "1000000"],
+        [DDPTOP, "launch", "--headless", "--max-restarts", "0", "--run-dir", str(run_path), str(EXAMPLE), "--gpus", "2", "--steps", "1000000"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     run = rundir.RunDir(run_path)

@@ -166,12 +166,19 @@ def test_scaler_skips_are_not_nan_faults(ddptop_home, tmp_path):
     assert job.alerts() == []
 
 
-def test_inject_outside_the_world_is_one_line_and_exit_2(ddptop_home, tmp_path):
+def test_a_failure_that_repeats_is_stopped_as_a_crash_loop_in_one_line(ddptop_home, tmp_path):
+    """A bad --inject fails every attempt alike: three tries, then one clear stop, exit 2."""
     job = launch(tmp_path, str(EXAMPLE), "--gpus", "2", "--inject", "nan@5:7")
     assert job.proc.returncode == 2
     lines = job.proc.stderr.splitlines()
     errors = [line for line in lines if line.startswith("[rank") and "error:" in line]
-    assert errors == ["[rank0]:train.py: error: --inject nan@5:7: rank 7 is outside the world of 2 ranks"]
-    # ddptop's own crash alert may quote that line once the rank's log is read; nothing else says "error:".
-    assert all(line.startswith("ddptop: ALERT crash: rank 0 failed with exit code 2") for line in lines if "error:" in line and line not in errors)
+    assert errors == ["[rank0]:train.py: error: --inject nan@5:7: rank 7 is outside the world of 2 ranks"] * 3
+    # The third restart is announced, and the stop comes during its 2 s backoff: no fourth attempt.
+    restarts = job.of("group_restart")
+    assert [(r["restart"], r["exitcode"], r["backoff_s"]) for r in restarts] == [(1, 2, 0.0), (2, 2, 1.0), (3, 2, 2.0)]
+    assert {r["restart"] for r in job.of("rank_hello")} == {0, 1, 2}
+    [loop] = job.alerts("crash-loop")
+    assert loop["text"].startswith("the same failure 3 times in ")
+    assert "stopping the job: rank 0 failed with exit code 2" in loop["text"]
+    assert "ddptop: stopping the job after the crash-loop alert" in lines
     assert "Traceback" not in job.proc.stderr

@@ -46,3 +46,16 @@ def test_script_may_follow_double_dash():
 def test_bad_input_is_a_usage_error(argv, message):
     with pytest.raises(UsageError, match=message):
         split(argv)
+
+
+def test_restart_backoff_doubles_after_an_immediate_first_restart():
+    from ddptop.supervisor.torchrun_probe import BACKOFF_MAX_S, backoff_s
+
+    assert [backoff_s(n, 1.5) for n in range(1, 6)] == [0.0, 1.5, 3.0, 6.0, 12.0]
+    assert backoff_s(30, 1.0) == BACKOFF_MAX_S
+    assert backoff_s(4, 0.0) == 0.0
+
+
+def test_restart_defaults():
+    options = split(["train.py"]).options
+    assert (options.max_restarts, options.restart_backoff, options.crash_loop) == (3, 1.0, 3)

@@ -135,6 +135,19 @@ def test_crash_picks_the_first_rank_to_go_and_ignores_deaths_we_caused():
     assert 'Segmentation fault in File "train.py", line 9 in step' in v.text and "(rank 0 failed after it)" in v.text
 
 
+def test_a_rank_killed_by_a_signal_is_the_cause_even_when_its_peers_seemed_to_go_first():
+    """A starved supervisor may see the consequences' sockets close first; a SIGKILL is never a consequence."""
+    dog, state, clock = make()
+    for rank in (1, 2, 0):
+        feed(dog, state, {"type": "rank_gone", "rank": rank, "wall": 0.0})
+        clock.now += 0.001
+    for rank, code in ((1, 1), (2, -15), (0, -9)):
+        feed(dog, state, {"type": "worker_failure", "node": 0, "rank": rank, "local_rank": rank, "pid": 100 + rank, "exitcode": code, "wall": 0.0})
+    clock.now += 0.5
+    [v] = dog.tick()
+    assert v.ranks == [0] and v.text.startswith("rank 0 was killed by SIGKILL")
+
+
 def test_crash_quotes_the_ranks_own_exception():
     dog, state, _ = make(world=1)
     feed(dog, state, step(0, 4))
@@ -143,6 +156,35 @@ def test_crash_quotes_the_ranks_own_exception():
     feed(dog, state, {"type": "worker_failure", "node": 0, "rank": 0, "local_rank": 0, "pid": 100, "exitcode": 1, "wall": 0.0})
     [v] = dog.tick(final=True)
     assert v.text == "rank 0 failed with exit code 1 after step 4 (in data): ValueError: bad batch"
+
+
+def crash_once(dog: Watchdog, state: JobState, clock: Clock, restart: int, message: str, code: int = 1, rank: int = 0) -> list:
+    """One attempt of a 1-rank group that dies with `message`; the verdicts it brings."""
+    feed(dog, state, hello(0, restart=restart, world=1))
+    feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": f"Traceback...\n{message}\n"})
+    feed(dog, state, {"type": "worker_failure", "node": 0, "rank": rank, "local_rank": 0, "pid": 100, "exitcode": code, "wall": 0.0})
+    clock.now += 1.0
+    return dog.tick()
+
+
+def test_the_same_failure_three_times_in_the_window_is_a_crash_loop():
+    dog, state, clock = make(WatchPolicy(crash_loop=3, crash_loop_window=60), world=1)
+    assert [v.kind for v in crash_once(dog, state, clock, 0, "RuntimeError: out of memory at 0x7f01")] == ["crash"]
+    assert [v.kind for v in crash_once(dog, state, clock, 1, "ValueError: something else")] == ["crash"]
+    assert [v.kind for v in crash_once(dog, state, clock, 2, "RuntimeError: out of memory at 0x7f99")] == ["crash"]
+    crash, loop = crash_once(dog, state, clock, 3, "RuntimeError: out of memory at 0x7faa")
+    assert (loop.kind, loop.action, loop.details["exit_status"]) == ("crash-loop", "stop", 1)
+    assert loop.text.startswith("the same failure 3 times in 3 s, stopping the job: rank 0 failed with exit code 1")
+    assert loop.text.endswith("RuntimeError: out of memory at 0x7faa")
+
+
+def test_failures_spread_wider_than_the_window_are_no_loop():
+    dog, state, clock = make(WatchPolicy(crash_loop=2, crash_loop_window=60), world=1)
+    crash_once(dog, state, clock, 0, "", code=-9)
+    clock.now += 120
+    assert [v.kind for v in crash_once(dog, state, clock, 1, "", code=-9)] == ["crash"]
+    _, loop = crash_once(dog, state, clock, 2, "", code=-9)
+    assert loop.kind == "crash-loop" and loop.details["exit_status"] == 137
 
 
 def test_straggler_needs_a_sustained_ratio():

@@ -25,6 +25,9 @@ from ddptop.trainer.policy import STACK_SIGNAL, STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.sender import Sender
 from ddptop.trainer.steps import StepTracker
 
+AGENT_PID_ENV = "DDPTOP_AGENT_PID"
+"""torchrun's pid, set by ddptop's probe inside it (supervisor/torchrun_probe.py)."""
+
 ADDRESS_ENV = "DDPTOP_ADDRESS"
 """Where the supervisor listens; set by the launcher, absent otherwise."""
 
@@ -53,15 +56,19 @@ def die_with_parent() -> None:
 
     torchrun starts each worker in a session of its own, so a kill of
     torchrun's process group never reaches the ranks; the parent-death
-    signal does, whatever killed torchrun.
+    signal does, whatever killed torchrun. torchrun may already be gone
+    when this runs (the signal is then never sent): its probe left its pid
+    in the environment, and a rank whose parent is no longer that pid ends
+    itself. ddptop's torchrun starts every rank itself, so the parent is
+    torchrun for as long as torchrun lives.
     """
     if not sys.platform.startswith("linux"):
         return
     pr_set_pdeathsig = 1
     libc = ctypes.CDLL(None, use_errno=True)
-    parent = os.getppid()
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent:
+    agent = os.environ.get(AGENT_PID_ENV)
+    if agent is not None and os.getppid() != int(agent):
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -95,8 +95,17 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "wall": (_NUM, True),
         "message": (_STR, False),
     },
-    # torchrun restarts its worker group (restart counts from 1).
-    "group_restart": {"node": (_INT, True), "restart": (_INT, True), "remaining": (_INT, True), "wall": (_NUM, True)},
+    # torchrun restarts its worker group (restart counts from 1), after backoff_s,
+    # because rank failed with exitcode (torchrun's view: the first it saw).
+    "group_restart": {
+        "node": (_INT, True),
+        "restart": (_INT, True),
+        "remaining": (_INT, True),
+        "wall": (_NUM, True),
+        "backoff_s": (_NUM, False),
+        "rank": (_INT, False),
+        "exitcode": (_INT, False),
+    },
     # The traceback of an exception the script did not catch (its end).
     "exception": {"rank": (_INT, True), "wall": (_NUM, True), "text": (_STR, True)},
     # A rank's records, sent together so the socket sees a few frames a second.

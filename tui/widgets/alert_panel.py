@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ddptop.supervisor.jobstate import JobState
+from ddptop.supervisor.watchdog import restart_text
 
 
 def describe(event: dict) -> tuple[str, str]:
@@ -25,7 +26,7 @@ def describe(event: dict) -> tuple[str, str]:
         code = event.get("code")
         return ("green" if code == 0 else "bold red"), f"job ended, exit {code}"
     if kind == "group_restart":
-        return "yellow", f"torchrun restarts the worker group (restart {event['restart']}, {event['remaining']} left)"
+        return "yellow", restart_text(event)
     if kind == "wire_error":
         return "yellow", f"bad frame refused: {event.get('error', '')}"
     return "cyan", f"{where.strip() + ': ' if where else ''}{event.get('text', '')}"
