@@ -6,6 +6,11 @@ count (for the dashboard's ETA); everything else ddptop measures alone.
 
     ddptop launch examples/train.py --gpus 4 --steps 200
 
+With `--checkpoint-dir DIR --checkpoint-every N` it checkpoints through
+monitor.checkpoint and, when restarted, resumes from the newest checkpoint
+at the same data position (sampler epoch and offset): a run killed and
+restarted ends with the same `final-params-sha256` as one never stopped.
+
 `--inject KIND@STEP:RANK[/ATTEMPT]` (repeatable) breaks the job on purpose,
 to see the watchdog at work; a fault fires in the given attempt only (the
 first by default), so a restarted group runs clean:
@@ -18,28 +23,35 @@ first by default), so a restarted group runs clean:
     slow      that rank sleeps 5x its step time from then on
     crash     that rank exits with code 3
     segv      that rank kills itself with SIGSEGV
+    kill      that rank kills itself with SIGKILL
+    ckpt-kill rank 0 is killed with SIGKILL inside the checkpoint of that
+              step, its bytes written but not yet made durable and renamed
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddptop.trainer import monitor
 
 
-FAULTS = ("nan", "inf-grad", "explode", "desync", "hang", "slow", "crash", "segv")
+FAULTS = ("nan", "inf-grad", "explode", "desync", "hang", "slow", "crash", "segv", "kill", "ckpt-kill")
 
 
 @dataclass(frozen=True)
@@ -95,15 +107,28 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=256, help="hidden width of the MLP")
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--samples", type=int, default=8192, help="size of the synthetic dataset")
+    parser.add_argument("--checkpoint-dir", type=Path, help="checkpoint here, and resume from here when restarted")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="steps between checkpoints (needs --checkpoint-dir)")
     parser.add_argument("--inject", type=parse_fault, action="append", default=[], metavar="KIND@STEP:RANK[/ATTEMPT]", help="break the job on purpose (see above)")
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.checkpoint_every < 0 or args.checkpoint_every and args.checkpoint_dir is None:
+        parser.error("--checkpoint-every takes a positive N and needs --checkpoint-dir")
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.samples < world * args.batch_size:
+        parser.error(f"--samples {args.samples} is less than one batch for each of {world} ranks")
     for fault in args.inject:
         if fault.rank >= world:
             parser.error(f"--inject {fault.kind}@{fault.step}:{fault.rank}: rank {fault.rank} is outside the world of {world} ranks")
+        if fault.kind == "ckpt-kill" and not (fault.rank == 0 and is_checkpoint_step(args, fault.step)):
+            parser.error(f"--inject ckpt-kill@{fault.step}:{fault.rank}: rank 0 writes no checkpoint at that step")
     return args
+
+
+def is_checkpoint_step(args: argparse.Namespace, step: int) -> bool:
+    return bool(args.checkpoint_every) and (step + 1) % args.checkpoint_every == 0
 
 
 def make_model(width: int) -> nn.Module:
@@ -112,12 +137,23 @@ def make_model(width: int) -> nn.Module:
     )
 
 
-def batch(step: int, rank: int, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Synthetic data, a function of (step, rank) so a rerun sees the same batches."""
-    gen = torch.Generator().manual_seed(step * 100_003 + rank)
-    x = torch.randn(size, 64, generator=gen)
+def make_loader(args: argparse.Namespace, rank: int, world: int) -> DataLoader:
+    """A synthetic dataset from the seed, sharded and shuffled per epoch as usual."""
+    gen = torch.Generator().manual_seed(args.seed)
+    x = torch.randn(args.samples, 64, generator=gen)
     y = (x[:, :10].sum(dim=1) > 0).long() + 2 * (x[:, 10:20].sum(dim=1) > 0).long()
-    return x.to(device), y.to(device)
+    sampler = DistributedSampler(TensorDataset(x, y), num_replicas=world, rank=rank, seed=args.seed, drop_last=True)
+    return DataLoader(sampler.dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+
+
+def batches(loader: DataLoader, epoch: int, offset: int) -> Iterator[tuple[int, int, list[torch.Tensor]]]:
+    """(epoch, offset of the next batch, batch) from a data position on, forever."""
+    assert isinstance(loader.sampler, DistributedSampler)
+    while True:
+        loader.sampler.set_epoch(epoch)
+        for index, batch in enumerate(itertools.islice(loader, offset, None), start=offset + 1):
+            yield epoch, index, batch
+        epoch, offset = epoch + 1, 0
 
 
 def params_sha256(model: nn.Module) -> str:
@@ -127,16 +163,17 @@ def params_sha256(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def inject_before_step(faults: Faults, step: int, started: float, model: nn.Module) -> None:
-    """The faults that strike before the forward pass."""
+def inject_before_step(faults: Faults, step: int, step_s: float, model: nn.Module) -> None:
+    """The faults that strike before the forward pass; step_s is this attempt's mean step time."""
     if faults.at(step, "slow"):
-        faults.slow_s = 5 * (time.perf_counter() - started) / max(step, 1)
+        faults.slow_s = 5 * step_s
     if faults.slow_s:
         time.sleep(faults.slow_s)
-    if faults.at(step, "crash"):
-        sys.exit(3)
-    if faults.at(step, "segv"):
-        os.kill(os.getpid(), signal.SIGSEGV)
+    for kind, die in (("crash", lambda: sys.exit(3)), ("segv", lambda: os.kill(os.getpid(), signal.SIGSEGV)),
+                      ("kill", lambda: os.kill(os.getpid(), signal.SIGKILL))):
+        if faults.at(step, kind):
+            print(f"injected {kind} at step {step}, wall {time.time():.3f}", file=sys.stderr, flush=True)
+            die()
     if faults.at(step, "inf-grad"):
         param = next(model.parameters())
 
@@ -149,27 +186,49 @@ def inject_before_step(faults: Faults, step: int, started: float, model: nn.Modu
         handle = param.register_hook(poison)
 
 
+def checkpoint(args: argparse.Namespace, faults: Faults, step: int, model: nn.Module,
+               optimizer: torch.optim.Optimizer, epoch: int, offset: int) -> None:
+    if faults.at(step, "ckpt-kill"):
+        print(f"injected ckpt-kill at step {step}, wall {time.time():.3f}", file=sys.stderr, flush=True)
+        os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)  # all bytes written, none durable
+    monitor.checkpoint(model, optimizer, step=step, directory=args.checkpoint_dir, data={"epoch": epoch, "offset": offset})
+
+
 def main() -> None:
     args = parse_args()
     use_cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if use_cuda else "gloo")
-    rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world, local_rank = dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
-    model = DistributedDataParallel(make_model(args.width).to(device))
+    # DDP lays out its gradient buckets in parameter order for the first step
+    # and in gradient-ready order from the second on; on 3+ ranks the sums of
+    # a resumed run's first step would round differently. Not re-laying them
+    # out (a side effect of find_unused_parameters) keeps resumes bitwise.
+    model = DistributedDataParallel(make_model(args.width).to(device), find_unused_parameters=args.checkpoint_dir is not None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     monitor.configure(total_steps=args.steps)
-    faults = Faults(args.inject, rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
-    warmup = min(10, args.steps - 1)
-    started = time.perf_counter()
-    for step in range(args.steps):
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    faults = Faults(args.inject, rank, attempt)
+    start, epoch, offset = 0, 0, 0
+    if args.checkpoint_dir is not None:
+        resumed = monitor.resume(model, optimizer, directory=args.checkpoint_dir)
+        if resumed is not None:
+            start, epoch, offset = resumed.step + 1, resumed.data["epoch"], resumed.data["offset"]
+            if rank == 0:
+                print(f"resumed from {resumed.path.name} at step {start}", flush=True)
+    data = batches(make_loader(args, rank, world), epoch, offset)
+    warmup = min(start + 10, args.steps - 1)
+    started = timed_from = time.perf_counter()
+    for step in range(start, args.steps):
         if step == warmup:
             timed_from = time.perf_counter()
-        x, y = batch(step, rank, args.batch_size, device)
-        inject_before_step(faults, step, started, model)
+        epoch, offset, (x, y) = next(data)
+        x, y = x.to(device), y.to(device)
+        inject_before_step(faults, step, (time.perf_counter() - started) / max(step - start, 1), model)
         loss = loss_fn(model(x), y)
         if faults.at(step, "nan"):
             loss = loss * float("nan")
@@ -184,10 +243,14 @@ def main() -> None:
             with torch.no_grad():
                 next(model.parameters()).view(-1)[0] += 1e-3
         monitor.step(loss=loss, samples=x.shape[0])
+        if rank == 0 and step == start:
+            print(f"first step {step} of attempt {attempt} done, wall {time.time():.3f}", flush=True)
+        if is_checkpoint_step(args, step):
+            checkpoint(args, faults, step, model, optimizer, epoch, offset)
         if rank == 0 and (step % 100 == 0 or step == args.steps - 1):
             print(f"step {step} loss {loss.item():.4f}", flush=True)
     if rank == 0:
-        rate = (args.steps - warmup) / (time.perf_counter() - timed_from)
+        rate = max(args.steps - warmup, 1) / (time.perf_counter() - timed_from)
         print(f"train-steps-per-s {rate:.2f}", flush=True)
         print(f"final-params-sha256 {params_sha256(model.module)}", flush=True)
         finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())

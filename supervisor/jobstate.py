@@ -105,6 +105,7 @@ class JobState:
         self.events: deque[wire.Frame] = deque(maxlen=200)
         self.summaries: deque[wire.Frame] = deque(maxlen=HISTORY)
         self.exit: wire.Frame | None = None
+        self.checkpoint_step: int | None = None
 
     def rank(self, rank: int) -> RankState:
         state = self.ranks.get(rank)
@@ -196,6 +197,15 @@ class JobState:
     def _on_stack(self, record: wire.Frame) -> None:
         self.rank(record["rank"]).stack = record.get("text")
 
+    def _on_checkpoint(self, record: wire.Frame) -> None:
+        self.checkpoint_step = record["step"]
+
+    def _on_resume(self, record: wire.Frame) -> None:
+        """Every rank resumes from the same file: one event for the job, from rank 0."""
+        self.checkpoint_step = record["step"]
+        if record["rank"] == 0:
+            self.events.append(record)
+
     def _on_summary(self, record: wire.Frame) -> None:
         self.summaries.append(record)
 
@@ -253,6 +263,8 @@ class JobState:
             "nan_skips": max((r.nan_skips for r in ranks), default=0),
             "scaler_skips": max((r.scaler_skips for r in ranks), default=0),
             "clip_rate": median([x for r in ranks if (x := r.clip_rate()) is not None]),
+            "restarts": self.restarts,
+            "checkpoint_step": self.checkpoint_step,
         }
 
 
@@ -266,5 +278,7 @@ _HANDLERS = {
     "summary": JobState._on_summary,
     "stack": JobState._on_stack,
     "rank_gone": JobState._on_gone,
+    "checkpoint": JobState._on_checkpoint,
+    "resume": JobState._on_resume,
     "exit": JobState._on_exit,
 }

@@ -53,6 +53,10 @@ def line(totals: dict[str, Any], uptime_s: float) -> str:
         f"alerts {totals['alerts']}",
     ]
     parts += guard_parts(totals)
+    if totals["restarts"]:
+        parts.append(f"restarts {totals['restarts']}")
+    if totals["checkpoint_step"] is not None:
+        parts.append(f"ckpt {totals['checkpoint_step']}")
     if totals["dropped"]:
         parts.append(f"dropped {totals['dropped']}")
     return " | ".join(parts)

@@ -95,6 +95,14 @@ class StepTracker:
             self._close_step()
             self._release_finished()
 
+    def resumed_at(self, step: int) -> None:
+        """The script goes on from a checkpoint: its next step is `step`, and so is ours."""
+        self.step = step
+
+    def event(self, record: wire.Frame) -> None:
+        """A record outside the step cycle (a checkpoint written, a resume): sent now."""
+        self._emit(record)
+
     def flush(self) -> None:
         """Send everything still held; at exit, when waiting no longer matters."""
         self._release_finished()

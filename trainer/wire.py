@@ -106,6 +106,16 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "rank": (_INT, False),
         "exitcode": (_INT, False),
     },
+    # monitor.checkpoint() wrote a checkpoint (rank 0) / monitor.resume() loaded one.
+    "checkpoint": {
+        "rank": (_INT, True),
+        "wall": (_NUM, True),
+        "step": (_INT, True),
+        "path": (_STR, True),
+        "bytes": (_INT, True),
+        "write_ms": (_NUM, True),
+    },
+    "resume": {"rank": (_INT, True), "wall": (_NUM, True), "step": (_INT, True), "path": (_STR, True), "damaged": (_LIST, True)},
     # The traceback of an exception the script did not catch (its end).
     "exception": {"rank": (_INT, True), "wall": (_NUM, True), "text": (_STR, True)},
     # A rank's records, sent together so the socket sees a few frames a second.
@@ -119,7 +129,7 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
 COMMANDS = frozenset({"stop", "restart", "kill_rank"})
 """Actions a viewer may request: stop the job, restart the group, kill one rank."""
 
-RANK_RECORD_TYPES = frozenset({"step", "heartbeat", "exception"})
+RANK_RECORD_TYPES = frozenset({"step", "heartbeat", "exception", "checkpoint", "resume"})
 """What a batch from a rank may carry."""
 
 AGENT_RECORD_TYPES = frozenset({"worker_failure", "group_restart"})

@@ -27,6 +27,10 @@ def describe(event: dict) -> tuple[str, str]:
         return ("green" if code == 0 else "bold red"), f"job ended, exit {code}"
     if kind == "group_restart":
         return "yellow", restart_text(event)
+    if kind == "resume":
+        damaged = event.get("damaged") or []
+        passed = f" (passed over damaged {', '.join(damaged)})" if damaged else ""
+        return "green", f"resumed from {event['path'].rsplit('/', 1)[-1]}, at step {event['step'] + 1}{passed}"
     if kind == "wire_error":
         return "yellow", f"bad frame refused: {event.get('error', '')}"
     return "cyan", f"{where.strip() + ': ' if where else ''}{event.get('text', '')}"

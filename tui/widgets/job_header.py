@@ -31,7 +31,9 @@ class JobHeader(Static):
         text = (
             f"[b]{script}[/b]  {status}  "
             f"world {state.world_size or '?'}  nodes {nodes}  up {duration(now - state.started)}  "
-            f"restarts {state.restarts}  alerts {state.alerts}\n"
+            f"restarts {state.restarts}  alerts {state.alerts}"
+            + ("" if state.checkpoint_step is None else f"  ckpt {state.checkpoint_step}")
+            + "\n"
             f"steps {progress}  ETA {eta(state, totals)}  "
             f"[b]{count(totals['samples_per_s'])}[/b] samples/s  "
             f"step {ms(totals['step_ms_p50'])}/{ms(totals['step_ms_p95'])} ms  "
