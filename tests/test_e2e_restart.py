@@ -1,0 +1,137 @@
+"""Restarts that lose nothing, and no process left behind, on real gloo jobs."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ddptop.supervisor import rundir
+
+from conftest import DDPTOP, EXAMPLE, wait_for
+
+pytestmark = pytest.mark.slow
+
+STEPS, EVERY = 120, 10
+
+
+def checkpoint_steps(low: int, high: int) -> list[int]:
+    """Steps in [low, high) after which the example checkpoints."""
+    return [s for s in range(low, high) if (s + 1) % EVERY == 0]
+
+
+def run_example(tmp_path: Path, name: str, *extra: str) -> tuple[subprocess.CompletedProcess, rundir.RunDir]:
+    run_path = tmp_path / f"run-{name}"
+    proc = subprocess.run(
+        [DDPTOP, "launch", "--headless", "--restart-backoff", "0", "--run-dir", str(run_path), str(EXAMPLE),
+         "--gpus", "4", "--steps", str(STEPS), "--checkpoint-dir", str(tmp_path / f"ckpt-{name}"),
+         "--checkpoint-every", str(EVERY), *extra],
+        capture_output=True, text=True, timeout=400,
+    )
+    return proc, rundir.RunDir(run_path)
+
+
+def final_sha(proc: subprocess.CompletedProcess) -> str:
+    match = re.search(r"final-params-sha256 ([0-9a-f]{64})", proc.stdout)
+    assert proc.returncode == 0 and match, proc.stderr[-3000:]
+    return match.group(1)
+
+
+def test_killed_three_times_ends_bitwise_equal_to_an_uninterrupted_run(ddptop_home, tmp_path):
+    seed = int(os.environ.get("DDPTOP_TEST_SEED", time.time_ns() % 10**6))
+    rng = random.Random(seed)
+    kill1, rank1 = rng.randrange(12, 40), rng.randrange(4)
+    torn = rng.choice(checkpoint_steps(kill1 + 1, 80))  # rank 0 dies inside this checkpoint
+    kill3, rank3 = rng.randrange(torn + 1, STEPS - 5), rng.randrange(4)
+    faults = [f"kill@{kill1}:{rank1}/0", f"ckpt-kill@{torn}:0/1", f"kill@{kill3}:{rank3}/2"]
+    context = f"seed {seed} (DDPTOP_TEST_SEED), faults {faults}"
+
+    reference, _ = run_example(tmp_path, "reference")
+    broken, run = run_example(tmp_path, "broken", *(arg for fault in faults for arg in ("--inject", fault)))
+    said = [line for line in broken.stdout.splitlines() + broken.stderr.splitlines() if line.startswith(("ddptop:", "[rank0]:resumed"))]
+    context += "\n" + "\n".join(said)
+    assert final_sha(broken) == final_sha(reference), context
+
+    records = list(rundir.read_events(run))
+    assert [r["restart"] for r in records if r["type"] == "group_restart"] == [1, 2, 3], context
+    crashes = [r["text"] for r in records if r["type"] == "alert" and r["kind"] == "crash"]
+    assert len(crashes) == 3 and all("killed by SIGKILL" in text for text in crashes), context + "\n" + "\n".join(crashes)
+    resumed = [r["step"] for r in records if r["type"] == "resume" and r["rank"] == 0]
+    assert len(resumed) == 3, context
+    for step, killed in zip(resumed, (kill1, torn + 1, kill3), strict=True):
+        assert (step + 1) % EVERY == 0 and killed - 2 * EVERY <= step < killed, (context, resumed)
+    assert resumed[1] == torn - EVERY, f"the torn checkpoint of step {torn} was loaded: {context}"
+    left = sorted(p.name for p in (tmp_path / "ckpt-broken").iterdir())
+    assert len(left) == 3 and not any(name.endswith(".tmp") for name in left), left
+
+
+def job_processes(supervisor: subprocess.Popen, ranks: int) -> list[psutil.Process]:
+    """torchrun and its ranks, once all have started: the processes that must not outlive the job."""
+    def found() -> list[psutil.Process] | None:
+        try:
+            procs = psutil.Process(supervisor.pid).children(recursive=True)
+            workers = [p for p in procs if str(EXAMPLE) in " ".join(p.cmdline())]
+        except psutil.Error:
+            return None
+        return procs if len(workers) == ranks + 1 else None  # the ranks and torchrun (its command names the script too)
+
+    return wait_for(found, 90, f"torchrun and {ranks} ranks")
+
+
+def describe(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} {proc.status()} ppid {proc.ppid()}: {' '.join(proc.cmdline())[:120]}"
+    except psutil.Error as exc:
+        return f"{proc.pid}: {exc}"
+
+
+def ended(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+END_WAYS = {
+    "job done": ("--steps", "400"),
+    "Ctrl-C": ("--steps", "1000000"),
+    "SIGTERM": ("--steps", "1000000"),
+    "SIGKILL of the supervisor": ("--steps", "1000000"),
+    "watchdog stop": ("--steps", "1000000", "--inject", "nan@150:1"),
+}
+
+
+@pytest.mark.parametrize("way", list(END_WAYS))
+def test_no_process_outlives_the_job(ddptop_home, tmp_path, way):
+    supervisor = subprocess.Popen(
+        [DDPTOP, "launch", "--headless", "--on-nan", "stop", "--run-dir", str(tmp_path / "run"), str(EXAMPLE),
+         "--gpus", "2", *END_WAYS[way]],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, as a shell gives a foreground job
+    )
+    try:
+        job = job_processes(supervisor, ranks=2)
+        if way == "Ctrl-C":
+            os.killpg(supervisor.pid, signal.SIGINT)  # what the terminal sends to the foreground group
+        elif way == "SIGTERM":
+            supervisor.terminate()
+        elif way == "SIGKILL of the supervisor":
+            supervisor.kill()
+        supervisor.wait(timeout=120)
+        ended_at = time.monotonic()
+        wait_for(lambda: all(ended(p) for p in job), 10,
+                 f"every job process to end after {way}; left: {[describe(p) for p in job if not ended(p)]}")
+        assert time.monotonic() - ended_at <= 10
+        expected = {"job done": 0, "Ctrl-C": 128 + signal.SIGINT, "SIGTERM": 128 + signal.SIGTERM,
+                    "SIGKILL of the supervisor": -signal.SIGKILL, "watchdog stop": 1}[way]
+        assert supervisor.returncode == expected
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
