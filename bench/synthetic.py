@@ -26,7 +26,8 @@ def hello(rank: int, world: int, ranks_per_node: int = 8) -> wire.Frame:
     }
 
 
-def step_record(rank: int, step: int, step_ms: float, rng: random.Random, total_steps: int | None = None) -> wire.Frame:
+def step_record(rank: int, step: int, step_ms: float, rng: random.Random, total_steps: int | None = None,
+                nan_every: int | None = None, checksum_every: int | None = None, world: int = 1) -> wire.Frame:
     jitter = 1.0 + 0.05 * (rng.random() - 0.5)
     record: wire.Frame = {
         "type": "step", "rank": rank, "step": step, "wall": time.time(), "step_ms": step_ms * jitter,
@@ -35,14 +36,24 @@ def step_record(rank: int, step: int, step_ms: float, rng: random.Random, total_
     }
     if total_steps is not None:
         record["total_steps"] = total_steps
+    if checksum_every and step % checksum_every == 0:
+        record["checksum"] = step * 7919  # the same on every rank: no desync
+    if nan_every and step and step % nan_every == 0:  # every rank skips; one rank's own gradients were bad
+        record.update(nonfinite=True, local_nonfinite=rank == (step // nan_every) % world, skipped="nan")
     return record
 
 
 async def synthetic_rank(
     socket_path: Path, rank: int, world: int, rate_hz: float = 10.0, steps: int | None = None,
     slow_factor: float = 1.0, total_steps: int | None = None, seed: int = 0,
+    nan_every: int | None = None, checksum_every: int | None = None,
 ) -> int:
-    """Play one rank: `steps` steps (forever if None) at rate_hz; return steps sent."""
+    """Play one rank: `steps` steps (forever if None) at rate_hz; return steps sent.
+
+    checksum_every adds a parameter checksum (equal on all ranks) as the
+    desync check does; nan_every marks a step non-finite on every rank,
+    which the watchdog turns into an alert.
+    """
     rng = random.Random(seed * 100_003 + rank)
     _, writer = await asyncio.open_unix_connection(str(socket_path))
     writer.write(wire.encode(hello(rank, world)))
@@ -57,7 +68,7 @@ async def synthetic_rank(
             due = int((loop.time() - start) * rate_hz / slow_factor)
             if steps is not None:
                 due = min(due, steps)
-            items = [step_record(rank, s, step_ms, rng, total_steps) for s in range(sent, due)]
+            items = [step_record(rank, s, step_ms, rng, total_steps, nan_every, checksum_every, world) for s in range(sent, due)]
             sent = max(sent, due)
             if loop.time() >= next_heartbeat:
                 items.append({"type": "heartbeat", "rank": rank, "wall": time.time(), "phase": "forward", "step": sent, "dropped": 0})
@@ -71,9 +82,11 @@ async def synthetic_rank(
 
 
 async def synthetic_job(socket_path: Path, world: int, rate_hz: float = 10.0, steps: int | None = None,
-                        slow_rank: int | None = None, total_steps: int | None = None) -> list[int]:
+                        slow_rank: int | None = None, total_steps: int | None = None,
+                        nan_every: int | None = None, checksum_every: int | None = None) -> list[int]:
     """All ranks of a job; slow_rank, if given, steps at a third of the rate."""
     return await asyncio.gather(*(
-        synthetic_rank(socket_path, r, world, rate_hz, steps, 3.0 if r == slow_rank else 1.0, total_steps)
+        synthetic_rank(socket_path, r, world, rate_hz, steps, 3.0 if r == slow_rank else 1.0, total_steps,
+                       nan_every=nan_every, checksum_every=checksum_every)
         for r in range(world)
     ))

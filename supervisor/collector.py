@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,8 +24,18 @@ from ddptop.supervisor.viewers import CommandHandler, Viewers
 from ddptop.trainer import unixpath, wire
 
 READ_SIZE = 1 << 16
+BACKLOG = 4096
+"""Connections the socket queues before accepting: every rank of a large
+job connects at once (the default of 100 refuses the rest)."""
 
 Sink = Callable[[wire.Frame], None]
+
+
+def _allow_a_connection_per_rank() -> None:
+    """Raise the open-file limit to its hard maximum: each rank holds a connection."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 class Collector:
@@ -36,14 +47,17 @@ class Collector:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task] = set()
         self._job_connections: set[asyncio.Task] = set()
+        self._rank_connections: dict[int, tuple[int, asyncio.Task]] = {}
+        """rank -> (attempt, connection) of the connection that speaks for it."""
         self.bad_frames = 0
         self._closing = False
 
     async def start_unix(self, path: Path) -> None:
+        _allow_a_connection_per_rank()
         old_umask = os.umask(0o177)
         try:
             with unixpath.usable(str(path)) as short:
-                self._server = await asyncio.start_unix_server(self._serve, path=short)
+                self._server = await asyncio.start_unix_server(self._serve, path=short, backlog=BACKLOG)
         finally:
             os.umask(old_umask)
         path.chmod(0o600)
@@ -78,22 +92,39 @@ class Collector:
         if not self._closing:
             self._sink({"type": "rank_gone", "rank": rank, "wall": time.time()})
 
+    def _claim(self, hello: wire.Frame) -> None:
+        """One connection per rank and attempt: a second one is a broken or lying peer.
+
+        A restarted rank (the next attempt) takes over from its predecessor,
+        whose connection may not have closed yet.
+        """
+        rank, attempt = hello["rank"], hello["restart"]
+        held = self._rank_connections.get(rank)
+        if held is not None and held[0] == attempt and not held[1].done():
+            raise wire.FrameError(f"rank {rank} (attempt {attempt}) is already connected")
+        task = asyncio.current_task()
+        assert task is not None
+        self._rank_connections[rank] = (attempt, task)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        speaks_for: dict[str, int] = {}
         try:
-            await self._read_frames(reader, writer)
+            await self._read_frames(reader, writer, speaks_for)
         except wire.FrameError as exc:
             self.bad_frames += 1
-            self._sink({"type": "wire_error", "wall": time.time(), "error": str(exc)})
+            # A rank's broken frames are a data problem of that rank (jobstate counts them).
+            self._sink({"type": "wire_error", "wall": time.time(), "error": str(exc), "rank": speaks_for.get("rank")})
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
             self._connections.discard(task)
             writer.close()
 
-    async def _read_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _read_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, speaks_for: dict[str, int]) -> None:
+        """speaks_for gets the rank a connection's hello claims, for the error report."""
         decoder = wire.FrameDecoder()
         hello: wire.Frame | None = None
         while data := await reader.read(READ_SIZE):
@@ -107,6 +138,9 @@ class Collector:
                 if hello is None:
                     if frame["type"] not in ("rank_hello", "agent_hello"):
                         raise wire.FrameError(f"expected a hello, got {frame['type']!r}")
+                    if frame["type"] == "rank_hello":
+                        speaks_for["rank"] = frame["rank"]
+                        self._claim(frame)
                     hello = frame
                     self._track_job_connection(frame.get("rank"))
                     if frame["type"] == "rank_hello":
@@ -122,3 +156,4 @@ class Collector:
                         self._sink(item)
                 else:
                     raise wire.FrameError(f"unexpected {frame['type']!r} after hello")
+            decoder.raise_deferred()

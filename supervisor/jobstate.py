@@ -44,6 +44,8 @@ class RankState:
     clipped: int = 0
     clip_checked: int = 0
     alerts: int = 0
+    data_problems: int = 0
+    """Frames refused from this rank, and records that contradict its earlier ones."""
     exited: bool = False
     stack: str | None = None
     window: RollingWindow = field(default_factory=RollingWindow)
@@ -140,6 +142,9 @@ class JobState:
 
     def _on_step(self, record: wire.Frame) -> None:
         state = self.rank(record["rank"])
+        if record["step"] <= state.step:  # within one attempt steps only go up; a resume says hello first
+            state.data_problems += 1
+            return
         state.step = record["step"]
         state.last_wall = record["wall"]
         state.steps_seen += 1
@@ -190,6 +195,10 @@ class JobState:
         for rank in record.get("ranks") or [record.get("rank")]:
             if rank in self.ranks:
                 self.ranks[rank].alerts += 1
+
+    def _on_wire_error(self, record: wire.Frame) -> None:
+        if record.get("rank") in self.ranks:
+            self.ranks[record["rank"]].data_problems += 1
 
     def _on_gone(self, record: wire.Frame) -> None:
         self.rank(record["rank"]).exited = True
@@ -278,6 +287,7 @@ _HANDLERS = {
     "summary": JobState._on_summary,
     "stack": JobState._on_stack,
     "rank_gone": JobState._on_gone,
+    "wire_error": JobState._on_wire_error,
     "checkpoint": JobState._on_checkpoint,
     "resume": JobState._on_resume,
     "exit": JobState._on_exit,

@@ -70,6 +70,15 @@ def test_garbage_and_non_map_bodies_are_frame_errors():
             wire.FrameDecoder().feed(struct.pack(">I", len(body)) + body)
 
 
+def test_good_frames_before_a_bad_one_are_delivered_then_the_error():
+    decoder = wire.FrameDecoder()
+    good = {"type": "heartbeat", "rank": 1, "wall": 0.0, "phase": "data", "step": 3, "dropped": 0}
+    assert decoder.feed(wire.encode(good) + struct.pack(">I", 1) + b"\xc1") == [good]
+    with pytest.raises(wire.FrameError, match="undecodable"):
+        decoder.raise_deferred()
+    decoder.raise_deferred()  # raised once
+
+
 def test_read_frames_stops_quietly_at_a_truncated_tail():
     data = wire.encode(STEP) + wire.encode(STEP)
     assert list(wire.read_frames(io.BytesIO(data[:-3]))) == [STEP]

@@ -201,21 +201,36 @@ class FrameDecoder:
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buf = bytearray()
         self._max = max_frame
+        self._error: FrameError | None = None
 
     def feed(self, data: bytes) -> list[Frame]:
+        """The whole frames so far. A bad frame after good ones is raised by
+        the next call (or raise_deferred), so the good ones, a hello that
+        says who is sending the garbage say, are not lost with it."""
+        self.raise_deferred()
         self._buf += data
         frames: list[Frame] = []
-        while len(self._buf) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self._buf)
-            if size > self._max:
-                raise FrameError(f"frame of {size} bytes exceeds the {self._max}-byte limit")
-            end = _HEADER.size + size
-            if len(self._buf) < end:
-                break
-            body = bytes(self._buf[_HEADER.size : end])
-            del self._buf[:end]
-            frames.append(_decode_body(body))
+        try:
+            while len(self._buf) >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(self._buf)
+                if size > self._max:
+                    raise FrameError(f"frame of {size} bytes exceeds the {self._max}-byte limit")
+                end = _HEADER.size + size
+                if len(self._buf) < end:
+                    break
+                body = bytes(self._buf[_HEADER.size : end])
+                del self._buf[:end]
+                frames.append(_decode_body(body))
+        except FrameError as exc:
+            if not frames:
+                raise
+            self._error = exc
         return frames
+
+    def raise_deferred(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def read_frames(stream: BinaryIO) -> Iterator[Frame]:

@@ -32,7 +32,7 @@ def describe(event: dict) -> tuple[str, str]:
         passed = f" (passed over damaged {', '.join(damaged)})" if damaged else ""
         return "green", f"resumed from {event['path'].rsplit('/', 1)[-1]}, at step {event['step'] + 1}{passed}"
     if kind == "wire_error":
-        return "yellow", f"bad frame refused: {event.get('error', '')}"
+        return "yellow", f"{where.strip() + ': ' if where else ''}bad frame refused: {event.get('error', '')}"
     return "cyan", f"{where.strip() + ': ' if where else ''}{event.get('text', '')}"
 
 

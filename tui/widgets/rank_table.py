@@ -44,10 +44,12 @@ def _gpu_memory(state: JobState, rank: RankState) -> str:
 
 def rank_status(rank: RankState, now: float, live: bool) -> str:
     if rank.exited:
-        return "exited"
-    if live and rank.last_wall and now - rank.last_wall > SILENT_S:
-        return "silent"
-    return rank.phase
+        status = "exited"
+    elif live and rank.last_wall and now - rank.last_wall > SILENT_S:
+        status = "silent"
+    else:
+        status = rank.phase
+    return f"{status} bad data {rank.data_problems}" if rank.data_problems else status
 
 
 Column = tuple[str, str, Callable[[JobState, RankState, float, bool], str], Callable[[JobState, RankState], Any]]
@@ -152,7 +154,7 @@ class RankTable(ScrollView, can_focus=True):
             row = [render(state, rank, now, live) for _, _, render, _ in COLUMNS]
             cells[rank.rank] = row
             ratio = ratios.get(rank.rank)
-            marks[rank.rank] = "alerting" if rank.alerts else "straggler" if ratio and ratio > STRAGGLER_RATIO else ""
+            marks[rank.rank] = "alerting" if rank.alerts or rank.data_problems else "straggler" if ratio and ratio > STRAGGLER_RATIO else ""
             sort_values[rank.rank] = sort_of(state, rank)
             self._widths = [max(w, len(text)) for w, text in zip(self._widths, row)]
         order = sorted(sort_values, key=lambda r: (sort_values[r], r), reverse=self.sort_reverse)
