@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from ddptop.supervisor.collector import Collector
 from ddptop.supervisor.jobstate import JobState
-from ddptop.supervisor.rundir import EventLog, RunDir
+from ddptop.supervisor.eventlog import EventLog
+from ddptop.supervisor.rundir import RunDir
 from ddptop.supervisor.viewers import CommandHandler, Viewers
 from ddptop.trainer import wire
 
@@ -27,7 +28,7 @@ class Hub:
         self.observer = observer
         self.state = JobState()
         self.log = EventLog(run.events_path)
-        self.viewers = Viewers(self.log, run.events_path)
+        self.viewers = Viewers(self.log)
         self.collector = Collector(self.record, self.viewers, on_command)
 
     def record(self, frame: wire.Frame) -> None:

@@ -5,7 +5,7 @@ ls`, `export`, `replay`, `attach` — needs only its path. Runs created
 elsewhere with --run-dir are linked from the default root so `ls` finds them.
 
     <run dir>/meta.json     id, script, ranks, state, times, exit code
-    <run dir>/events.log    every record, as wire frames, appended
+    <run dir>/events.log    every record, as wire frames, appended (rotated: eventlog.py)
     <run dir>/sock          the supervisor's Unix socket (0600)
     <run dir>/logs/         torchrun's per-rank stdout/stderr files
     <run dir>/stacks/       Python stacks the ranks dumped when asked (hangs)
@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from ddptop.trainer import wire
+from ddptop.supervisor.eventlog import read_all
 
 def home() -> Path:
     """ddptop's per-user state root (DDPTOP_HOME overrides it, for tests)."""
@@ -153,34 +153,9 @@ def all_runs() -> Iterator[RunDir]:
     return iter(run for _, run in sorted(runs, key=lambda item: item[0]))
 
 
-class EventLog:
-    """Append-only log of wire frames; flushed by the supervisor about once a second."""
-
-    def __init__(self, path: Path) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._file = os.fdopen(fd, "ab", buffering=1 << 16)
-        self.bytes_written = 0
-
-    def append(self, record: wire.Frame) -> None:
-        self.write(wire.encode(record))
-
-    def write(self, data: bytes) -> None:
-        """Append a frame already encoded (the supervisor encodes once for log and viewers)."""
-        self._file.write(data)
-        self.bytes_written += len(data)
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def read_events(run: RunDir) -> Iterator[wire.Frame]:
-    if not run.events_path.exists():
-        return
-    with run.events_path.open("rb") as stream:
-        yield from wire.read_frames(stream)
+def read_events(run: RunDir) -> Iterator[dict[str, Any]]:
+    """Every record of the run, rotated segments included (eventlog.py)."""
+    return read_all(run.events_path)
 
 
 TAIL_BYTES = 64 << 10

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
+from typing import BinaryIO
 
-from ddptop.supervisor.rundir import EventLog
+from ddptop.supervisor.eventlog import EventLog
 from ddptop.trainer import wire
 
 QUEUE_MAX = 20_000
@@ -25,9 +25,8 @@ CommandHandler = Callable[[wire.Frame], None]
 
 
 class Viewers:
-    def __init__(self, log: EventLog, log_path: Path) -> None:
+    def __init__(self, log: EventLog) -> None:
         self._log = log
-        self._log_path = log_path
         self._queues: set[asyncio.Queue[bytes | None]] = set()
 
     def broadcast(self, data: bytes) -> None:
@@ -58,10 +57,10 @@ class Viewers:
         viewer raises wire.FrameError, for the collector to count and log.
         """
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUE_MAX)
-        self._log.flush()
-        history_end = self._log.bytes_written if hello.get("history", True) else 0
+        history = self._log.open_history() if hello.get("history", True) else []
+        history_end = self._log.bytes_written  # of the current segment, the last of history
         self._queues.add(queue)
-        sender = asyncio.create_task(self._send(writer, queue, history_end))
+        sender = asyncio.create_task(self._send(writer, queue, history, history_end))
         commands = asyncio.create_task(_read_commands(early, reader, decoder, on_command))
         try:
             done, _ = await asyncio.wait({sender, commands}, return_when=asyncio.FIRST_COMPLETED)
@@ -72,16 +71,23 @@ class Viewers:
             sender.cancel()
             commands.cancel()
 
-    async def _send(self, writer: asyncio.StreamWriter, queue: asyncio.Queue[bytes | None], history_end: int) -> None:
-        offset = 0
-        with self._log_path.open("rb") as history:
-            while offset < history_end:
-                chunk = history.read(min(HISTORY_CHUNK, history_end - offset))
-                if not chunk:
-                    break
-                offset += len(chunk)
-                writer.write(chunk)
-                await writer.drain()
+    async def _send(self, writer: asyncio.StreamWriter, queue: asyncio.Queue[bytes | None],
+                    history: list[BinaryIO], history_end: int) -> None:
+        """The history (closed segments whole, the current one up to history_end), then the live frames."""
+        try:
+            for index, segment in enumerate(history):
+                limit = history_end if index == len(history) - 1 else None
+                offset = 0
+                while limit is None or offset < limit:
+                    chunk = segment.read(HISTORY_CHUNK if limit is None else min(HISTORY_CHUNK, limit - offset))
+                    if not chunk:
+                        break
+                    offset += len(chunk)
+                    writer.write(chunk)
+                    await writer.drain()
+        finally:
+            for segment in history:
+                segment.close()
         while (data := await queue.get()) is not None:
             writer.write(data)
             await writer.drain()
@@ -98,6 +104,7 @@ async def _read_commands(
             if frame["type"] != "command":
                 raise wire.FrameError(f"a viewer may send commands only, not {frame['type']!r}")
             on_command(frame)
+        decoder.raise_deferred()
         data = await reader.read(1 << 16)
         if not data:
             return

@@ -7,6 +7,7 @@ import psutil
 import pytest
 
 from ddptop.supervisor import rundir
+from ddptop.supervisor.eventlog import EventLog
 
 from conftest import EXAMPLE, run_ddptop
 
@@ -62,7 +63,7 @@ def test_ls_and_export_read_run_directories(ddptop_home, tmp_path):
     script.write_text("")
     run = rundir.create(script, None)
     run.write_meta({"id": run.id, "script": str(script), "nproc_per_node": 4, "started": 1.0, "state": "running", "supervisor_pid": 2**22 + 7})
-    log = rundir.EventLog(run.events_path)
+    log = EventLog(run.events_path)
     log.append({"type": "step", "rank": 0, "step": 0, "wall": 1.0, "step_ms": 2.0})
     log.close()
     listed = json.loads(run_ddptop("ls", "--json").stdout)
@@ -79,7 +80,7 @@ def _fake_run(tmp_path, state: str, supervisor_pid: int) -> rundir.RunDir:
     run = rundir.create(script, None)
     run.write_meta({"id": run.id, "script": str(script), "nproc_per_node": 2, "started": 1.0, "state": state,
                     "supervisor_pid": supervisor_pid, "supervisor_started": None})
-    rundir.EventLog(run.events_path).close()
+    EventLog(run.events_path).close()
     return run
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddptop.supervisor import rundir
+from ddptop.supervisor.eventlog import EventLog
 from ddptop.supervisor.jobstate import JobState
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.source import ReplaySource
@@ -24,7 +25,7 @@ BASE = 1_800_000_000.0
 def fixed_run(path: Path) -> rundir.RunDir:
     run = rundir.create(Path("train.py"), path)
     run.write_meta({"id": "fixed", "script": "train.py", "state": "finished", "started": BASE})
-    log, state = rundir.EventLog(run.events_path), JobState()
+    log, state = EventLog(run.events_path), JobState()
 
     def record(frame: dict) -> None:
         log.append(frame)
