@@ -1,7 +1,8 @@
 """Synthetic ranks over the real wire: a supervisor's load without torch.
 
 Each synthetic rank connects as a real one does (rank_hello, then a batch
-frame every 100 ms with its step records, and a heartbeat each second), so
+frame every flush interval with its step records, and a heartbeat each
+second; trainer/sender.py), so
 the collector, the event log, the hub and any attached dashboard do the
 same work as for a real job. Used by the dashboard benchmark and by tests.
 """
@@ -15,8 +16,8 @@ import time
 from pathlib import Path
 
 from ddptop.trainer import wire
+from ddptop.trainer.sender import flush_interval
 
-FLUSH_S = 0.1
 
 
 def hello(rank: int, world: int, ranks_per_node: int = 8) -> wire.Frame:
@@ -61,10 +62,11 @@ async def synthetic_rank(
     loop = asyncio.get_running_loop()
     start = loop.time()
     next_heartbeat = start
+    interval = flush_interval(world)
     sent = 0
     try:
         while steps is None or sent < steps:
-            await asyncio.sleep(FLUSH_S)
+            await asyncio.sleep(interval)
             due = int((loop.time() - start) * rate_hz / slow_factor)
             if steps is not None:
                 due = min(due, steps)

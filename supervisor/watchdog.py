@@ -202,12 +202,17 @@ class Watchdog:
         self._progress[rank] = self._heard[rank] = now
         self._stepped.add(rank)
         self._hang_reported = False
-        key = (self._restart.get(rank, 0), record["step"])
+        gathered = False
         if record.get("nonfinite"):
+            key = (self._restart.get(rank, 0), record["step"])
             self._nan.setdefault(key, _StepGather(now)).values[rank] = record.get("local_nonfinite")
+            gathered = True
         if record.get("checksum") is not None:
+            key = (self._restart.get(rank, 0), record["step"])
             self._sums.setdefault(key, _StepGather(now)).values[rank] = record["checksum"]
-        return self._complete(now)
+            gathered = True
+        # Only a record that joined a gather can complete one; the tick judges those that time out.
+        return self._complete(now) if gathered else []
 
     def tick(self, final: bool = False) -> list[Verdict]:
         """Time-based verdicts; final (the job has ended) judges what is pending now."""

@@ -1,8 +1,9 @@
 """Getting a rank's records to the supervisor without ever blocking a step.
 
 The training thread only appends to a bounded deque (no lock, no syscall);
-a daemon thread batches what is there every FLUSH_S, adds a heartbeat about
-once a second, and writes it to the supervisor's socket. When the supervisor
+a daemon thread batches what is there every flush interval (FLUSH_S, longer
+in large jobs), adds a heartbeat about once a second, and writes it to the
+supervisor's socket. When the supervisor
 is slow or gone, records are dropped and counted, never waited for: the
 socket has a send timeout, and while there is no connection the thread
 empties the queue into the drop count instead of letting it fill.
@@ -19,6 +20,10 @@ from collections.abc import Callable
 from ddptop.trainer import unixpath, wire
 
 FLUSH_S = 0.1
+SUPERVISOR_FRAMES_PER_S = 2048
+"""Frames a supervisor gets a second from all its ranks together, at most:
+a frame costs it a socket read and a wake-up whatever it holds, records
+cost it the same batched or not, so past ~200 ranks each rank batches longer."""
 HEARTBEAT_S = 1.0
 SEND_TIMEOUT_S = 2.0
 RECONNECT_S = 1.0
@@ -50,6 +55,11 @@ def connect(address: str, timeout: float) -> socket.socket:
     return sock
 
 
+def flush_interval(world_size: int) -> float:
+    """Seconds between a rank's batches: 0.1 up to 204 ranks, 0.5 at 1,024, at most 1."""
+    return min(1.0, max(FLUSH_S, world_size / SUPERVISOR_FRAMES_PER_S))
+
+
 class Sender:
     """Bounded queue plus sender thread plus heartbeat for one rank."""
 
@@ -65,6 +75,7 @@ class Sender:
         self._heartbeat = heartbeat
         self._queue: collections.deque[wire.Frame] = collections.deque()
         self._queue_max = queue_max
+        self._interval = flush_interval(int(hello.get("world_size", 1)))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddptop-sender", daemon=True)
         self._sock: socket.socket | None = None
@@ -97,7 +108,7 @@ class Sender:
 
     def _run(self) -> None:
         while True:
-            stopping = self._stop.wait(FLUSH_S)
+            stopping = self._stop.wait(self._interval)
             self._flush(final=stopping)
             if stopping:
                 self._disconnect()

@@ -158,25 +158,33 @@ def _decode_body(body: bytes) -> Frame:
     return frame
 
 
+_REQUIRED = {kind: frozenset(k for k, (_, required) in schema.items() if required) for kind, schema in SCHEMAS.items()}
+
+
 def validate(frame: Frame) -> Frame:
-    """Check a frame from an untrusted peer against its schema; return it."""
+    """Check a frame from an untrusted peer against its schema; return it.
+
+    Run on every record a supervisor receives (ten thousand a second at
+    1,024 ranks), so the common case is one dict lookup and one isinstance
+    per field.
+    """
     kind = frame.get("type")
     schema = SCHEMAS.get(kind) if isinstance(kind, str) else None
     if schema is None:
         raise FrameError(f"unknown frame type {kind!r}")
     for key, value in frame.items():
-        if key == "type":
-            continue
         spec = schema.get(key)
         if spec is None:
+            if key == "type":
+                continue
             raise FrameError(f"{kind}: unknown field {key!r}")
-        types, required = spec
-        if value is None and not required:
-            continue
-        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        types = spec[0]
+        if not isinstance(value, types) or value.__class__ is bool and bool not in types:
+            if value is None and not spec[1]:
+                continue
             raise FrameError(f"{kind}: field {key!r} has type {type(value).__name__}")
-    missing = [k for k, (_, required) in schema.items() if required and k not in frame]
-    if missing:
+    if not _REQUIRED[kind] <= frame.keys():
+        missing = sorted(_REQUIRED[kind] - frame.keys())
         raise FrameError(f"{kind}: missing field(s) {', '.join(missing)}")
     if kind == "command" and frame["action"] not in COMMANDS:
         raise FrameError(f"unknown command {frame['action']!r}")
