@@ -17,6 +17,7 @@ import multiprocessing
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -58,24 +59,36 @@ async def measure(run: rundir.RunDir, ranks: int, seconds: float) -> dict:
     latencies: list[float] = []
     me = psutil.Process()
     async with app.run_test(size=(200, 50)) as pilot:
-        while app.table.row_count < ranks:
+        while len(app.state.ranks) < ranks:
             await pilot.pause(0.1)
+        await pilot.pause(0.5)  # a tick to choose the view
         cpu_start, wall_start, records_start = me.cpu_times(), time.monotonic(), app.state.records
+        step = 1
         while time.monotonic() - wall_start < seconds:
-            # Delivered as the terminal driver delivers a key; timed until the
-            # sort it asks for has been applied. (Pilot.press would also wait
-            # for the whole app to go idle, which a live stream never allows.)
-            before = app.table.sort_key
+            # Delivered as the terminal driver delivers a key; timed until what
+            # it asks for has been applied: the next sort in the rank table, or
+            # the cursor's move in the node rollup that a large job opens in.
+            # (Pilot.press would also wait for the whole app to go idle, which
+            # a live stream never allows.)
+            probe: Callable[[], object]
+            if app.showing_nodes():
+                if app.nodes.selected_node() == (app.nodes.row_count - 1 if step > 0 else 0):
+                    step = -step  # bounce between the first and the last node
+                key, probe = ("down" if step > 0 else "up"), app.nodes.selected_node
+            else:
+                key, probe = "s", lambda: app.table.sort_key
+            before = probe()
             start = time.perf_counter()
-            app.simulate_key("s")
-            while app.table.sort_key == before:
+            app.simulate_key(key)
+            while probe() == before:
                 await asyncio.sleep(0.001)
             latencies.append((time.perf_counter() - start) * 1000.0)
             await asyncio.sleep(0.5)
         cpu_end, wall = me.cpu_times(), time.monotonic() - wall_start
         records = app.state.records - records_start
     used = (cpu_end.user - cpu_start.user) + (cpu_end.system - cpu_start.system)
-    return {"latencies": latencies, "cpu_share": used / wall, "records_per_s": records / wall}
+    return {"latencies": latencies, "cpu_share": used / wall, "records_per_s": records / wall,
+            "view": "node rollup, cursor keys" if app.showing_nodes() else "rank table, sort key"}
 
 
 def main() -> None:
@@ -94,7 +107,7 @@ def main() -> None:
     child.terminate()
     child.join()
     lat = sorted(result["latencies"])
-    print(f"dashboard, {args.ranks} synthetic ranks at {args.rate:g} steps/s, {args.seconds:g} s measured, 200x50 headless")
+    print(f"dashboard, {args.ranks} synthetic ranks at {args.rate:g} steps/s, {args.seconds:g} s measured, 200x50 headless, {result['view']}")
     print(f"records ingested:      {result['records_per_s']:,.0f}/s")
     p95 = lat[max(0, round(0.95 * len(lat)) - 1)]
     print(f"keypress to effect:    p50 {statistics.median(lat):.1f} ms, p95 {p95:.1f} ms, max {lat[-1]:.1f} ms over {len(lat)} presses")

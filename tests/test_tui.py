@@ -117,6 +117,25 @@ async def test_filter_and_clear(job):
         await until(pilot, lambda: table(app).row_count == 4, "all rows back")
 
 
+async def test_too_many_ranks_roll_up_by_node_with_the_worst_named_and_drill_down(job):
+    job.feed(world=64, rate_hz=20.0, slow_rank=13)  # 8 nodes of 8 ranks
+    app = dashboard(job)
+    nodes = app.nodes
+    async with app.run_test(size=(160, 30)) as pilot:
+        await until(pilot, lambda: app.showing_nodes() and nodes.row_count == 8, "one line per node")
+        await until(pilot, lambda: nodes.mark(1) == "straggler", "node 1 flagged by its straggler")
+        assert nodes.cell(1, "WORST RANK").startswith("rank 13: straggler")
+        assert nodes.cell(1, "RANKS") == "8/8" and nodes.cell(0, "NODE") == "0"
+        assert all(nodes.mark(n) == "" for n in range(8) if n != 1)
+        await pilot.press("down", "enter")
+        await until(pilot, lambda: not app.showing_nodes() and table(app).row_count == 8, "node 1's ranks")
+        assert column(app, "rank") == [str(r) for r in range(8, 16)]
+        await pilot.press("escape")
+        await until(pilot, lambda: app.showing_nodes(), "back to the nodes")
+        await pilot.press("n")
+        await until(pilot, lambda: not app.showing_nodes() and table(app).row_count == 64, "every rank")
+
+
 async def test_pause_freezes_the_display_not_the_intake(job):
     job.feed(world=2)
     app = dashboard(job)

@@ -4,6 +4,10 @@ Records arrive in an async worker on the app's own loop (no threads, so no
 call_from_thread) and are folded into a plain JobState; a 10 Hz timer pushes
 only changed values into the widgets, and plots are redrawn once a second.
 Pausing the display stops the pushes, never the intake.
+
+When a job's ranks do not fit the table, the node rollup (one line per node,
+its worst rank named) is shown instead, until the user picks a view with
+`n`; enter on a node drills down to its ranks, escape comes back.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ddptop.tui.screens.rank_detail import RankDetailScreen
 from ddptop.tui.source import Source
 from ddptop.tui.widgets.alert_panel import AlertPanel
 from ddptop.tui.widgets.job_header import JobHeader
+from ddptop.tui.widgets.node_table import NodeTable
 from ddptop.tui.widgets.plots import Plots
 from ddptop.tui.widgets.rank_table import RankTable
 
@@ -47,6 +52,7 @@ class DdptopApp(App[str | None]):
         Binding("slash", "filter", "filter"),
         Binding("escape", "clear_filter", "clear filter", show=False),
         Binding("p", "pause", "pause"),
+        Binding("n", "toggle_nodes", "nodes/ranks"),
         Binding("enter", "detail", "detail", show=False),
         Binding("l", "logs", "logs"),
         Binding("R", "restart_group", "restart"),
@@ -67,6 +73,9 @@ class DdptopApp(App[str | None]):
         self.header = JobHeader(id="header")
         self.plots = Plots(id="plots")
         self.table = RankTable(id="ranks")
+        self.nodes = NodeTable(id="nodes")
+        self.view = "auto"
+        """"auto" (nodes when the ranks do not fit), "nodes" or "ranks": the user's choice."""
         self.alerts = AlertPanel(id="alerts")
         self.filter_box = Input(placeholder="filter ranks: words match node, rank, host, state", id="filter")
 
@@ -75,6 +84,7 @@ class DdptopApp(App[str | None]):
             yield self.header
             yield self.plots
             yield self.table
+            yield self.nodes
             yield self.alerts
             yield self.filter_box
         yield Static(f"terminal too small: ddptop needs at least {MIN_SIZE[0]}x{MIN_SIZE[1]}", id="too-small")
@@ -119,12 +129,27 @@ class DdptopApp(App[str | None]):
             return "[yellow]supervisor gone[/]" if self.source.live else "[yellow]replay (no end recorded)[/]"
         return "[green]running[/]" + (" [yellow]paused[/]" if self.paused else "")
 
+    def showing_nodes(self) -> bool:
+        if self.view != "auto":
+            return self.view == "nodes"
+        fits = max(self.table.size.height, self.nodes.size.height) - 1
+        nodes = {r.node for r in self.state.ranks.values()}
+        return len(nodes) > 1 and len(self.state.ranks) > fits
+
     def refresh_view(self, force: bool = False) -> None:
         if self.paused and not force:
             return
         now = self.now()
+        live = self.source.live and not self.stream_ended
         self.header.show(self.state, now, self.status())
-        self.table.show(self.state, now, self.source.live and not self.stream_ended)
+        nodes = self.showing_nodes()
+        main = self.query_one("#main")
+        if main.has_class("node-view") != nodes:
+            main.set_class(nodes, "node-view")
+            if self.focused in (self.table, self.nodes):
+                (self.nodes if nodes else self.table).focus()
+        # Only the table on screen is refreshed: at 1,024 ranks the other costs a tick's budget.
+        (self.nodes if nodes else self.table).show(self.state, now, live)
         self.alerts.show(self.state)
 
     def refresh_plots(self, force: bool = False) -> None:
@@ -160,7 +185,17 @@ class DdptopApp(App[str | None]):
     def action_clear_filter(self) -> None:
         self.filter_box.value = ""
         self.filter_box.remove_class("shown")
-        self.table.focus()
+        if self.table.only_node is not None:  # back from a drill-down to the rollup
+            self.table.only_node = None
+            self.view = "nodes"
+        self.refresh_view(force=True)
+        (self.nodes if self.showing_nodes() else self.table).focus()
+
+    def action_toggle_nodes(self) -> None:
+        self.view = "ranks" if self.showing_nodes() else "nodes"
+        self.table.only_node = None
+        self.refresh_view(force=True)
+        (self.nodes if self.view == "nodes" else self.table).focus()
 
     def action_pause(self) -> None:
         self.paused = not self.paused
@@ -172,6 +207,15 @@ class DdptopApp(App[str | None]):
             self.push_screen(RankDetailScreen(self.state, rank, self.run_dir, focus_log=logs))
 
     def action_detail(self) -> None:
+        if self.showing_nodes():
+            node = self.nodes.selected_node()
+            if node is not None:
+                self.table.only_node = node
+                self.view = "ranks"
+                self.refresh_view(force=True)
+                self.table.focus()
+                self.notify(f"node {node}'s ranks; esc goes back to the nodes", timeout=3)
+            return
         self._open_detail(logs=False)
 
     def action_logs(self) -> None:

@@ -9,9 +9,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 KEYS = [
-    ("enter", "rank detail: its plots, last stack dump, log tail"),
+    ("enter", "rank detail: its plots, last stack dump, log tail; on a node, its ranks"),
+    ("n", "node rollup (one line per node, worst rank named) / every rank"),
     ("s / S", "sort by the next column / reverse the order"),
-    ("/", "filter ranks (words match node, rank, host, state); esc clears"),
+    ("/", "filter ranks (words match node, rank, host, state); esc clears, or goes back to the nodes"),
     ("p", "pause the display (data keeps arriving)"),
     ("l", "logs of the selected rank"),
     ("R", "restart the worker group (asks first)"),

@@ -108,6 +108,8 @@ class RankTable(ScrollView, can_focus=True):
         self.sort_key = "rank"
         self.sort_reverse = False
         self.filter_text = ""
+        self.only_node: int | None = None
+        """A node drilled into from the node rollup: only its ranks are shown."""
         self._cells: dict[int, list[str]] = {}
         self._marks: dict[int, str] = {}
         self._order: list[int] = []
@@ -169,6 +171,8 @@ class RankTable(ScrollView, can_focus=True):
         self.refresh()
 
     def _matches(self, rank: RankState, now: float, live: bool) -> bool:
+        if self.only_node is not None and rank.node != self.only_node:
+            return False
         if not self.filter_text:
             return True
         words = f"node {rank.node} rank {rank.rank} {rank.host} {rank_status(rank, now, live)}".lower()

@@ -1,0 +1,179 @@
+"""The node rollup: one line per node, its worst rank named, for jobs too big to list.
+
+A thousand ranks do not fit a screen, and a sea of healthy rows hides the
+one that is not. This table folds each node's ranks into one line (ranks
+alive, step range, total samples/s, the slowest rank's step time, the
+highest comm share, alerts) and names the node's worst rank and why, in
+the order a person would look: gone, silent, alerting or sending bad data,
+straggling, slowest. Enter on a node drills down to its ranks (the app).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Region, Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from ddptop.supervisor.jobstate import STRAGGLER_RATIO, JobState, RankState
+from ddptop.supervisor.summary import count, ms
+from ddptop.tui.widgets.rank_table import GAP, rank_status
+
+HEADER = ["NODE", "HOST", "RANKS", "STEP", "SAMPLES/S", "SLOWEST STEP MS", "MAX COMM %", "ALERTS", "WORST RANK"]
+
+
+@dataclass
+class Worst:
+    """A node's worst rank: how bad (higher is worse), which, and why in words."""
+
+    badness: float
+    rank: int
+    why: str
+    mark: str
+
+
+def worst_rank(ranks: list[RankState], ratios: dict[int, float], now: float, live: bool) -> Worst:
+    def judge(rank: RankState) -> Worst:
+        status = rank_status(rank, now, live)
+        if rank.exited:
+            return Worst(5, rank.rank, "exited", "alerting")
+        if status.startswith("silent"):
+            return Worst(4, rank.rank, "silent", "alerting")
+        if rank.alerts or rank.data_problems:
+            problems = f"{rank.alerts} alerts" if rank.alerts else f"bad data {rank.data_problems}"
+            return Worst(3, rank.rank, problems, "alerting")
+        ratio = ratios.get(rank.rank, 1.0)
+        if ratio > STRAGGLER_RATIO:
+            return Worst(2 + min(ratio, 100) / 1000, rank.rank, f"straggler {ratio:.1f}x", "straggler")
+        p50 = rank.window.step_ms(50)
+        return Worst(1 + (p50 or 0.0) / 1e9, rank.rank, f"step {ms(p50)} ms", "")
+
+    return max((judge(r) for r in ranks), key=lambda w: (w.badness, -w.rank))
+
+
+class NodeTable(ScrollView, can_focus=True):
+    DEFAULT_CSS = """
+    NodeTable > .node-table--header { text-style: bold; background: $panel; }
+    NodeTable > .node-table--cursor { background: $accent 40%; text-style: bold; }
+    NodeTable > .node-table--zebra { background: $boost; }
+    NodeTable > .node-table--straggler { color: $warning; text-style: bold; }
+    NodeTable > .node-table--alerting { color: $error; text-style: bold; }
+    """
+    COMPONENT_CLASSES = {"node-table--header", "node-table--cursor", "node-table--zebra",
+                         "node-table--straggler", "node-table--alerting"}
+    BINDINGS = [
+        Binding("up", "cursor(-1)", show=False),
+        Binding("down", "cursor(1)", show=False),
+        Binding("pageup", "cursor(-20)", show=False),
+        Binding("pagedown", "cursor(20)", show=False),
+    ]
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._rows: dict[int, list[str]] = {}
+        self._marks: dict[int, str] = {}
+        self._order: list[int] = []
+        self._widths = [len(h) for h in HEADER]
+        self._cursor: int | None = None
+
+    @property
+    def row_count(self) -> int:
+        return len(self._order)
+
+    def selected_node(self) -> int | None:
+        return self._cursor if self._cursor in self._rows else None
+
+    def cell(self, node: int, column: str) -> str:
+        return self._rows[node][HEADER.index(column)]
+
+    def mark(self, node: int) -> str:
+        return self._marks[node]
+
+    def show(self, state: JobState, now: float, live: bool) -> None:
+        by_node: dict[int, list[RankState]] = {}
+        for rank in state.ranks.values():
+            by_node.setdefault(rank.node, []).append(rank)
+        ratios = state.straggler_ratios()
+        rows, marks = {}, {}
+        for node, ranks in by_node.items():
+            worst = worst_rank(ranks, ratios, now, live)
+            steps = [r.step for r in ranks if r.step >= 0]
+            rates = [x for r in ranks if (x := r.samples_per_s()) is not None]
+            p50s = [x for r in ranks if (x := r.window.step_ms(50)) is not None]
+            shares = [x for r in ranks if (x := r.comm_share()) is not None]
+            rows[node] = [
+                str(node),
+                ranks[0].host or "-",
+                f"{sum(not r.exited for r in ranks)}/{len(ranks)}",
+                "-" if not steps else str(min(steps)) if min(steps) == max(steps) else f"{min(steps)}-{max(steps)}",
+                count(sum(rates)) if rates else "-",
+                ms(max(p50s)) if p50s else "-",
+                f"{max(shares):.0%}" if shares else "-",
+                str(sum(r.alerts for r in ranks)),
+                f"rank {worst.rank}: {worst.why}",
+            ]
+            marks[node] = worst.mark
+            self._widths = [max(w, len(t)) for w, t in zip(self._widths, rows[node])]
+        order = sorted(rows)
+        if rows == self._rows and marks == self._marks and order == self._order:
+            return
+        self._rows, self._marks, self._order = rows, marks, order
+        if self._cursor not in rows:
+            self._cursor = order[0] if order else None
+        size = Size(sum(self._widths) + len(GAP) * (len(self._widths) - 1) + 2, len(order) + 1)
+        if size != self.virtual_size:
+            self.virtual_size = size
+        self.refresh()
+
+    def _style(self, name: str) -> Style:
+        return self.rich_style if name == "base" else self.get_component_rich_style(f"node-table--{name}")
+
+    def _line(self, texts: list[str]) -> str:
+        return " " + GAP.join(t.ljust(w) for t, w in zip(texts, self._widths)) + " "
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.size.width
+        base = self._style("base")
+        if y == 0:
+            segments = [Segment(self._line(HEADER), self._style("header"))]
+        else:
+            index = scroll_y + y - 1
+            if index >= len(self._order):
+                return Strip.blank(width, base)
+            node = self._order[index]
+            style = base
+            if node == self._cursor and self.has_focus:
+                style += self._style("cursor")
+            elif index % 2:
+                style += self._style("zebra")
+            if self._marks[node]:
+                style += self._style(self._marks[node])
+            segments = [Segment(self._line(self._rows[node]), style)]
+        return Strip(segments).crop(scroll_x, scroll_x + width).adjust_cell_length(width, base)
+
+    def action_cursor(self, delta: int) -> None:
+        if not self._order:
+            return
+        current = self._order.index(self._cursor) if self._cursor in self._order else 0
+        index = max(0, min(len(self._order) - 1, current + delta))
+        self._cursor = self._order[index]
+        self.scroll_to_region(Region(0, index + 1, 1, 1), animate=False, spacing=None)
+        self.refresh()
+
+    def on_click(self, event: events.Click) -> None:
+        index = self.scroll_offset.y + event.y - 1
+        if event.y > 0 and 0 <= index < len(self._order):
+            self._cursor = self._order[index]
+            self.refresh()
+
+    def on_focus(self) -> None:
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self.refresh()
