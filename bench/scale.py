@@ -30,6 +30,7 @@ import multiprocessing
 import resource
 import statistics
 import tempfile
+import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -75,7 +76,7 @@ def supervise(run_path: str, results: multiprocessing.Queue, stop: Connection) -
             task.cancel()
         await hub.finish(0)
         steps = sum(r.steps_seen for r in hub.state.ranks.values())
-        results.put({"steps": steps, "ranks": len(hub.state.ranks), "log_bytes": hub.log.bytes_written, "alerts": hub.state.alerts})
+        results.put({"steps": steps, "ranks": len(hub.state.ranks), "log_bytes": hub.log.total_bytes, "alerts": hub.state.alerts})
 
     asyncio.run(main())
 
@@ -119,8 +120,18 @@ def one(ranks: int, rate: float, seconds: float, warmup: float) -> dict:
     time.sleep(warmup)
     cpu0, rss0, t0 = proc.cpu_times(), proc.memory_info().rss, time.time()
     latencies: list[float] = []
+    rss: list[int] = []
+    sampling = threading.Event()
+
+    def sample_rss() -> None:
+        while not sampling.wait(seconds / 10):
+            rss.append(proc.memory_info().rss)
+
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
     asyncio.run(watch_latency(run.socket_path, ranks, (t0, t0 + seconds), latencies))
     cpu1, rss1, t1 = proc.cpu_times(), proc.memory_info().rss, time.time()
+    sampling.set()
     generator.join()
     sent = results.get()
     stop_write.close()
@@ -133,6 +144,7 @@ def one(ranks: int, rate: float, seconds: float, warmup: float) -> dict:
         "ingest": len(lat) / (t1 - t0) if lat else 0.0, "sent": sent, "dropped": sent - outcome["steps"],
         "seen_ranks": outcome["ranks"], "p50": statistics.median(lat) * 1e3, "p99": lat[int(0.99 * (len(lat) - 1))] * 1e3,
         "bytes_per_rank_step": outcome["log_bytes"] / max(1, outcome["steps"]), "alerts": outcome["alerts"],
+        "rss_samples": rss,
     }
 
 
@@ -151,6 +163,7 @@ def main() -> None:
         print(f"{r['ranks']:>6} {r['cpu']:>8.0%} {r['rss0'] / 2**20:>8.0f}Mi {r['rss1'] / 2**20:>7.0f}Mi "
               f"{r['ingest']:>10,.0f} {r['dropped']:>8} {r['p50']:>7.1f} {r['p99']:>7.1f} "
               f"{r['bytes_per_rank_step']:>16.0f} {r['alerts']:>7}", flush=True)
+        print(f"{'':>6} RSS every {args.seconds / 10:g} s: " + " ".join(f"{x / 2**20:.0f}" for x in r["rss_samples"]) + " MiB", flush=True)
 
 
 if __name__ == "__main__":

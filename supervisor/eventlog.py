@@ -17,8 +17,8 @@ from __future__ import annotations
 import io
 import os
 import re
-import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
@@ -43,7 +43,11 @@ class EventLog:
         """Bytes in the current segment (what a reader of events.log finds there)."""
         self.total_bytes = 0
         self._next = max((index for index, _ in _segment_files(path)), default=0) + 1
-        self._compressors: list[threading.Thread] = []
+        # One long-lived thread compresses segments in turn: a thread per
+        # segment would leave the allocator an arena per thread, and the
+        # supervisor's memory would creep up with every rotation.
+        self._compressor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddptop-log-compress")
+        self._compressing: list[Future[None]] = []
         self._file = self._open()
 
     def _open(self) -> BinaryIO:
@@ -69,10 +73,8 @@ class EventLog:
         os.replace(self.path, closed)
         self._file = self._open()
         self.bytes_written = 0
-        self._compressors = [t for t in self._compressors if t.is_alive()]
-        thread = threading.Thread(target=compress, args=(closed,), name="ddptop-log-compress", daemon=True)
-        thread.start()
-        self._compressors.append(thread)
+        self._compressing = [f for f in self._compressing if not f.done()]
+        self._compressing.append(self._compressor.submit(compress, closed))
 
     def open_history(self) -> list[BinaryIO]:
         """Readers of everything logged so far, opened now: later rotations cannot move them."""
@@ -83,9 +85,11 @@ class EventLog:
         self._file.flush()
 
     def close(self) -> None:
+        """Close the current segment and wait for the closed ones to be compressed."""
         self._file.close()
-        for thread in self._compressors:
-            thread.join()
+        self._compressor.shutdown(wait=True)
+        for future in self._compressing:
+            future.result()
 
 
 def compress(path: Path) -> None:

@@ -40,8 +40,10 @@ def bus_bandwidth(nbytes: float, seconds: float, world_size: int) -> float | Non
     return nbytes / seconds * 2 * (world_size - 1) / world_size
 
 
-@dataclass
+@dataclass(slots=True)
 class StepPoint:
+    """One step as a window keeps it; slots, since a window holds 100 per rank."""
+
     wall: float
     step_ms: float
     data_ms: float | None
