@@ -140,11 +140,10 @@ class Collector:
                         raise wire.FrameError(f"expected a hello, got {frame['type']!r}")
                     if frame["type"] == "rank_hello":
                         speaks_for["rank"] = frame["rank"]
-                        self._claim(frame)
+                        self._claim(frame)  # before tracking: a refused twin must not report the rank gone
+                        self._sink(frame)
                     hello = frame
                     self._track_job_connection(frame.get("rank"))
-                    if frame["type"] == "rank_hello":
-                        self._sink(frame)
                 elif hello["type"] == "agent_hello":
                     if frame["type"] not in wire.AGENT_RECORD_TYPES:
                         raise wire.FrameError(f"unexpected {frame['type']!r} from torchrun's probe")

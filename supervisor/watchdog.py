@@ -364,7 +364,7 @@ class Watchdog:
         state = self.state.ranks.get(rank)
         where = "" if state is None else (" before its first step" if state.step < 0 else f" after step {state.step} (in {state.phase})")
         tail = self.log_tail(rank)
-        error = self._error_line(first)
+        error = self._error_line(first, tail)
         text = f"rank {rank} {'failed with ' if first['exitcode'] >= 0 else 'was '}{exit_reason(first['exitcode'])}{where}"
         if error is not None:
             text += f": {error}" if self._exceptions.get(rank) or first.get("message") else f"; its log ends: {error}"
@@ -381,15 +381,16 @@ class Watchdog:
         # Ranks that fail alike at once come first in any order, and only one
         # may have said why (rank 0 printing a usage error): the loop check
         # takes the first words any of them left.
-        said = next((line for f in failures if (line := self._error_line(f)) is not None), None)
+        said = error if error is not None else next(
+            (line for f in failures[1:] if (line := self._error_line(f)) is not None), None)
         return [crash, *self._crash_loop(crash, said)]
 
-    def _error_line(self, failure: wire.Frame) -> str | None:
-        """The last line of a failed rank's own exception, or of its stderr."""
+    def _error_line(self, failure: wire.Frame, tail: list[str] | None = None) -> str | None:
+        """The last line of a failed rank's own exception, or of its stderr (tail, if already read)."""
         error = self._exceptions.get(failure["rank"]) or failure.get("message")
         if error and error.strip():
             return error.strip().splitlines()[-1]
-        return last_error_line(self.log_tail(failure["rank"]))
+        return last_error_line(self.log_tail(failure["rank"]) if tail is None else tail)
 
     def _crash_loop(self, crash: Verdict, said: str | None) -> list[Verdict]:
         """Stop the job when the same failure keeps coming back within the window.
