@@ -12,17 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 from rich.segment import Segment
 from rich.style import Style
-from textual import events
-from textual.binding import Binding
-from textual.geometry import Region, Size
-from textual.scroll_view import ScrollView
-from textual.strip import Strip
 
 from ddptop.supervisor.jobstate import STRAGGLER_RATIO, JobState, RankState
 from ddptop.supervisor.summary import count, ms
-from ddptop.tui.widgets.rank_table import GAP, rank_status
+from ddptop.tui.widgets.line_table import LineTable
+from ddptop.tui.widgets.rank_table import rank_status
 
 HEADER = ["NODE", "HOST", "RANKS", "STEP", "SAMPLES/S", "SLOWEST STEP MS", "MAX COMM %", "ALERTS", "WORST RANK"]
 
@@ -56,7 +54,8 @@ def worst_rank(ranks: list[RankState], ratios: dict[int, float], now: float, liv
     return max((judge(r) for r in ranks), key=lambda w: (w.badness, -w.rank))
 
 
-class NodeTable(ScrollView, can_focus=True):
+class NodeTable(LineTable):
+    PREFIX = "node-table"
     DEFAULT_CSS = """
     NodeTable > .node-table--header { text-style: bold; background: $panel; }
     NodeTable > .node-table--cursor { background: $accent 40%; text-style: bold; }
@@ -66,24 +65,11 @@ class NodeTable(ScrollView, can_focus=True):
     """
     COMPONENT_CLASSES = {"node-table--header", "node-table--cursor", "node-table--zebra",
                          "node-table--straggler", "node-table--alerting"}
-    BINDINGS = [
-        Binding("up", "cursor(-1)", show=False),
-        Binding("down", "cursor(1)", show=False),
-        Binding("pageup", "cursor(-20)", show=False),
-        Binding("pagedown", "cursor(20)", show=False),
-    ]
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(HEADER, **kwargs)
         self._rows: dict[int, list[str]] = {}
         self._marks: dict[int, str] = {}
-        self._order: list[int] = []
-        self._widths = [len(h) for h in HEADER]
-        self._cursor: int | None = None
-
-    @property
-    def row_count(self) -> int:
-        return len(self._order)
 
     def selected_node(self) -> int | None:
         return self._cursor if self._cursor in self._rows else None
@@ -118,62 +104,17 @@ class NodeTable(ScrollView, can_focus=True):
                 f"rank {worst.rank}: {worst.why}",
             ]
             marks[node] = worst.mark
-            self._widths = [max(w, len(t)) for w, t in zip(self._widths, rows[node])]
+            self._widen(rows[node])
         order = sorted(rows)
         if rows == self._rows and marks == self._marks and order == self._order:
             return
-        self._rows, self._marks, self._order = rows, marks, order
-        if self._cursor not in rows:
-            self._cursor = order[0] if order else None
-        size = Size(sum(self._widths) + len(GAP) * (len(self._widths) - 1) + 2, len(order) + 1)
-        if size != self.virtual_size:
-            self.virtual_size = size
-        self.refresh()
+        self._rows, self._marks = rows, marks
+        self._set_order(order)
 
-    def _style(self, name: str) -> Style:
-        return self.rich_style if name == "base" else self.get_component_rich_style(f"node-table--{name}")
+    def _row_texts(self, key: int) -> list[str]:
+        return self._rows[key]
 
-    def _line(self, texts: list[str]) -> str:
-        return " " + GAP.join(t.ljust(w) for t, w in zip(texts, self._widths)) + " "
-
-    def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        width = self.size.width
-        base = self._style("base")
-        if y == 0:
-            segments = [Segment(self._line(HEADER), self._style("header"))]
-        else:
-            index = scroll_y + y - 1
-            if index >= len(self._order):
-                return Strip.blank(width, base)
-            node = self._order[index]
-            style = base
-            if node == self._cursor and self.has_focus:
-                style += self._style("cursor")
-            elif index % 2:
-                style += self._style("zebra")
-            if self._marks[node]:
-                style += self._style(self._marks[node])
-            segments = [Segment(self._line(self._rows[node]), style)]
-        return Strip(segments).crop(scroll_x, scroll_x + width).adjust_cell_length(width, base)
-
-    def action_cursor(self, delta: int) -> None:
-        if not self._order:
-            return
-        current = self._order.index(self._cursor) if self._cursor in self._order else 0
-        index = max(0, min(len(self._order) - 1, current + delta))
-        self._cursor = self._order[index]
-        self.scroll_to_region(Region(0, index + 1, 1, 1), animate=False, spacing=None)
-        self.refresh()
-
-    def on_click(self, event: events.Click) -> None:
-        index = self.scroll_offset.y + event.y - 1
-        if event.y > 0 and 0 <= index < len(self._order):
-            self._cursor = self._order[index]
-            self.refresh()
-
-    def on_focus(self) -> None:
-        self.refresh()
-
-    def on_blur(self) -> None:
-        self.refresh()
+    def _row_segments(self, key: int, line: str, base: Style) -> list[Segment]:
+        """The whole line takes the worst rank's colour."""
+        mark = self._marks[key]
+        return [Segment(line, base + self._style(mark) if mark else base)]

@@ -1,11 +1,8 @@
-"""The rank table: one line per rank, drawn with Textual's line API.
+"""The rank table: one line per rank (the drawing is line_table.py's).
 
-DataTable re-renders every visible cell whenever any cell changes (its
-render caches are keyed by a global update count), which at 64 ranks
-updating ten times a second saturates a core. This table keeps each rank's
-cell texts, and draws a line as a string join and a Strip, so a refresh
-costs microseconds a visible line. The cursor follows its rank, not its
-position, through re-sorts and filtering.
+Each rank's cell texts are kept, so a refresh costs microseconds a visible
+line; rows are sorted and filtered here, and ranks with alerts or that
+straggle get their rank and state columns coloured.
 """
 
 from __future__ import annotations
@@ -15,14 +12,10 @@ from typing import Any
 
 from rich.segment import Segment
 from rich.style import Style
-from textual import events
-from textual.binding import Binding
-from textual.geometry import Region, Size
-from textual.scroll_view import ScrollView
-from textual.strip import Strip
 
 from ddptop.supervisor.jobstate import STRAGGLER_RATIO, JobState, RankState
 from ddptop.supervisor.summary import count, ms, nbytes
+from ddptop.tui.widgets.line_table import GAP, LineTable
 
 SILENT_S = 5.0
 """A live rank not heard from for this long is shown as silent."""
@@ -79,10 +72,9 @@ _INDEX = {key: i for i, key in enumerate(_KEYS)}
 _SORT = {key: sort_of for key, _, _, sort_of in COLUMNS}
 
 
-GAP = "  "
 
-
-class RankTable(ScrollView, can_focus=True):
+class RankTable(LineTable):
+    PREFIX = "rank-table"
     DEFAULT_CSS = """
     RankTable > .rank-table--header { text-style: bold; background: $panel; }
     RankTable > .rank-table--cursor { background: $accent 40%; text-style: bold; }
@@ -94,17 +86,9 @@ class RankTable(ScrollView, can_focus=True):
         "rank-table--header", "rank-table--cursor", "rank-table--zebra",
         "rank-table--straggler", "rank-table--alerting",
     }
-    BINDINGS = [
-        Binding("up", "cursor(-1)", show=False),
-        Binding("down", "cursor(1)", show=False),
-        Binding("pageup", "page(-1)", show=False),
-        Binding("pagedown", "page(1)", show=False),
-        Binding("home", "cursor(-1000000)", show=False),
-        Binding("end", "cursor(1000000)", show=False),
-    ]
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__([label for _, label, *_ in COLUMNS], **kwargs)
         self.sort_key = "rank"
         self.sort_reverse = False
         self.filter_text = ""
@@ -112,25 +96,6 @@ class RankTable(ScrollView, can_focus=True):
         """A node drilled into from the node rollup: only its ranks are shown."""
         self._cells: dict[int, list[str]] = {}
         self._marks: dict[int, str] = {}
-        self._order: list[int] = []
-        self._widths = [len(label) for _, label, *_ in COLUMNS]
-        self._cursor_rank: int | None = None
-        self._styles: dict[str, Style] = {}
-
-    def notify_style_update(self) -> None:
-        """CSS or theme changed: the cached component styles are stale."""
-        super().notify_style_update()
-        self._styles = {}
-
-    def _style(self, name: str) -> Style:
-        """A component style ("base" is the widget's own), resolved once per CSS change."""
-        if name not in self._styles:
-            self._styles[name] = self.rich_style if name == "base" else self.get_component_rich_style(f"rank-table--{name}")
-        return self._styles[name]
-
-    @property
-    def row_count(self) -> int:
-        return len(self._order)
 
     def ranks_in_order(self) -> list[int]:
         return list(self._order)
@@ -143,7 +108,7 @@ class RankTable(ScrollView, can_focus=True):
         return self._marks[rank]
 
     def selected_rank(self) -> int | None:
-        return self._cursor_rank if self._cursor_rank in self._cells else None
+        return self._cursor if self._cursor in self._cells else None
 
     def show(self, state: JobState, now: float, live: bool) -> None:
         ratios = state.straggler_ratios()
@@ -158,17 +123,12 @@ class RankTable(ScrollView, can_focus=True):
             ratio = ratios.get(rank.rank)
             marks[rank.rank] = "alerting" if rank.alerts or rank.data_problems else "straggler" if ratio and ratio > STRAGGLER_RATIO else ""
             sort_values[rank.rank] = sort_of(state, rank)
-            self._widths = [max(w, len(text)) for w, text in zip(self._widths, row)]
+            self._widen(row)
         order = sorted(sort_values, key=lambda r: (sort_values[r], r), reverse=self.sort_reverse)
         if cells == self._cells and marks == self._marks and order == self._order:
             return
-        self._cells, self._marks, self._order = cells, marks, order
-        if self._cursor_rank not in cells:
-            self._cursor_rank = order[0] if order else None
-        size = Size(sum(self._widths) + len(GAP) * (len(self._widths) - 1) + 2, len(order) + 1)
-        if size != self.virtual_size:  # a new virtual size costs a layout pass
-            self.virtual_size = size
-        self.refresh()
+        self._cells, self._marks = cells, marks
+        self._set_order(order)
 
     def _matches(self, rank: RankState, now: float, live: bool) -> bool:
         if self.only_node is not None and rank.node != self.only_node:
@@ -178,33 +138,13 @@ class RankTable(ScrollView, can_focus=True):
         words = f"node {rank.node} rank {rank.rank} {rank.host} {rank_status(rank, now, live)}".lower()
         return all(part in words for part in self.filter_text.lower().split())
 
-    def _line(self, texts: list[str]) -> str:
-        return " " + GAP.join(t.ljust(w) for t, w in zip(texts, self._widths)) + " "
+    def _row_texts(self, key: int) -> list[str]:
+        return self._cells[key]
 
-    def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        width = self.size.width
-        if y == 0:
-            style = self._style("header")
-            segments = [Segment(self._line([label for _, label, *_ in COLUMNS]), style)]
-        else:
-            index = scroll_y + y - 1
-            if index >= len(self._order):
-                return Strip.blank(width, self._style("base"))
-            segments = self._row_segments(index)
-        return Strip(segments).crop(scroll_x, scroll_x + width).adjust_cell_length(width, self._style("base"))
-
-    def _row_segments(self, index: int) -> list[Segment]:
+    def _row_segments(self, key: int, line: str, base: Style) -> list[Segment]:
         """A row as few segments as its styles allow: Textual's per-line work
         (filters, cropping) grows with segments, not with characters."""
-        rank = self._order[index]
-        base = self._style("base")
-        if rank == self._cursor_rank and self.has_focus:
-            base += self._style("cursor")
-        elif index % 2:
-            base += self._style("zebra")
-        line = self._line(self._cells[rank])
-        mark = self._marks[rank]
+        mark = self._marks[key]
         if not mark:
             return [Segment(line, base)]
         marked = base + self._style(mark)
@@ -222,31 +162,6 @@ class RankTable(ScrollView, can_focus=True):
                 spans.append((at, at + width))
             at += width + len(GAP)
         return spans
-
-    def _move_to(self, index: int) -> None:
-        if not self._order:
-            return
-        index = max(0, min(len(self._order) - 1, index))
-        self._cursor_rank = self._order[index]
-        self.scroll_to_region(Region(0, index + 1, 1, 1), animate=False, spacing=None)
-        self.refresh()
-
-    def action_cursor(self, delta: int) -> None:
-        current = self._order.index(self._cursor_rank) if self._cursor_rank in self._order else 0
-        self._move_to(current + delta)
-
-    def action_page(self, direction: int) -> None:
-        self.action_cursor(direction * max(1, self.size.height - 2))
-
-    def on_click(self, event: events.Click) -> None:
-        if event.y > 0:
-            self._move_to(self.scroll_offset.y + event.y - 1)
-
-    def on_focus(self) -> None:
-        self.refresh()
-
-    def on_blur(self) -> None:
-        self.refresh()
 
     def cycle_sort(self) -> str:
         self.sort_key = SORTABLE[(SORTABLE.index(self.sort_key) + 1) % len(SORTABLE)]
