@@ -290,9 +290,12 @@ class Watchdog:
         live = self._live()
         timeout = self.policy.hang_timeout
         startup = max(timeout, STARTUP_GRACE_S)
-        stuck = [r for r in live if now - self._progress[r] > (timeout if r in self._stepped else startup)]
-        if not stuck:
+        limit = {r: timeout if r in self._stepped else startup for r in live}
+        if not any(now - self._progress[r] > limit[r] for r in live):
             return []
+        # The first rank past the limit is named with every rank stuck alongside
+        # it: a rank whose last step landed a moment later waits just the same.
+        stuck = [r for r in live if now - self._progress[r] > limit[r] / 2]
         self._hang_reported = True
         silent = sorted(r for r in stuck if now - self._heard.get(r, 0.0) > timeout)
         where: dict[tuple[str, int], list[int]] = {}

@@ -103,6 +103,21 @@ def test_hang_groups_ranks_by_phase_and_asks_for_stacks():
     assert dog.tick() == []  # one alert per hang
 
 
+def test_hang_names_a_rank_whose_last_step_came_a_moment_after_the_others():
+    dog, state, clock = make(WatchPolicy(hang_timeout=10), world=3)
+    feed(dog, state, step(0, 5))
+    feed(dog, state, step(1, 5))
+    clock.now += 3
+    feed(dog, state, step(2, 5))  # it finished step 5 later, and is just as stuck
+    clock.now += 4
+    feed(dog, state, step(0, 6))  # rank 0 is not stuck: it still steps
+    for rank in range(3):
+        feed(dog, state, {"type": "heartbeat", "rank": rank, "wall": 0.0, "phase": "comm", "step": 6, "dropped": 0})
+    clock.now += 3.1
+    [v] = dog.tick()
+    assert v.ranks == [1, 2] and "ranks 1,2 wait in comm" in v.text
+
+
 def test_hang_names_silent_ranks_and_gives_startup_its_grace():
     dog, state, clock = make(WatchPolicy(hang_timeout=10, on_hang="stop"), world=2)
     clock.now += 11
