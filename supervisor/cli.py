@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 import ddptop
-from ddptop.supervisor import launchargs, rundir
+from ddptop.supervisor import cluster, endpoints, launchargs, remote, rundir
 from ddptop.supervisor.launchargs import OneLineParser, UsageError
 from ddptop.supervisor.launcher import JobPlan, Torchrun
 from ddptop.supervisor.rundir import RunDirError
@@ -42,7 +42,7 @@ SOCKET_WAIT_S = 30.0
 
 USAGE = """\
 usage: ddptop launch [options] SCRIPT [script args]   run a DDP job under torchrun and supervise it
-       ddptop attach [RUN]                            the dashboard on a running job (default: newest)
+       ddptop attach [RUN | HOST:PORT[,...]]          the dashboard on a running job (default: newest)
        ddptop replay RUN                              the dashboard over a run's recorded events
        ddptop ls [--json]                             list runs and their state
        ddptop export RUN                              print a run's event log as JSON lines
@@ -106,9 +106,15 @@ def launch(argv: list[str]) -> int:
         return 0
     args = launchargs.split(argv)
     check_script(args.script)
+    prometheus = endpoints.parse(args.options.prometheus, what="--prometheus") if args.options.prometheus else None
+    if prometheus is not None:
+        endpoints.check_bindable(*prometheus, "Prometheus")
+    place = cluster.plan(args.options)
     nvml = load_nvml()
     run = rundir.create(args.script, args.options.run_dir)
+    endpoints.write_token(run.token_path, place.token)
     plan, notices = plan_job(args, nvml, run)
+    notices += _cluster_notices(place, run)
     for notice in notices:
         print(f"ddptop: {notice}", file=sys.stderr, flush=True)
     me = psutil.Process()
@@ -118,6 +124,10 @@ def launch(argv: list[str]) -> int:
         "args": args.script_args,
         "nproc_per_node": plan.nproc_per_node,
         "nnodes": plan.nnodes or "1",
+        "node_rank": place.node,
+        "listen": place.listen_address,
+        "aggregator": place.aggregator_address,
+        "prometheus": None if prometheus is None else endpoints.text(*prometheus),
         "host": socket.gethostname(),
         "cpu_only": plan.cpu_only,
         "address": plan.address,
@@ -132,6 +142,7 @@ def launch(argv: list[str]) -> int:
     if dashboard:
         release_nvml(nvml)  # NVML is not fork-safe: the supervisor child opens its own
         if os.fork() != 0:
+            place.close()  # the supervisor child holds the sockets now
             return _dashboard_for_launch(run)
         _become_detached_supervisor(run)
         nvml = load_nvml()
@@ -142,13 +153,24 @@ def launch(argv: list[str]) -> int:
         on_nan=opts.on_nan, on_desync=opts.on_desync, on_hang=opts.on_hang, hang_timeout=opts.hang_timeout,
         crash_loop=opts.crash_loop, crash_loop_window=opts.crash_loop_window,
     )
-    supervisor = Supervisor(run, Torchrun(plan), Sampler(nvml), opts.summary_every, watch)
+    supervisor = Supervisor(run, Torchrun(plan), Sampler(nvml), opts.summary_every, watch, place, prometheus)
     for notice in notices:
         supervisor.record({"type": "notice", "wall": time.time(), "text": notice})
     code = asyncio.run(supervisor.main({**meta, "wall": meta["started"]}))
     if dashboard:
         os._exit(code)
     return code
+
+
+def _cluster_notices(place: cluster.Cluster, run: rundir.RunDir) -> list[str]:
+    notices = []
+    if place.aggregates:
+        notices.append(f"node 0 of {place.nnodes}: the other nodes' supervisors join this one at {place.listen_address}")
+    elif place.nnodes > 1:
+        notices.append(f"node {place.node} of {place.nnodes}: joined node 0's supervisor at {place.aggregator_address}, which watches the whole job")
+    if place.listener is not None:
+        notices.append(f"the wire listens on {place.listen_address}; its token is in {run.token_path}")
+    return notices
 
 
 def _become_detached_supervisor(run: rundir.RunDir) -> None:
@@ -221,15 +243,28 @@ def _dashboard(run: rundir.RunDir, mode: str) -> DdptopApp:
     return DdptopApp(source, mode, run.path)
 
 
-def _run_argument(prog: str, argv: list[str], required: bool = True) -> str | None:
+def _run_argument(prog: str, argv: list[str]) -> str:
     parser = OneLineParser(prog=prog)
-    default = "" if required else " (default: your newest running job)"
-    parser.add_argument("run", nargs=None if required else "?", help=f"run directory, run id or id prefix{default}")
+    parser.add_argument("run", help="run directory, run id or id prefix")
     return parser.parse_args(argv).run
 
 
 def attach(argv: list[str]) -> int:
-    _dashboard(_live_run(_run_argument("ddptop attach", argv, required=False)), "attach").run()
+    parser = OneLineParser(prog="ddptop attach")
+    parser.add_argument("target", nargs="?", help="run directory, run id or id prefix (default: your newest running job), "
+                        "or HOST:PORT[,HOST:PORT...] of supervisors that listen on TCP")
+    parser.add_argument("--token-file", type=Path, help=f"the run's token for TCP (default: ${endpoints.TOKEN_ENV}, or your own run's)")
+    opts = parser.parse_args(argv)
+    if opts.target is None or not remote.is_address_list(opts.target):
+        _dashboard(_live_run(opts.target), "attach").run()
+        return 0
+    target, notice = remote.choose(opts.target, opts.token_file)
+    if notice is not None:
+        print(f"ddptop: {notice}", file=sys.stderr)
+    from ddptop.tui.app import DdptopApp
+    from ddptop.tui.source import LiveSource
+
+    DdptopApp(LiveSource(tcp=(target.host, target.port), token=target.token), "attach").run()
     return 0
 
 

@@ -2,8 +2,11 @@
 
 Each connection must introduce itself with a hello frame: a rank's
 (rank_hello, then batches of records), torchrun's probe's (agent_hello, then
-failure and restart records) or a dashboard's (viewer_hello, then commands;
-see viewers.py). When a rank's connection ends, a `rank_gone` record says
+failure and restart records), a dashboard's (viewer_hello, then commands;
+see viewers.py) or, on the job's aggregator, another node's supervisor's
+(node_hello, then its records; see aggregator.py). Over TCP the first frame
+must be the run's token (auth), and only dashboards and nodes may connect:
+ranks and torchrun are always local, on the Unix socket. When a rank's connection ends, a `rank_gone` record says
 when: the order in which ranks went is how the first failure is told from
 the ones it caused. Every frame is size-limited and schema-checked
 (wire.validate). A bad frame closes that one connection, is counted and
@@ -14,11 +17,16 @@ connection staying up.
 from __future__ import annotations
 
 import asyncio
+import functools
+import hmac
 import os
 import resource
+import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ddptop.supervisor.viewers import CommandHandler, Viewers
 from ddptop.trainer import unixpath, wire
@@ -29,6 +37,18 @@ BACKLOG = 4096
 job connects at once (the default of 100 refuses the rest)."""
 
 Sink = Callable[[wire.Frame], None]
+
+if TYPE_CHECKING:
+    from ddptop.supervisor.aggregator import Aggregator
+
+
+@dataclass
+class _Peer:
+    """What a connection has shown of itself, for the error report."""
+
+    address: str
+    authenticated: bool
+    rank: int | None = None
 
 
 def _allow_a_connection_per_rank() -> None:
@@ -44,11 +64,15 @@ class Collector:
         self._sink = sink
         self._viewers = viewers
         self._on_command = on_command
-        self._server: asyncio.AbstractServer | None = None
+        self.aggregator: Aggregator | None = None
+        """Set on node 0's supervisor of a multi-node job: the other nodes join it."""
+        self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[asyncio.Task] = set()
         self._job_connections: set[asyncio.Task] = set()
         self._rank_connections: dict[int, tuple[int, asyncio.Task]] = {}
         """rank -> (attempt, connection) of the connection that speaks for it."""
+        self.agents: dict[int, asyncio.StreamWriter] = {}
+        """node -> the connection of torchrun's probe on it, for restart_go."""
         self.bad_frames = 0
         self._closing = False
 
@@ -57,10 +81,14 @@ class Collector:
         old_umask = os.umask(0o177)
         try:
             with unixpath.usable(str(path)) as short:
-                self._server = await asyncio.start_unix_server(self._serve, path=short, backlog=BACKLOG)
+                self._servers.append(await asyncio.start_unix_server(self._serve, path=short, backlog=BACKLOG))
         finally:
             os.umask(old_umask)
         path.chmod(0o600)
+
+    async def start_tcp(self, sock: socket.socket, token: str) -> None:
+        """Serve dashboards and nodes on an already listening socket; each must give the token first."""
+        self._servers.append(await asyncio.start_server(functools.partial(self._serve, token=token), sock=sock))
 
     async def ranks_done(self, timeout: float = 2.0) -> None:
         """Wait (bounded) for the ranks' and torchrun's connections to deliver their last frames and end."""
@@ -71,8 +99,8 @@ class Collector:
     async def close(self, drain_s: float = 2.0) -> None:
         """Stop accepting; give open connections drain_s to deliver their last frames."""
         self._closing = True
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         pending = [t for t in self._connections if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=drain_s)
@@ -106,42 +134,68 @@ class Collector:
         assert task is not None
         self._rank_connections[rank] = (attempt, task)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _hold_agent(self, node: int, writer: asyncio.StreamWriter) -> None:
+        self.agents[node] = writer
+        task = asyncio.current_task()
+        assert task is not None
+        task.add_done_callback(lambda _: self.agents.pop(node, None) if self.agents.get(node) is writer else None)
+
+    def tell_agents(self, frame: wire.Frame) -> None:
+        """Send a frame to torchrun's probe on every node that has one connected."""
+        data = wire.encode(frame)
+        for writer in self.agents.values():
+            if not writer.is_closing():
+                writer.write(data)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, token: str | None = None) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        speaks_for: dict[str, int] = {}
+        peer = _Peer(_address(writer), authenticated=token is None)
         try:
-            await self._read_frames(reader, writer, speaks_for)
+            await self._read_frames(reader, writer, peer, token)
         except wire.FrameError as exc:
             self.bad_frames += 1
+            error = str(exc) if peer.authenticated else f"refused a TCP connection from {peer.address}: {exc}"
             # A rank's broken frames are a data problem of that rank (jobstate counts them).
-            self._sink({"type": "wire_error", "wall": time.time(), "error": str(exc), "rank": speaks_for.get("rank")})
+            self._sink({"type": "wire_error", "wall": time.time(), "error": error, "rank": peer.rank})
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
             self._connections.discard(task)
             writer.close()
 
-    async def _read_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, speaks_for: dict[str, int]) -> None:
-        """speaks_for gets the rank a connection's hello claims, for the error report."""
+    async def _read_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: _Peer, token: str | None) -> None:
+        """peer gets the rank a connection's hello claims, for the error report."""
         decoder = wire.FrameDecoder()
         hello: wire.Frame | None = None
         while data := await reader.read(READ_SIZE):
             frames = decoder.feed(data)
             for index, frame in enumerate(frames):
+                if not peer.authenticated:
+                    assert token is not None
+                    _authenticate(frame, token, writer)
+                    peer.authenticated = True
+                    continue
                 wire.validate(frame)
                 if hello is None and frame["type"] == "viewer_hello" and self._viewers is not None:
                     assert self._on_command is not None
                     await self._viewers.serve(frame, frames[index + 1 :], reader, writer, decoder, self._on_command)
                     return
+                if hello is None and frame["type"] == "node_hello" and self.aggregator is not None:
+                    await self.aggregator.serve(frame, frames[index + 1 :], reader, writer, decoder)
+                    return
                 if hello is None:
+                    if token is not None:
+                        raise wire.FrameError(f"over TCP only dashboards and nodes connect, not {frame['type']!r}")
                     if frame["type"] not in ("rank_hello", "agent_hello"):
                         raise wire.FrameError(f"expected a hello, got {frame['type']!r}")
                     if frame["type"] == "rank_hello":
-                        speaks_for["rank"] = frame["rank"]
+                        peer.rank = frame["rank"]
                         self._claim(frame)  # before tracking: a refused twin must not report the rank gone
                         self._sink(frame)
+                    else:
+                        self._hold_agent(frame["node"], writer)
                     hello = frame
                     self._track_job_connection(frame.get("rank"))
                 elif hello["type"] == "agent_hello":
@@ -156,3 +210,18 @@ class Collector:
                 else:
                     raise wire.FrameError(f"unexpected {frame['type']!r} after hello")
             decoder.raise_deferred()
+
+
+def _authenticate(frame: wire.Frame, token: str, writer: asyncio.StreamWriter) -> None:
+    """The first frame over TCP must carry the run's token; else refused, said to the peer, raised."""
+    given = frame.get("token") if frame.get("type") == "auth" else None
+    if isinstance(given, str) and hmac.compare_digest(given.encode(), token.encode()):
+        return
+    reason = "wrong token" if frame.get("type") == "auth" else f"no token (the first frame was {frame.get('type')!r})"
+    writer.write(wire.encode({"type": "refused", "reason": reason}))
+    raise wire.FrameError(reason)
+
+
+def _address(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "the Unix socket"

@@ -30,12 +30,16 @@ class Hub:
         self.log = EventLog(run.events_path)
         self.viewers = Viewers(self.log)
         self.collector = Collector(self.record, self.viewers, on_command)
+        self.taps: list[Callable[[wire.Frame, bytes], None]] = []
+        """Also given every record and its encoding: a node's uplink to the aggregator."""
 
     def record(self, frame: wire.Frame) -> None:
         data = wire.encode(frame)
         self.log.write(data)
         self.state.ingest(frame)
         self.viewers.broadcast(data)
+        for tap in self.taps:
+            tap(frame, data)
         if self.observer is not None:
             self.observer(frame)
 

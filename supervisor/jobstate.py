@@ -9,7 +9,7 @@ show the same figures computed the same way.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,8 @@ class RankState:
     mem_peak: int | None = None
     cpu_percent: float | None = None
     rss: int | None = None
-    gpu: int | None = None
+    gpu: tuple[int, int] | None = None
+    """(node, index) of its GPU: GPU indices repeat on every node."""
     gpu_mem: int | None = None
     steps_seen: int = 0
     nan_skips: int = 0
@@ -96,7 +97,8 @@ median is highlighted; the watchdog alerts from a higher ratio."""
 class JobState:
     def __init__(self) -> None:
         self.ranks: dict[int, RankState] = {}
-        self.gpus: dict[int, GpuState] = {}
+        self.gpus: dict[tuple[int, int], GpuState] = {}
+        """(node, index) -> the GPU's last reading; node is the sampling supervisor's."""
         self.meta: dict[str, Any] = {}
         self.world_size = 0
         self.total_steps: int | None = None
@@ -104,6 +106,7 @@ class JobState:
         self.last_wall = self.started
         self.records = 0
         self.alerts = 0
+        self.alert_kinds: Counter[str] = Counter()
         self.events: deque[wire.Frame] = deque(maxlen=200)
         self.summaries: deque[wire.Frame] = deque(maxlen=HISTORY)
         self.exit: wire.Frame | None = None
@@ -180,18 +183,22 @@ class JobState:
         state.last_wall = max(state.last_wall, record["wall"])
 
     def _on_sample(self, record: wire.Frame) -> None:
+        node = record.get("node") or 0
         for proc in record.get("procs", []):
             if proc["rank"] in self.ranks:
                 state = self.ranks[proc["rank"]]
                 # A process that just exited has no reading: keep its last one.
-                for key, attr in (("cpu", "cpu_percent"), ("rss", "rss"), ("gpu", "gpu"), ("gpu_mem", "gpu_mem")):
+                for key, attr in (("cpu", "cpu_percent"), ("rss", "rss"), ("gpu_mem", "gpu_mem")):
                     if proc.get(key) is not None:
                         setattr(state, attr, proc[key])
+                if proc.get("gpu") is not None:
+                    state.gpu = (node, proc["gpu"])
         for gpu in record.get("gpus", []):
-            self.gpus[gpu["index"]] = GpuState(**gpu)
+            self.gpus[(node, gpu["index"])] = GpuState(**gpu)
 
     def _on_alert(self, record: wire.Frame) -> None:
         self.alerts += 1
+        self.alert_kinds[str(record.get("kind"))] += 1
         for rank in record.get("ranks") or [record.get("rank")]:
             if rank in self.ranks:
                 self.ranks[rank].alerts += 1

@@ -68,11 +68,14 @@ def command(plan: JobPlan) -> list[str]:
     ]
     if plan.nnodes is None and plan.rdzv_endpoint is None:
         cmd.append("--standalone")
+    # torchrun's own default (static) cannot restart one node's group alone:
+    # c10d re-rendezvous can, and it assigns the node ranks itself.
+    backend = plan.rdzv_backend or ("c10d" if plan.rdzv_endpoint else None)
     for flag, value in (
         ("--nnodes", plan.nnodes),
-        ("--node-rank", plan.node_rank),
+        ("--node-rank", plan.node_rank if backend == "static" else None),
         ("--rdzv-endpoint", plan.rdzv_endpoint),
-        ("--rdzv-backend", plan.rdzv_backend),
+        ("--rdzv-backend", backend),
         ("--rdzv-id", plan.rdzv_id),
     ):
         if value is not None:
@@ -82,7 +85,8 @@ def command(plan: JobPlan) -> list[str]:
 
 def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
-    for inherited in ("RANK", "LOCAL_RANK", "DDPTOP_RANK_PID", AGENT_PID_ENV):
+    # The token is the supervisor's secret: the ranks talk to it over its Unix socket only.
+    for inherited in ("RANK", "LOCAL_RANK", "DDPTOP_RANK_PID", AGENT_PID_ENV, "DDPTOP_TOKEN"):
         env.pop(inherited, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
     env["DDPTOP_ADDRESS"] = plan.address

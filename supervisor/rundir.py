@@ -7,6 +7,7 @@ elsewhere with --run-dir are linked from the default root so `ls` finds them.
     <run dir>/meta.json     id, script, ranks, state, times, exit code
     <run dir>/events.log    every record, as wire frames, appended (rotated: eventlog.py)
     <run dir>/sock          the supervisor's Unix socket (0600)
+    <run dir>/token         the run's token for the wire over TCP (0600)
     <run dir>/logs/         torchrun's per-rank stdout/stderr files
     <run dir>/stacks/       Python stacks the ranks dumped when asked (hangs)
 """
@@ -61,6 +62,10 @@ class RunDir:
     @property
     def socket_path(self) -> Path:
         return self.path / "sock"
+
+    @property
+    def token_path(self) -> Path:
+        return self.path / "token"
 
     @property
     def logs_path(self) -> Path:

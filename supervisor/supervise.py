@@ -6,6 +6,10 @@ blocking calls (NVML and psutil) run in a worker thread. Records go through
 the hub (hub.py), which logs them, serves them to dashboards and shows them
 to the watchdog (watchdog.py), whose verdicts come back here as alerts and
 actions: collect stacks, restart the group, stop the job.
+
+In a job of several nodes only node 0's supervisor judges (aggregator.py):
+the others forward their records to it (uplink.py) and carry out what it
+asks of their own ranks.
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from ddptop.supervisor import stacks, summary
+from ddptop.supervisor import endpoints, stacks, summary
+from ddptop.supervisor.aggregator import Aggregator
+from ddptop.supervisor.cluster import Cluster
 from ddptop.supervisor.hub import Hub
 from ddptop.supervisor.launcher import Torchrun
+from ddptop.supervisor.prometheus import PrometheusExporter
 from ddptop.supervisor.rundir import RunDir, rank_log_tail
 from ddptop.supervisor.sampler import Sampler
+from ddptop.supervisor.uplink import Uplink
 from ddptop.supervisor.watchdog import Verdict, Watchdog, WatchPolicy, restart_text
 from ddptop.trainer import wire
 
@@ -46,21 +54,39 @@ class Supervisor:
         sampler: Sampler,
         summary_every: float,
         watch: WatchPolicy | None = None,
+        cluster: Cluster | None = None,
+        prometheus: tuple[str, int] | None = None,
         out: TextIO = sys.stdout,
     ) -> None:
         self.run = run
         self.torchrun = torchrun
         self.sampler = sampler
         self.summary_every = summary_every
+        self.cluster = cluster or Cluster()
+        self.prometheus_address = prometheus
         self.out = out
         self.hub = Hub(run, self.on_command, observer=self._observe)
         self.state = self.hub.state
         self.record = self.hub.record
         self.watchdog = Watchdog(watch or WatchPolicy(), self.state, self._crash_log)
+        self.judges = self.cluster.uplink is None
+        """Node 0's supervisor (or a single node's) judges; the others forward and obey."""
+        self.aggregator: Aggregator | None = None
+        if self.cluster.aggregates:
+            self.aggregator = Aggregator(self.record, self.cluster.node, self.cluster.nnodes, run.id)
+            self.hub.collector.aggregator = self.aggregator
+        self.uplink: Uplink | None = None
+        if self.cluster.uplink is not None:
+            self.uplink = Uplink(self.cluster.uplink, self.on_command, self._lost_aggregator)
+            self.hub.taps.append(self.uplink.forward)
+        self._stack_waiters: dict[int, asyncio.Future[None]] = {}
+        self.exporter: PrometheusExporter | None = None
         self._verdicts: list[Verdict] = []
         self._stop_signal: int | None = None
         self._stop_code: int | None = None
         self._stopping: asyncio.Task | None = None
+        self._restarts_held: list[int] = []
+        """Restarts torchrun's probe holds until the watchdog has judged their failure."""
 
     def on_command(self, command: wire.Frame) -> None:
         """A dashboard's request: stop the job, restart the group, kill a rank.
@@ -69,41 +95,71 @@ class Supervisor:
         whole worker group while its --max-restarts budget lasts.
         """
         action = command["action"]
+        source = "from a dashboard" if self.judges else "by node 0's supervisor"
+        if action == "stacks":
+            ours = self.torchrun.descendants()
+            for rank in command.get("ranks") or []:
+                asyncio.ensure_future(self._collect_stack(rank, ours))
+            return
         if action == "stop":
-            self._note(None, "stop requested from a dashboard")
+            self._note(None, f"stop requested {source}")
             self._request_stop(signal.SIGTERM)
             return
         self._kill_ranks(command.get("rank") if action == "kill_rank" else None)
         what = "restart of the group" if action == "restart" else f"kill of rank {command.get('rank')}"
-        self._note(command.get("rank"), f"{what} requested from a dashboard")
+        self._note(command.get("rank"), f"{what} requested {source}")
 
     def _kill_ranks(self, only: int | None = None) -> None:
-        """SIGKILL the live ranks (or one): torchrun then restarts the group.
+        """SIGKILL this node's live ranks (or one): torchrun then restarts the group.
 
-        A pid comes from the rank's own hello: it is signalled only if it
-        really is a process of this job, never whatever a frame names.
+        Across nodes, torchrun's rendezvous restarts the other nodes' groups
+        too. A rank of another node is killed by its own node's supervisor,
+        on node 0's command. A pid comes from the rank's own hello: it is
+        signalled only if it really is a process of this job, never whatever
+        a frame names.
         """
+        self.watchdog.expect_group_restart()
+        owner = None if only is None or self.aggregator is None else self.aggregator.owner(only)
+        if owner is not None:
+            self.aggregator.command(owner, {"type": "command", "action": "kill_rank", "rank": only})
+            return
         ours = self.torchrun.descendants()
         pids = {r.pid for r in self.state.ranks.values() if not r.exited and (only is None or r.rank == only)} & ours
         self.watchdog.expect_deaths(pids)
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
 
+    def _lost_aggregator(self) -> None:
+        if self._stopping is None:
+            self._note(None, "lost node 0's supervisor; this node's ranks run on, unwatched")
+
     def _observe(self, record: wire.Frame) -> None:
-        if record["type"] == "group_restart":
+        kind = record["type"]
+        if kind == "group_restart":
             print(f"ddptop: {restart_text(record)}", file=sys.stderr, flush=True)
-        self._verdicts += self.watchdog.observe(record)
+            if record["node"] == self.cluster.node or self.aggregator is None:
+                self._restarts_held.append(record["restart"])
+        elif kind == "stack" and (waiter := self._stack_waiters.pop(record["rank"], None)) is not None:
+            if not waiter.done():
+                waiter.set_result(None)
+        if self.judges:
+            self._verdicts += self.watchdog.observe(record)
 
     def _crash_log(self, rank: int) -> list[str]:
+        """The rank's stderr tail, from this node's logs (another node's rank: its exception record only)."""
         state = self.state.ranks.get(rank)
-        if state is None:
+        if state is None or (self.aggregator is not None and self.aggregator.owner(rank) is not None):
             return []
         return rank_log_tail(self.run.path, state.local_rank, state.restart, CRASH_LOG_LINES, streams=("stderr",))
 
     async def _watch(self) -> None:
-        verdicts, self._verdicts = self._verdicts + self.watchdog.tick(), []
+        verdicts, self._verdicts = self._verdicts + (self.watchdog.tick() if self.judges else []), []
         for verdict in verdicts:
             await self._carry_out(verdict)
+        if self._restarts_held and not self.watchdog.judging() and self._stopping is None:
+            for restart in self._restarts_held:
+                self.hub.collector.tell_agents({"type": "restart_go", "restart": restart})
+            self._restarts_held.clear()
 
     async def _carry_out(self, verdict: Verdict) -> None:
         """Alert first (log, dashboards, stderr), then stacks, then the action."""
@@ -112,6 +168,7 @@ class Supervisor:
         if verdict.stacks:
             ours = self.torchrun.descendants()
             await asyncio.gather(*(self._collect_stack(rank, ours) for rank in verdict.stacks))
+            await self._remote_stacks(verdict.stacks)
         if verdict.action == "restart":
             self._note(None, f"restarting the worker group after the {verdict.kind} alert")
             self._kill_ranks()
@@ -119,6 +176,22 @@ class Supervisor:
             self._note(None, f"stopping the job after the {verdict.kind} alert")
             self._stop_code = verdict.details.get("exit_status", WATCHDOG_STOP_EXIT)
             self._request_stop(signal.SIGTERM)
+
+    async def _remote_stacks(self, ranks: list[int]) -> None:
+        """Ask other nodes' supervisors for their ranks' stacks; wait (bounded) for them to arrive."""
+        if self.aggregator is None:
+            return
+        loop = asyncio.get_running_loop()
+        waiting = []
+        by_node: dict[int, list[int]] = {}
+        for rank in ranks:
+            if (node := self.aggregator.owner(rank)) is not None:
+                by_node.setdefault(node, []).append(rank)
+                waiting.append(self._stack_waiters.setdefault(rank, loop.create_future()))
+        for node, node_ranks in by_node.items():
+            self.aggregator.command(node, {"type": "command", "action": "stacks", "ranks": node_ranks})
+        if waiting:
+            await asyncio.wait(waiting, timeout=stacks.PY_SPY_TIMEOUT_S + 1.0)
 
     async def _collect_stack(self, rank: int, ours: set[int]) -> None:
         """Ask one rank for its stacks; ours holds the job's pids (see _kill_ranks)."""
@@ -140,12 +213,20 @@ class Supervisor:
         """Run the job to its end; return the exit status for `ddptop launch`."""
         loop = asyncio.get_running_loop()
         await self.hub.start()
+        if self.cluster.listener is not None:
+            await self.hub.collector.start_tcp(self.cluster.listener, self.cluster.token)
+        background = []
+        if self.uplink is not None:
+            await self.uplink.start()
+            background.append(asyncio.create_task(self.uplink.run()))
+        if self.prometheus_address is not None:
+            self._start_exporter(*self.prometheus_address)
         self.record({"type": "run", **meta})
         await self.torchrun.start()
         self.run.update_meta(torchrun_pid=self.torchrun.pid)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(signum, self._on_signal, signum)
-        periodic = [
+        periodic = background + [
             asyncio.create_task(_every(SAMPLE_S, self._sample)),
             asyncio.create_task(_every(STATE_S, self._record_totals)),
             asyncio.create_task(_every(self.summary_every, self._print_summary)),
@@ -164,7 +245,13 @@ class Supervisor:
             code = self._stop_code
         elif self._stop_signal is not None:
             code = 128 + self._stop_signal
+        if self.aggregator is not None:
+            self.aggregator.closing = True
+        if self.uplink is not None:
+            self.uplink.close()
         await self.hub.finish(code, None if self._stop_code is not None else self._stop_signal)
+        if self.exporter is not None:
+            self.exporter.stop()
         await self._print_summary()
         self.run.update_meta(state="finished" if code == 0 else "failed", ended=time.time(), exit_code=code)
         print(f"ddptop: job {'finished' if code == 0 else 'failed'} (exit {code}); run directory {self.run.path}", file=self.out, flush=True)
@@ -177,18 +264,37 @@ class Supervisor:
         self._request_stop(signum)
 
     def _request_stop(self, signum: int) -> None:
+        """Stop this node's torchrun; node 0's supervisor stops every node's."""
         if self._stopping is None:
             self._stop_signal = signum
             self._stopping = asyncio.create_task(self.torchrun.stop())
+            if self.aggregator is not None:
+                self.aggregator.command_all({"type": "command", "action": "stop"})
         elif self.torchrun.proc is not None and self.torchrun.proc.returncode is None:
             self.torchrun.proc.kill()
 
     async def _sample(self) -> None:
-        pids = {rank: state.pid for rank, state in self.state.ranks.items() if state.pid}
-        self.record(await asyncio.to_thread(self.sampler.sample, pids))
+        """This node's rank processes and GPUs (another node's ranks are sampled there)."""
+        remote = self.aggregator.owner if self.aggregator is not None else lambda rank: None
+        pids = {rank: state.pid for rank, state in self.state.ranks.items() if state.pid and remote(rank) is None}
+        record = await asyncio.to_thread(self.sampler.sample, pids)
+        self.record({**record, "node": self.cluster.node})
+
+    def _start_exporter(self, host: str, port: int) -> None:
+        """The address was checked before the job started; a port taken since then costs the endpoint only."""
+        exporter = PrometheusExporter(self.state, self.cluster.node)
+        try:
+            exporter.start(host, port)
+        except OSError as exc:
+            self._note(None, f"no Prometheus endpoint: cannot listen on {endpoints.text(host, port)}: {exc.strerror or exc}")
+            return
+        self.exporter = exporter
+        self.run.update_meta(prometheus=endpoints.text(host, exporter.port or port))
 
     async def _record_totals(self) -> None:
         self.hub.record_totals()
+        if self.exporter is not None:
+            self.exporter.refresh()
 
     async def _print_summary(self) -> None:
         print(summary.line(self.state.totals(), time.time() - self.state.started), file=self.out, flush=True)

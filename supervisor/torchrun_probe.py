@@ -10,7 +10,10 @@ engine, in the same process, with two of its agent's methods wrapped:
 - `_restart_workers`: each restart of the worker group is a `group_restart`
   record with the count and the failure that caused it; restarts after the
   first wait an exponentially growing backoff first, so a job failing on a
-  flaky resource does not spin (the supervisor stops a crash loop).
+  flaky resource does not spin. The restart also waits (bounded) for the
+  supervisor's `restart_go`: it is sent once the watchdog has judged the
+  failure, so a crash loop is stopped before another attempt starts, however
+  loaded the machine.
 
 And one change at the end: a failed job ends with the first failing rank's
 exit status (128+N for a signal), and a stopped one with 128+N of the stop
@@ -35,6 +38,9 @@ from ddptop.trainer.runtime import AGENT_PID_ENV
 from ddptop.trainer.sender import connect
 
 SEND_TIMEOUT_S = 1.0
+JUDGE_WAIT_S = 5.0
+"""How long past its backoff a restart waits for the supervisor's go: a
+supervisor that does not answer must not hold the job up for longer."""
 MESSAGE_MAX = 4096
 BACKOFF_MAX_S = 60.0
 
@@ -66,6 +72,32 @@ class Reporter:
             self._sock.sendall(wire.encode(frame))
         except OSError:
             self._sock = None
+
+    def hold_restart(self, restart: int, backoff: float) -> None:
+        """Wait out the backoff, and until the supervisor says go (at most JUDGE_WAIT_S more).
+
+        A stop signal still interrupts the wait (torchrun's SignalException).
+        """
+        start = time.monotonic()
+        decoder = wire.FrameDecoder()
+        go = self._sock is None  # no supervisor to ask
+        while not go and (left := start + backoff + JUDGE_WAIT_S - time.monotonic()) > 0:
+            assert self._sock is not None
+            try:
+                self._sock.settimeout(left)
+                data = self._sock.recv(4096)
+            except TimeoutError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                self._sock = None
+                break
+            try:
+                go = any(f["type"] == "restart_go" and f.get("restart") == restart for f in decoder.feed(data))
+            except wire.FrameError:
+                break
+        time.sleep(max(0.0, start + backoff - time.monotonic()))
 
     def failures(self, result: Any, group_rank: int) -> None:
         if result.failures:
@@ -123,7 +155,7 @@ def install(reporter: Reporter, backoff_base: float) -> None:
         if reporter.last_failure is not None:
             frame["rank"], frame["exitcode"] = reporter.last_failure
         reporter.send(frame)
-        time.sleep(wait)  # a stop signal still interrupts it (SignalException)
+        reporter.hold_restart(count, wait)
         restart(self, worker_group)
 
     LocalElasticAgent._monitor_workers = _monitor_workers

@@ -164,12 +164,27 @@ class Watchdog:
         self._failures: list[wire.Frame] = []
         self._failures_since = 0.0
         self._expected_deaths: set[int] = set()
+        self._ending: dict[int, int] = {}
+        """rank -> the attempt the supervisor is ending on purpose (expect_group_restart)."""
         self._exceptions: dict[int, str] = {}
         self._crashes: deque[tuple[float, tuple[int, str]]] = deque()
 
     def expect_deaths(self, pids: set[int]) -> None:
         """Processes the supervisor kills on purpose: their deaths are not crashes."""
         self._expected_deaths |= pids
+
+    def expect_group_restart(self) -> None:
+        """The supervisor ends the current attempt on purpose: whatever fails in it is a consequence.
+
+        On one node the killed ranks are all of them; across nodes, the other
+        nodes' ranks fail of the broken collective before their torchrun
+        restarts them, and those failures are not crashes either.
+        """
+        self._ending = dict(self._restart)
+
+    def judging(self) -> bool:
+        """Whether failures are still gathered, not yet judged (a crash-loop stop may come)."""
+        return bool(self._failures)
 
     def observe(self, record: wire.Frame) -> list[Verdict]:
         kind = record.get("type")
@@ -189,7 +204,9 @@ class Watchdog:
         elif kind == "rank_gone":
             self._gone[record["rank"]] = now
         elif kind == "worker_failure":
-            if record["pid"] not in self._expected_deaths:
+            rank = record["rank"]
+            ending = rank in self._ending and self._ending[rank] == self._restart.get(rank)
+            if record["pid"] not in self._expected_deaths and not ending:
                 if not self._failures:
                     self._failures_since = now
                 self._failures.append(record)

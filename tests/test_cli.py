@@ -120,3 +120,49 @@ def test_attach_to_another_users_socket(ddptop_home, tmp_path):
 
 def test_replay_of_a_missing_run(ddptop_home):
     assert_one_line_error(run_ddptop("replay", "nope"), "no run matches")
+
+
+@pytest.fixture
+def taken_port():
+    """A port something else listens on."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--listen", "127.0.0.1:{port}"], "cannot listen on 127.0.0.1:{port} for the wire (--listen): Address already in use"),
+        (["--listen", "203.0.113.9:0"], "cannot listen on 203.0.113.9:0 for the wire (--listen): Cannot assign requested address"),
+        (["--listen", "nope"], "--listen 'nope' is not [ADDR:]PORT"),
+        (["--prometheus", "{port}"], "cannot listen on 127.0.0.1:{port} for Prometheus"),
+        (["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--nnodes 2 needs --node-rank"),
+        (["--nnodes", "2", "--node-rank", "0"], "--nnodes 2 needs --rdzv-endpoint"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--node-rank 2 is outside --nnodes 2"),
+        (["--nnodes", "x", "--node-rank", "0"], "--nnodes 'x' is not N or MIN:MAX"),
+        # The rendezvous endpoint is not this machine's: node 0 cannot serve the other nodes there.
+        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "203.0.113.9:29500"], "cannot listen on 203.0.113.9:29501 for the job's other nodes"),
+        (["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:1"], "node 1 needs the job's token"),
+    ],
+)
+def test_bad_tcp_and_multinode_input_is_one_line_and_starts_nothing(ddptop_home, taken_port, args, fragment):
+    args = [a.format(port=taken_port) for a in args]
+    result = run_ddptop("launch", *args, str(EXAMPLE), "--gpus", "1", env={"DDPTOP_TOKEN": ""})
+    assert_one_line_error(result, fragment.format(port=taken_port))
+    assert not (ddptop_home / "runs").exists() or not any((ddptop_home / "runs").iterdir())
+
+
+def test_a_node_whose_rendezvous_nobody_serves_gives_up_in_one_line(ddptop_home, taken_port):
+    result = run_ddptop(
+        "launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:9", "--join-timeout", "1",
+        str(EXAMPLE), "--gpus", "1", env={"DDPTOP_TOKEN": "t"},
+    )
+    assert_one_line_error(result, "no ddptop supervisor of node 0 answered at 127.0.0.1:10 within 1 s (Connection refused)")
+    assert not (ddptop_home / "runs").exists()
+
+
+def test_attach_over_tcp_to_nobody_or_without_a_token(ddptop_home, taken_port):
+    assert_one_line_error(run_ddptop("attach", "127.0.0.1:9"), "no supervisor answers at 127.0.0.1:9")
+    assert_one_line_error(run_ddptop("attach", f"127.0.0.1:{taken_port}", env={"DDPTOP_TOKEN": ""}), "needs the run's token")

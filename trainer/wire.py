@@ -106,6 +106,9 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "rank": (_INT, False),
         "exitcode": (_INT, False),
     },
+    # The supervisor to torchrun's probe: it has judged the failure behind restart
+    # number `restart` and not stopped the job, so the restart may go ahead.
+    "restart_go": {"restart": (_INT, True)},
     # monitor.checkpoint() wrote a checkpoint (rank 0) / monitor.resume() loaded one.
     "checkpoint": {
         "rank": (_INT, True),
@@ -122,18 +125,49 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "batch": {"items": (_LIST, True)},
     # A dashboard introduces itself; with history, it first gets the run so far.
     "viewer_hello": {"history": (_BOOL, False)},
-    # What a dashboard may ask of the supervisor.
-    "command": {"action": (_STR, True), "rank": (_INT, False)},
+    # What a dashboard may ask of the supervisor, and the job's aggregator of a
+    # node's supervisor (stacks: collect those ranks' Python stacks).
+    "command": {"action": (_STR, True), "rank": (_INT, False), "ranks": (_LIST, False)},
+    # Over TCP, the first frame of every connection: the run's token.
+    "auth": {"token": (_STR, True)},
+    # A node's supervisor joins the job's aggregator (node 0's supervisor), which
+    # answers node_welcome, or refused and closes; then the node forwards records.
+    "node_hello": {"node": (_INT, True), "nnodes": (_INT, True), "host": (_STR, True), "pid": (_INT, True)},
+    "node_welcome": {"node": (_INT, True), "run": (_STR, True)},
+    "refused": {"reason": (_STR, True)},
+    # Records a supervisor makes, which a node forwards to the aggregator.
+    "rank_gone": {"rank": (_INT, True), "wall": (_NUM, True)},
+    "sample": {"wall": (_NUM, True), "procs": (_LIST, True), "gpus": (_LIST, True), "node": (_INT, False)},
+    "stack": {"rank": (_INT, True), "wall": (_NUM, True), "source": (_STR, True), "text": (_STR, True)},
+    "action": {"wall": (_NUM, True), "text": (_STR, True), "rank": (_INT, False), "node": (_INT, False)},
+    "notice": {"wall": (_NUM, True), "text": (_STR, True), "node": (_INT, False)},
+    "wire_error": {"wall": (_NUM, True), "error": (_STR, True), "rank": (_INT, False), "node": (_INT, False)},
 }
 
-COMMANDS = frozenset({"stop", "restart", "kill_rank"})
-"""Actions a viewer may request: stop the job, restart the group, kill one rank."""
+# The entries of a sample record's lists: one rank process, one GPU.
+_SAMPLE_PROC: dict[str, tuple[tuple[type, ...], bool]] = {
+    "rank": (_INT, True), "pid": (_INT, True), "cpu": (_NUM, False), "rss": (_INT, False),
+    "gpu": (_INT, False), "gpu_mem": (_INT, False),
+}
+_SAMPLE_GPU: dict[str, tuple[tuple[type, ...], bool]] = {
+    "index": (_INT, True), "name": (_STR, False), "util": (_NUM, False), "mem_used": (_INT, False),
+    "mem_total": (_INT, False), "temperature": (_NUM, False), "power_w": (_NUM, False),
+}
+
+COMMANDS = frozenset({"stop", "restart", "kill_rank", "stacks"})
+"""Actions a viewer may request: stop the job, restart the group, kill one rank
+(and, from the aggregator to a node, collect stacks)."""
 
 RANK_RECORD_TYPES = frozenset({"step", "heartbeat", "exception", "checkpoint", "resume"})
 """What a batch from a rank may carry."""
 
 AGENT_RECORD_TYPES = frozenset({"worker_failure", "group_restart"})
 """What torchrun's probe may send after its hello."""
+
+FORWARDED_TYPES = RANK_RECORD_TYPES | AGENT_RECORD_TYPES | frozenset(
+    {"rank_hello", "rank_gone", "sample", "stack", "action", "notice", "wire_error"})
+"""What a node's supervisor forwards to the aggregator: its ranks' and its
+torchrun's records, and what it measured and did; not its own summaries."""
 
 
 class FrameError(ValueError):
@@ -159,6 +193,8 @@ def _decode_body(body: bytes) -> Frame:
 
 
 _REQUIRED = {kind: frozenset(k for k, (_, required) in schema.items() if required) for kind, schema in SCHEMAS.items()}
+_PROC_REQUIRED = frozenset({"rank", "pid"})
+_GPU_REQUIRED = frozenset({"index"})
 
 
 def validate(frame: Frame) -> Frame:
@@ -172,6 +208,30 @@ def validate(frame: Frame) -> Frame:
     schema = SCHEMAS.get(kind) if isinstance(kind, str) else None
     if schema is None:
         raise FrameError(f"unknown frame type {kind!r}")
+    _check_fields(kind, schema, frame, _REQUIRED[kind])
+    if kind == "command":
+        if frame["action"] not in COMMANDS:
+            raise FrameError(f"unknown command {frame['action']!r}")
+        if any(not isinstance(r, int) or isinstance(r, bool) for r in frame.get("ranks") or []):
+            raise FrameError("command: ranks must be integers")
+    elif kind == "batch":
+        items = frame["items"]
+        if len(items) > MAX_BATCH:
+            raise FrameError(f"batch of {len(items)} records exceeds {MAX_BATCH}")
+        for item in items:
+            if not isinstance(item, dict) or item.get("type") not in RANK_RECORD_TYPES:
+                raise FrameError("batch item is not a rank record")
+            validate(item)
+    elif kind == "sample":
+        for key, entry_schema, required in (("procs", _SAMPLE_PROC, _PROC_REQUIRED), ("gpus", _SAMPLE_GPU, _GPU_REQUIRED)):
+            for entry in frame[key]:
+                if not isinstance(entry, dict):
+                    raise FrameError(f"sample: an entry of {key} is not a map")
+                _check_fields(f"sample {key}", entry_schema, entry, required)
+    return frame
+
+
+def _check_fields(kind: str, schema: dict[str, tuple[tuple[type, ...], bool]], frame: Frame, required: frozenset[str]) -> None:
     for key, value in frame.items():
         spec = schema.get(key)
         if spec is None:
@@ -183,20 +243,9 @@ def validate(frame: Frame) -> Frame:
             if value is None and not spec[1]:
                 continue
             raise FrameError(f"{kind}: field {key!r} has type {type(value).__name__}")
-    if not _REQUIRED[kind] <= frame.keys():
-        missing = sorted(_REQUIRED[kind] - frame.keys())
+    if not required <= frame.keys():
+        missing = sorted(required - frame.keys())
         raise FrameError(f"{kind}: missing field(s) {', '.join(missing)}")
-    if kind == "command" and frame["action"] not in COMMANDS:
-        raise FrameError(f"unknown command {frame['action']!r}")
-    if kind == "batch":
-        items = frame["items"]
-        if len(items) > MAX_BATCH:
-            raise FrameError(f"batch of {len(items)} records exceeds {MAX_BATCH}")
-        for item in items:
-            if not isinstance(item, dict) or item.get("type") not in RANK_RECORD_TYPES:
-                raise FrameError("batch item is not a rank record")
-            validate(item)
-    return frame
 
 
 class FrameDecoder:

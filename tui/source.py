@@ -18,15 +18,28 @@ from ddptop.trainer import unixpath, wire
 
 
 class LiveSource:
+    """A supervisor's stream: on its Unix socket (socket_path), or over TCP
+    (tcp: (host, port)) with the run's token as the first frame."""
+
     live = True
 
-    def __init__(self, socket_path: Path) -> None:
+    def __init__(self, socket_path: Path | None = None, tcp: tuple[str, int] | None = None, token: str | None = None) -> None:
         self.socket_path = socket_path
+        self.tcp = tcp
+        self.token = token
         self._writer: asyncio.StreamWriter | None = None
 
-    async def records(self) -> AsyncIterator[wire.Frame]:
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.tcp is not None:
+            reader, writer = await asyncio.open_connection(*self.tcp, limit=1 << 20)
+            writer.write(wire.encode({"type": "auth", "token": self.token or ""}))
+            return reader, writer
+        assert self.socket_path is not None
         with unixpath.usable(str(self.socket_path)) as short:
-            reader, self._writer = await asyncio.open_unix_connection(short, limit=1 << 20)
+            return await asyncio.open_unix_connection(short, limit=1 << 20)
+
+    async def records(self) -> AsyncIterator[wire.Frame]:
+        reader, self._writer = await self._open()
         self._writer.write(wire.encode({"type": "viewer_hello", "history": True}))
         await self._writer.drain()
         decoder = wire.FrameDecoder()

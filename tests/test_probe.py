@@ -1,0 +1,41 @@
+"""torchrun's probe holds a restart until the supervisor has judged the failure."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from ddptop.supervisor.torchrun_probe import Reporter
+from ddptop.trainer import wire
+
+
+def held_restart(restart: int, backoff: float = 0.0) -> tuple[threading.Thread, socket.socket]:
+    """A Reporter on one end of a socket pair, holding restart `restart` in a thread."""
+    probe_end, supervisor_end = socket.socketpair()
+    reporter = Reporter(None)
+    reporter._sock = probe_end
+    thread = threading.Thread(target=reporter.hold_restart, args=(restart, backoff), daemon=True)
+    thread.start()
+    return thread, supervisor_end
+
+
+def test_a_restart_waits_for_the_go_of_its_own_number():
+    thread, supervisor = held_restart(3)
+    supervisor.sendall(wire.encode({"type": "restart_go", "restart": 2}))  # an older restart's go
+    thread.join(0.5)
+    assert thread.is_alive(), "the restart went ahead without its go"
+    supervisor.sendall(wire.encode({"type": "restart_go", "restart": 3}))
+    thread.join(5.0)
+    assert not thread.is_alive()
+
+
+def test_a_supervisor_that_goes_away_does_not_hold_the_restart():
+    thread, supervisor = held_restart(1)
+    supervisor.close()
+    thread.join(5.0)
+    assert not thread.is_alive()
+
+
+def test_without_a_supervisor_only_the_backoff_is_waited():
+    reporter = Reporter(None)
+    reporter.hold_restart(1, 0.0)
