@@ -381,6 +381,9 @@ class Watchdog:
                                      self._gone.get(f["rank"], float("inf")), f["wall"]))
         first = failures[0]
         rank = first["rank"]
+        # What fails later in this attempt failed of this: on other nodes the
+        # broken collective surfaces a moment after, in a gather of its own.
+        self.expect_group_restart()
         state = self.state.ranks.get(rank)
         where = "" if state is None else (" before its first step" if state.step < 0 else f" after step {state.step} (in {state.phase})")
         tail = self.log_tail(rank)

@@ -163,6 +163,25 @@ def test_a_rank_killed_by_a_signal_is_the_cause_even_when_its_peers_seemed_to_go
     assert v.ranks == [0] and v.text.startswith("rank 0 was killed by SIGKILL")
 
 
+def test_failures_later_in_the_same_attempt_are_consequences_not_a_second_crash():
+    """Across nodes the other node's ranks fail of the broken collective a moment later."""
+    dog, state, clock = make()
+    failure = {"type": "worker_failure", "node": 1, "rank": 2, "local_rank": 0, "pid": 102, "exitcode": -9, "wall": 0.0}
+    feed(dog, state, failure)
+    clock.now += 0.5
+    [crash] = dog.tick()
+    assert crash.ranks == [2]
+    for rank in (0, 1):
+        feed(dog, state, {**failure, "node": 0, "rank": rank, "local_rank": rank, "pid": 100 + rank, "exitcode": 1})
+    clock.now += 0.5
+    assert dog.tick() == []
+    for rank in range(4):  # the next attempt's failures count again
+        feed(dog, state, hello(rank, restart=1))
+    feed(dog, state, {**failure, "rank": 0, "pid": 200, "exitcode": 1})
+    clock.now += 0.5
+    assert [v.ranks for v in dog.tick()] == [[0]]
+
+
 def test_crash_quotes_the_ranks_own_exception():
     dog, state, _ = make(world=1)
     feed(dog, state, step(0, 4))

@@ -1,0 +1,118 @@
+"""Two nodes on one machine: two supervisors, one job of world size 4.
+
+Each `ddptop launch --nnodes 2 --node-rank R` runs its own torchrun with 2
+CPU ranks; they meet in torchrun's c10d rendezvous on 127.0.0.1. Node 0's
+supervisor aggregates: one watchdog over all four ranks, one event log, one
+dashboard, one Prometheus endpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ddptop.supervisor import rundir
+from ddptop.tui.app import DdptopApp
+from ddptop.tui.source import LiveSource
+
+from conftest import DDPTOP, EXAMPLE, wait_for
+from test_tui import column, table, until
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "the-job-token"
+
+
+def free_port(pair: bool = False) -> int:
+    """A free loopback port (and, with pair, the next one free too: node 0's supervisor takes it)."""
+    while True:
+        with socket.create_server(("127.0.0.1", 0)) as sock:
+            port = sock.getsockname()[1]
+        if not pair or port >= 65535:
+            return port
+        try:
+            socket.create_server(("127.0.0.1", port + 1)).close()
+            return port
+        except OSError:
+            continue
+
+
+def records(run: Path) -> list[dict]:
+    return list(rundir.read_events(rundir.RunDir(run))) if (run / "events.log").exists() else []
+
+
+def prometheus_lines(port: int) -> list[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return reply.read().decode().splitlines()
+
+
+async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_home, tmp_path):
+    rdzv, prometheus = free_port(pair=True), free_port()
+    env = {**os.environ, "DDPTOP_TOKEN": TOKEN}
+    job = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{rdzv}", "--desync-every", "10", "--max-restarts", "2",
+           str(EXAMPLE), "--gpus", "2", "--steps", "600", "--inject", "desync@25:3/0", "--inject", "kill@60:2/0"]
+
+    def node(rank: int, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [DDPTOP, "launch", "--headless", "--run-dir", str(tmp_path / f"node{rank}"), "--node-rank", str(rank), *extra, *job],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+
+    node1 = node(1)  # before node 0: it waits for node 0's supervisor to answer
+    node0 = node(0, "--prometheus", f"127.0.0.1:{prometheus}")
+    try:
+        wait_for(lambda: {(r["rank"], r["restart"]) for r in records(tmp_path / "node0") if r["type"] == "rank_hello"}
+                 >= {(rank, 1) for rank in range(4)}, 120, "all four ranks of both nodes in attempt 1, on node 0")
+
+        # A third supervisor claiming node rank 1 is refused before it starts anything.
+        intruder = subprocess.run(
+            [DDPTOP, "launch", "--headless", "--node-rank", "1", *job], capture_output=True, text=True, env=env, timeout=60)
+        assert intruder.returncode == 2 and intruder.stderr.strip().splitlines() == [
+            f"ddptop: error: node 0's supervisor at 127.0.0.1:{rdzv + 1} refused node 1: node rank 1 is already taken by {socket.gethostname()}"]
+
+        # Prometheus on node 0 shows every rank of both nodes, live.
+        def every_rank_up() -> list[str]:
+            up = [line for line in prometheus_lines(prometheus) if line.startswith("ddptop_rank_up{")]
+            return up if len(up) == 4 and {'node="0"', 'node="1"'} <= {p for line in up for p in line.split(",")} else []
+
+        up = wait_for(every_rank_up, 30, "ddptop_rank_up for 4 ranks on nodes 0 and 1")
+        lines = prometheus_lines(prometheus)
+        assert 'ddptop_alerts_total{kind="desync"} 1.0' in lines and 'ddptop_alerts_total{kind="crash"} 1.0' in lines
+        assert "ddptop_restarts_total 1.0" in lines and "ddptop_world_size 4.0" in lines
+        assert any(line.startswith('ddptop_rank_step_seconds{') and 'quantile="0.95"' in line for line in lines)
+        print(f"prometheus: {len(lines)} lines, e.g. {up[0]}")
+
+        # One dashboard, attached over TCP with the token, shows both nodes' ranks.
+        app = DdptopApp(LiveSource(tcp=("127.0.0.1", rdzv + 1), token=TOKEN), "attach")
+        async with app.run_test(size=(180, 40)) as pilot:
+            await until(pilot, lambda: table(app).row_count == 4 and sorted(column(app, "node")) == ["0", "0", "1", "1"],
+                        "four rows, two per node", timeout=20)
+    finally:
+        outs = [proc.communicate(timeout=180) for proc in (node0, node1)]
+    assert (node0.returncode, node1.returncode) == (0, 0), outs
+
+    log = records(tmp_path / "node0")
+    hellos = [r for r in log if r["type"] == "rank_hello"]
+    assert {(r["rank"], r["restart"]) for r in hellos} == {(rank, attempt) for rank in range(4) for attempt in (0, 1)}
+    assert {r["node"] for r in hellos} == {0, 1} and {r["world_size"] for r in hellos} == {4}
+    # The watchdog on node 0 compared the ranks of both nodes, and named the killed one
+    # once: the other node's ranks, failing of it a moment later, are not a second crash.
+    [desync] = [a for a in log if a["type"] == "alert" and a["kind"] == "desync"]
+    assert desync["ranks"] == [3] and desync["step"] == 30
+    [crash] = [a for a in log if a["type"] == "alert" and a["kind"] == "crash"]
+    assert crash["text"].startswith("rank 2 was killed by SIGKILL after step 5"), crash["text"]
+    # torchrun's rendezvous restarted the group on both nodes, once each.
+    assert sorted((r["node"], r["restart"]) for r in log if r["type"] == "group_restart") == [(0, 1), (1, 1)]
+    # Both nodes' samples are in the one log, and every rank finished attempt 1.
+    assert {r.get("node") for r in log if r["type"] == "sample"} == {0, 1}
+    last = {}
+    for r in log:
+        if r["type"] == "step":
+            last[r["rank"]] = r["step"]
+    assert last == {rank: 599 for rank in range(4)}
+    assert not [r for r in log if r["type"] == "wire_error"]
