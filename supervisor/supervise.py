@@ -137,8 +137,9 @@ class Supervisor:
         kind = record["type"]
         if kind == "group_restart":
             print(f"ddptop: {restart_text(record)}", file=sys.stderr, flush=True)
-            if record["node"] == self.cluster.node or self.aggregator is None:
-                self._restarts_held.append(record["restart"])
+            # Another node's restart too (its node field is torchrun's group
+            # rank, not ours): a probe lets through only its own number's go.
+            self._restarts_held.append(record["restart"])
         elif kind == "stack" and (waiter := self._stack_waiters.pop(record["rank"], None)) is not None:
             if not waiter.done():
                 waiter.set_result(None)

@@ -8,7 +8,9 @@ dashboard, one Prometheus endpoint.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import urllib.request
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptop.supervisor import rundir
+from ddptop.supervisor import remote, rundir
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.source import LiveSource
 
@@ -51,9 +53,10 @@ def prometheus_lines(port: int) -> list[str]:
         return reply.read().decode().splitlines()
 
 
-async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_home, tmp_path):
+async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_home, tmp_path, monkeypatch):
     rdzv, prometheus = free_port(pair=True), free_port()
-    env = {**os.environ, "DDPTOP_TOKEN": TOKEN}
+    monkeypatch.setenv("DDPTOP_TOKEN", TOKEN)
+    env = {**os.environ}
     job = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{rdzv}", "--desync-every", "10", "--max-restarts", "2",
            str(EXAMPLE), "--gpus", "2", "--steps", "600", "--inject", "desync@25:3/0", "--inject", "kill@60:2/0"]
 
@@ -63,7 +66,7 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
 
-    node1 = node(1)  # before node 0: it waits for node 0's supervisor to answer
+    node1 = node(1, "--listen", "0")  # before node 0: it waits for node 0's supervisor to answer
     node0 = node(0, "--prometheus", f"127.0.0.1:{prometheus}")
     try:
         wait_for(lambda: {(r["rank"], r["restart"]) for r in records(tmp_path / "node0") if r["type"] == "rank_hello"}
@@ -87,6 +90,13 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
         assert any(line.startswith('ddptop_rank_step_seconds{') and 'quantile="0.95"' in line for line in lines)
         print(f"prometheus: {len(lines)} lines, e.g. {up[0]}")
 
+        # Of both nodes' supervisors, attach picks node 0's, which shows the whole job.
+        node1_address = json.loads((tmp_path / "node1" / "meta.json").read_text())["listen"]
+        target, notice = remote.choose(f"{node1_address},127.0.0.1:{rdzv + 1}", None)
+        assert (target.port, notice) == (rdzv + 1, None)
+        target, notice = remote.choose(node1_address, None)
+        assert notice == f"none of {node1_address} is node 0's supervisor: showing node 1's ranks only"
+
         # One dashboard, attached over TCP with the token, shows both nodes' ranks.
         app = DdptopApp(LiveSource(tcp=("127.0.0.1", rdzv + 1), token=TOKEN), "attach")
         async with app.run_test(size=(180, 40)) as pilot:
@@ -105,7 +115,10 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
     [desync] = [a for a in log if a["type"] == "alert" and a["kind"] == "desync"]
     assert desync["ranks"] == [3] and desync["step"] == 30
     [crash] = [a for a in log if a["type"] == "alert" and a["kind"] == "crash"]
-    assert crash["text"].startswith("rank 2 was killed by SIGKILL after step 5"), crash["text"]
+    # Killed before step 60's forward: its last step node 0 heard of lags by what
+    # the SIGKILL cut from its sender's queue and the hop through node 1.
+    killed = re.match(r"rank 2 was killed by SIGKILL after step (\d+)", crash["text"])
+    assert killed and 30 <= int(killed[1]) <= 59, crash["text"]
     # torchrun's rendezvous restarted the group on both nodes, once each.
     assert sorted((r["node"], r["restart"]) for r in log if r["type"] == "group_restart") == [(0, 1), (1, 1)]
     # Both nodes' samples are in the one log, and every rank finished attempt 1.
