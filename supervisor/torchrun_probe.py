@@ -34,7 +34,7 @@ from typing import Any
 
 from ddptop.supervisor.launcher import BACKOFF_ENV, exit_status
 from ddptop.trainer import wire
-from ddptop.trainer.runtime import AGENT_PID_ENV
+from ddptop.trainer.runtime import AGENT_PID_ENV, ATTEMPT_ENV
 from ddptop.trainer.sender import connect
 
 SEND_TIMEOUT_S = 1.0
@@ -59,7 +59,9 @@ class Reporter:
         self.address = address
         self.node = int(os.environ.get("GROUP_RANK", "0"))
         self.last_failure: tuple[int, int] | None = None
-        """(rank, exit code) of the latest failure torchrun saw first."""
+        """(rank, exit code) of the failure torchrun saw first since the last restart."""
+        self.restarts = 0
+        """Restarts of this node's group so far: the attempt its ranks run in."""
         self._sock: socket.socket | None = None
 
     def send(self, frame: wire.Frame) -> None:
@@ -107,6 +109,7 @@ class Reporter:
             frame: wire.Frame = {
                 "type": "worker_failure",
                 "node": group_rank,
+                "restart": self.restarts,
                 "rank": int(rank),
                 "local_rank": int(failure.local_rank),
                 "pid": int(failure.pid),
@@ -142,7 +145,11 @@ def install(reporter: Reporter, backoff_base: float) -> None:
         return result
 
     def _restart_workers(self: Any, worker_group: Any) -> None:
-        count = worker_group.spec.max_restarts - self._remaining_restarts
+        # Every restart counts, not only this node's failures (torchrun's count):
+        # across nodes, a group restarted for another node's failure is one more
+        # attempt of the same job, and every node's ranks must say the same number.
+        reporter.restarts += 1
+        count = reporter.restarts
         wait = backoff_s(count, backoff_base)
         frame: wire.Frame = {
             "type": "group_restart",
@@ -154,8 +161,10 @@ def install(reporter: Reporter, backoff_base: float) -> None:
         }
         if reporter.last_failure is not None:
             frame["rank"], frame["exitcode"] = reporter.last_failure
+            reporter.last_failure = None
         reporter.send(frame)
         reporter.hold_restart(count, wait)
+        os.environ[ATTEMPT_ENV] = str(count)  # the new ranks inherit it
         restart(self, worker_group)
 
     LocalElasticAgent._monitor_workers = _monitor_workers
@@ -168,6 +177,7 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     os.environ[AGENT_PID_ENV] = str(os.getpid())  # inherited by the ranks: their parent's pid
+    os.environ[ATTEMPT_ENV] = "0"
     reporter = Reporter(os.environ.get("DDPTOP_ADDRESS"))
     try:
         install(reporter, float(os.environ.get(BACKOFF_ENV, "0")))

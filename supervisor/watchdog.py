@@ -164,7 +164,8 @@ class Watchdog:
         self._failures: list[wire.Frame] = []
         self._failures_since = 0.0
         self._expected_deaths: set[int] = set()
-        self._ending: dict[int, int] = {}
+        self._ended = -1
+        """The newest attempt ended on purpose or already judged: its failures are consequences."""
         """rank -> the attempt the supervisor is ending on purpose (expect_group_restart)."""
         self._exceptions: dict[int, str] = {}
         self._crashes: deque[tuple[float, tuple[int, str]]] = deque()
@@ -173,14 +174,16 @@ class Watchdog:
         """Processes the supervisor kills on purpose: their deaths are not crashes."""
         self._expected_deaths |= pids
 
-    def expect_group_restart(self) -> None:
-        """The supervisor ends the current attempt on purpose: whatever fails in it is a consequence.
+    def expect_group_restart(self, attempt: int | None = None) -> None:
+        """An attempt ends (default: the newest a rank said hello in): whatever fails in it is a consequence.
 
         On one node the killed ranks are all of them; across nodes, the other
         nodes' ranks fail of the broken collective before their torchrun
-        restarts them, and those failures are not crashes either.
+        restarts them, and those failures are not crashes either. The attempt
+        is torchrun's (the probe's count in each failure), not the ranks'
+        hellos: a rank of the next attempt may fail before its hello is read.
         """
-        self._ending = dict(self._restart)
+        self._ended = max(self._ended, max(self._restart.values(), default=0) if attempt is None else attempt)
 
     def judging(self) -> bool:
         """Whether failures are still gathered, not yet judged (a crash-loop stop may come)."""
@@ -204,9 +207,7 @@ class Watchdog:
         elif kind == "rank_gone":
             self._gone[record["rank"]] = now
         elif kind == "worker_failure":
-            rank = record["rank"]
-            ending = rank in self._ending and self._ending[rank] == self._restart.get(rank)
-            if record["pid"] not in self._expected_deaths and not ending:
+            if record["pid"] not in self._expected_deaths and record["restart"] > self._ended:
                 if not self._failures:
                     self._failures_since = now
                 self._failures.append(record)
@@ -383,7 +384,7 @@ class Watchdog:
         rank = first["rank"]
         # What fails later in this attempt failed of this: on other nodes the
         # broken collective surfaces a moment after, in a gather of its own.
-        self.expect_group_restart()
+        self.expect_group_restart(first["restart"])
         state = self.state.ranks.get(rank)
         where = "" if state is None else (" before its first step" if state.step < 0 else f" after step {state.step} (in {state.phase})")
         tail = self.log_tail(rank)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
@@ -39,3 +40,30 @@ def test_a_supervisor_that_goes_away_does_not_hold_the_restart():
 def test_without_a_supervisor_only_the_backoff_is_waited():
     reporter = Reporter(None)
     reporter.hold_restart(1, 0.0)
+
+
+def test_every_restart_is_a_new_attempt_even_for_another_nodes_failure(monkeypatch):
+    """torchrun counts only this node's failures; a group restarted because another
+    node's failed must still start its ranks on the job's next attempt number."""
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    from ddptop.supervisor import torchrun_probe
+    from ddptop.trainer.runtime import ATTEMPT_ENV
+
+    started: list[str] = []
+    monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: started.append(os.environ[ATTEMPT_ENV]))
+    monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", lambda self, group: None)
+    monkeypatch.setenv(ATTEMPT_ENV, "0")
+    reporter = Reporter(None)
+    sent: list[wire.Frame] = []
+    reporter.send = sent.append
+    torchrun_probe.install(reporter, backoff_base=0.0)
+    agent = SimpleNamespace(_remaining_restarts=3)  # membership changes leave torchrun's budget alone
+    group = SimpleNamespace(spec=SimpleNamespace(max_restarts=3), group_rank=0)
+    reporter.last_failure = (2, -9)
+    LocalElasticAgent._restart_workers(agent, group)
+    LocalElasticAgent._restart_workers(agent, group)
+    assert started == ["1", "2"]
+    assert [(f["restart"], f.get("rank")) for f in sent] == [(1, 2), (2, None)]  # a failure names one restart only

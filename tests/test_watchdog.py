@@ -141,7 +141,7 @@ def test_crash_picks_the_first_rank_to_go_and_ignores_deaths_we_caused():
     clock.now += 0.01
     feed(dog, state, {"type": "rank_gone", "rank": 0, "wall": 0.0})
     for rank, code, pid in ((0, 1, 100), (2, -11, 102), (3, -9, 103)):
-        feed(dog, state, {"type": "worker_failure", "node": 0, "rank": rank, "local_rank": rank, "pid": pid, "exitcode": code, "wall": 0.0})
+        feed(dog, state, {"type": "worker_failure", "node": 0, "restart": 0, "rank": rank, "local_rank": rank, "pid": pid, "exitcode": code, "wall": 0.0})
     assert dog.tick() == []  # gathering the failures of one poll
     clock.now += 0.5
     [v] = dog.tick()
@@ -157,7 +157,7 @@ def test_a_rank_killed_by_a_signal_is_the_cause_even_when_its_peers_seemed_to_go
         feed(dog, state, {"type": "rank_gone", "rank": rank, "wall": 0.0})
         clock.now += 0.001
     for rank, code in ((1, 1), (2, -15), (0, -9)):
-        feed(dog, state, {"type": "worker_failure", "node": 0, "rank": rank, "local_rank": rank, "pid": 100 + rank, "exitcode": code, "wall": 0.0})
+        feed(dog, state, {"type": "worker_failure", "node": 0, "restart": 0, "rank": rank, "local_rank": rank, "pid": 100 + rank, "exitcode": code, "wall": 0.0})
     clock.now += 0.5
     [v] = dog.tick()
     assert v.ranks == [0] and v.text.startswith("rank 0 was killed by SIGKILL")
@@ -166,7 +166,7 @@ def test_a_rank_killed_by_a_signal_is_the_cause_even_when_its_peers_seemed_to_go
 def test_failures_later_in_the_same_attempt_are_consequences_not_a_second_crash():
     """Across nodes the other node's ranks fail of the broken collective a moment later."""
     dog, state, clock = make()
-    failure = {"type": "worker_failure", "node": 1, "rank": 2, "local_rank": 0, "pid": 102, "exitcode": -9, "wall": 0.0}
+    failure = {"type": "worker_failure", "node": 1, "restart": 0, "rank": 2, "local_rank": 0, "pid": 102, "exitcode": -9, "wall": 0.0}
     feed(dog, state, failure)
     clock.now += 0.5
     [crash] = dog.tick()
@@ -175,9 +175,9 @@ def test_failures_later_in_the_same_attempt_are_consequences_not_a_second_crash(
         feed(dog, state, {**failure, "node": 0, "rank": rank, "local_rank": rank, "pid": 100 + rank, "exitcode": 1})
     clock.now += 0.5
     assert dog.tick() == []
-    for rank in range(4):  # the next attempt's failures count again
-        feed(dog, state, hello(rank, restart=1))
-    feed(dog, state, {**failure, "rank": 0, "pid": 200, "exitcode": 1})
+    # The next attempt's failures count again, even one that comes before its
+    # rank's hello (they travel on different connections).
+    feed(dog, state, {**failure, "restart": 1, "rank": 0, "pid": 200, "exitcode": 1})
     clock.now += 0.5
     assert [v.ranks for v in dog.tick()] == [[0]]
 
@@ -187,7 +187,7 @@ def test_crash_quotes_the_ranks_own_exception():
     feed(dog, state, step(0, 4))
     feed(dog, state, {"type": "heartbeat", "rank": 0, "wall": 0.0, "phase": "data", "step": 5, "dropped": 0})
     feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": "Traceback...\nValueError: bad batch\n"})
-    feed(dog, state, {"type": "worker_failure", "node": 0, "rank": 0, "local_rank": 0, "pid": 100, "exitcode": 1, "wall": 0.0})
+    feed(dog, state, {"type": "worker_failure", "node": 0, "restart": 0, "rank": 0, "local_rank": 0, "pid": 100, "exitcode": 1, "wall": 0.0})
     [v] = dog.tick(final=True)
     assert v.text == "rank 0 failed with exit code 1 after step 4 (in data): ValueError: bad batch"
 
@@ -196,7 +196,7 @@ def crash_once(dog: Watchdog, state: JobState, clock: Clock, restart: int, messa
     """One attempt of a 1-rank group that dies with `message`; the verdicts it brings."""
     feed(dog, state, hello(0, restart=restart, world=1))
     feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": f"Traceback...\n{message}\n"})
-    feed(dog, state, {"type": "worker_failure", "node": 0, "rank": rank, "local_rank": 0, "pid": 100, "exitcode": code, "wall": 0.0})
+    feed(dog, state, {"type": "worker_failure", "node": 0, "restart": restart, "rank": rank, "local_rank": 0, "pid": 100, "exitcode": code, "wall": 0.0})
     clock.now += 1.0
     return dog.tick()
 

@@ -85,9 +85,11 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     },
     # torchrun's own agent, through ddptop's probe (supervisor/torchrun_probe.py).
     "agent_hello": {"node": (_INT, True)},
-    # A worker process ended with a failure: what only torchrun knows.
+    # A worker process ended with a failure: what only torchrun knows. restart:
+    # the job's attempt it ran in (the probe's count, the same on every node).
     "worker_failure": {
         "node": (_INT, True),
+        "restart": (_INT, True),
         "rank": (_INT, True),
         "local_rank": (_INT, True),
         "pid": (_INT, True),
