@@ -84,7 +84,11 @@ def test_launch_dashboard_leave_running_then_attach(tmux, ddptop_home, run_path)
 
     run = rundir.RunDir(run_path)
     meta = json.loads((run_path / "meta.json").read_text())
-    pids = [r["pid"] for r in rundir.read_events(run) if r["type"] == "rank_hello"]
+    def hello_pids() -> list[int]:
+        return [r["pid"] for r in rundir.read_events(run) if r["type"] == "rank_hello"]
+
+    wait_for(lambda: len(hello_pids()) == 2, 30, "both hellos flushed to the event log")  # flushed about once a second
+    pids = hello_pids()
     assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids) and run.state() == "running"
 
     tmux("new-session", "-d", "-s", "attach", "-x", "120", "-y", "30",
