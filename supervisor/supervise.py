@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from ddptop.supervisor import endpoints, stacks, summary
+from ddptop.supervisor import endpoints, heap, stacks, summary
 from ddptop.supervisor.aggregator import Aggregator
 from ddptop.supervisor.cluster import Cluster
 from ddptop.supervisor.hub import Hub
@@ -233,6 +233,7 @@ class Supervisor:
             asyncio.create_task(_every(self.summary_every, self._print_summary)),
             asyncio.create_task(_every(FLUSH_S, self._flush)),
             asyncio.create_task(_every(WATCH_S, self._watch)),
+            asyncio.create_task(_every(heap.TRIM_S, self._trim_heap)),
         ]
         code = await self.torchrun.wait()
         for task in periodic:
@@ -302,6 +303,9 @@ class Supervisor:
 
     async def _flush(self) -> None:
         self.hub.log.flush()
+
+    async def _trim_heap(self) -> None:
+        heap.trim()
 
 
 async def _every(period: float, action: Callable[[], Awaitable[None]]) -> None:
