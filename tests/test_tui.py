@@ -10,6 +10,7 @@ import pytest
 from textual.pilot import Pilot
 
 from ddptop.supervisor import rundir
+from ddptop.supervisor.eventlog import closed_segments
 from ddptop.supervisor.hub import Hub
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
@@ -252,14 +253,17 @@ async def _run_until_steps(app: DdptopApp) -> None:
         await until(pilot, lambda: table(app).row_count == 2 and column(app, "step") != ["-", "-"], "steps in the second dashboard")
 
 
-async def test_replay_shows_a_finished_run(job):
+async def test_replay_shows_a_finished_run_from_its_rotated_log(job):
+    job.hub.log.segment_bytes = 2048
     job.feed(world=3, rate_hz=100, steps=30)
     await asyncio.wait_for(job.feeder, 10)
     await job.finish(0)
+    assert len(closed_segments(job.hub.run.events_path)) >= 3
     app = DdptopApp(ReplaySource(job.hub.run), "replay", job.hub.run.path)
     async with app.run_test(size=(160, 40)) as pilot:
         await until(pilot, lambda: app.stream_ended, "the whole log")
         assert column(app, "step") == ["29", "29", "29"]
+        assert app.state.records == sum(1 for _ in rundir.read_events(job.hub.run))  # the closed segments too
         assert "ended, exit 0" in str(app.query_one("#header").render())
         await pilot.press("q")
 
