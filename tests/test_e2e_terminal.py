@@ -84,6 +84,7 @@ def test_launch_dashboard_leave_running_then_attach(tmux, ddptop_home, run_path)
 
     run = rundir.RunDir(run_path)
     meta = json.loads((run_path / "meta.json").read_text())
+
     def hello_pids() -> list[int]:
         return [r["pid"] for r in rundir.read_events(run) if r["type"] == "rank_hello"]
 
