@@ -166,7 +166,6 @@ class Watchdog:
         self._expected_deaths: set[int] = set()
         self._ended = -1
         """The newest attempt ended on purpose or already judged: its failures are consequences."""
-        """rank -> the attempt the supervisor is ending on purpose (expect_group_restart)."""
         self._exceptions: dict[int, str] = {}
         self._crashes: deque[tuple[float, tuple[int, str]]] = deque()
 
