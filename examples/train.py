@@ -211,8 +211,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     monitor.configure(total_steps=args.steps)
-    # Under ddptop, the job's attempt; torchrun's own count is this node's failures only.
-    attempt = int(os.environ.get("DDPTOP_ATTEMPT", os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    attempt = monitor.attempt()
     faults = Faults(args.inject, rank, attempt)
     start, epoch, offset = 0, 0, 0
     if args.checkpoint_dir is not None:

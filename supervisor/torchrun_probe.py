@@ -34,7 +34,8 @@ from typing import Any
 
 from ddptop.supervisor.launcher import BACKOFF_ENV, exit_status
 from ddptop.trainer import wire
-from ddptop.trainer.runtime import AGENT_PID_ENV, ATTEMPT_ENV
+from ddptop.trainer.monitor import ATTEMPT_ENV
+from ddptop.trainer.runtime import AGENT_PID_ENV
 from ddptop.trainer.sender import connect
 
 SEND_TIMEOUT_S = 1.0

@@ -50,7 +50,7 @@ def test_every_restart_is_a_new_attempt_even_for_another_nodes_failure(monkeypat
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     from ddptop.supervisor import torchrun_probe
-    from ddptop.trainer.runtime import ATTEMPT_ENV
+    from ddptop.trainer.monitor import ATTEMPT_ENV
 
     started: list[str] = []
     monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: started.append(os.environ[ATTEMPT_ENV]))

@@ -122,3 +122,16 @@ def test_phase_follows_the_hooks():
     assert tracker.phase == "optimizer"
     tracker.optimizer_end({})
     assert tracker.phase == "data"
+
+
+def test_the_attempt_is_ddptops_count_then_torchruns(monkeypatch):
+    """ddptop's probe numbers attempts for the whole job; without it, torchrun's own count."""
+    from ddptop.trainer import monitor
+
+    monkeypatch.delenv(monitor.ATTEMPT_ENV, raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    assert monitor.attempt() == 0
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert monitor.attempt() == 1
+    monkeypatch.setenv(monitor.ATTEMPT_ENV, "3")  # another node's failure restarted this group too
+    assert monitor.attempt() == 3

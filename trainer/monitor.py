@@ -34,6 +34,12 @@ if TYPE_CHECKING:
 
 _tracker: StepTracker | None = None
 
+ATTEMPT_ENV = "DDPTOP_ATTEMPT"
+"""The job's attempt, counted by ddptop's probe inside torchrun
+(supervisor/torchrun_probe.py): torchrun's TORCHELASTIC_RESTART_COUNT counts
+only this node's failures, so a node whose group restarts because another
+node's failed would start its next attempt with the same number."""
+
 
 def bind(tracker: StepTracker | None) -> None:
     """Connect the API to this rank's tracker (done by the bootstrap); None disconnects it."""
@@ -44,6 +50,14 @@ def bind(tracker: StepTracker | None) -> None:
 def enabled() -> bool:
     """Whether this process reports to a ddptop supervisor."""
     return _tracker is not None
+
+
+def attempt() -> int:
+    """Which attempt of the job this rank runs in, 0 first, the same on every node.
+
+    Without ddptop it is torchrun's own restart count (0 outside torchrun).
+    """
+    return int(os.environ.get(ATTEMPT_ENV, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
 
 
 def configure(total_steps: int | None = None) -> None:

@@ -28,11 +28,6 @@ from ddptop.trainer.steps import StepTracker
 AGENT_PID_ENV = "DDPTOP_AGENT_PID"
 """torchrun's pid, set by ddptop's probe inside it (supervisor/torchrun_probe.py)."""
 
-ATTEMPT_ENV = "DDPTOP_ATTEMPT"
-"""The job's attempt, counted by the probe: torchrun's TORCHELASTIC_RESTART_COUNT
-counts only this node's failures, so a node whose group restarts because
-another node's failed would start its next attempt with the same number."""
-
 ADDRESS_ENV = "DDPTOP_ADDRESS"
 """Where the supervisor listens; set by the launcher, absent otherwise."""
 
@@ -52,7 +47,7 @@ def rank_hello() -> wire.Frame:
         "node": int(env.get("GROUP_RANK", "0")),
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "restart": int(env.get(ATTEMPT_ENV, env.get("TORCHELASTIC_RESTART_COUNT", "0"))),
+        "restart": monitor.attempt(),
     }
 
 
