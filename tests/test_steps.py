@@ -109,6 +109,15 @@ def test_a_value_that_never_becomes_readable_is_dropped_not_waited_for():
     assert [r["step"] for r in out] == list(range(len(out)))
 
 
+def test_a_late_value_read_as_none_leaves_its_field_out():
+    tracker, out, clock = make()
+    tracker.forward_begin(8)
+    tracker.optimizer_begin({"grad_norm": NotYet(None), "nonfinite": NotYet(True)})
+    tracker.optimizer_end({})
+    tracker.flush()
+    assert "grad_norm" not in out[0] and out[0]["nonfinite"] is True
+
+
 def test_phase_follows_the_hooks():
     tracker, _, clock = make()
     assert tracker.phase == "startup"

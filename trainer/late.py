@@ -12,34 +12,66 @@ that run after the script imported torch itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 
 class Late(Protocol):
-    """A value that may not be readable yet without waiting."""
+    """A value that may not be readable yet without waiting; one that reads
+    as None leaves its field out of the record."""
 
     def ready(self) -> bool: ...
 
-    def get(self) -> float | int | None: ...
+    def get(self) -> Any: ...
 
 
-class LateTensorScalar:
-    """A one-element CUDA tensor on its way to the host, in its own dtype
-    (a float loss, an integer checksum)."""
+_PINNED: dict[tuple[Any, Any], list[Any]] = {}
+"""Pinned host buffers by (shape, dtype), free for the next late value.
+Allocating pinned memory can wait for the device (cudaHostAlloc), so a
+rank allocates a handful once and reuses them every step."""
+
+
+class LateTensor:
+    """A small CUDA tensor on its way to the host, in its own dtype (a float
+    loss, an integer checksum, the guard's verdict); read as a number, or as
+    a list for more than one element."""
 
     def __init__(self, tensor: Any) -> None:
         import torch
 
-        self._host = torch.empty((), dtype=tensor.dtype, pin_memory=True)
-        self._host.copy_(tensor.detach().reshape(()), non_blocking=True)
+        free = _PINNED.get((tensor.shape, tensor.dtype))
+        self._host = free.pop() if free else torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        self._host.copy_(tensor.detach(), non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
+        self._value: Any = None
 
     def ready(self) -> bool:
-        return bool(self._event.query())
+        return self._host is None or bool(self._event.query())
 
-    def get(self) -> float | int:
-        return self._host.item()
+    def get(self) -> Any:
+        """The value, waiting for the copy if it has not passed (only at exit)."""
+        if self._host is not None:
+            self._event.synchronize()
+            self._value = self._host.tolist()
+            _PINNED.setdefault((self._host.shape, self._host.dtype), []).append(self._host)
+            self._host = None
+        return self._value
+
+
+class Derived:
+    """A value computed, once readable, from another late value: several
+    fields can share one copy to the host."""
+
+    def __init__(self, source: Late, read: Callable[[Any], Any]) -> None:
+        self._source = source
+        self._read = read
+
+    def ready(self) -> bool:
+        return self._source.ready()
+
+    def get(self) -> Any:
+        return self._read(self._source.get())
 
 
 def scalar(value: Any) -> float | Late | None:
@@ -48,7 +80,7 @@ def scalar(value: Any) -> float | Late | None:
         return None
     if hasattr(value, "is_cuda"):
         if value.is_cuda:
-            return LateTensorScalar(value)
+            return LateTensor(value.detach().reshape(()))
         return float(value.detach())  # a loss still needs its graph: no warning, no copy
     return float(value)
 

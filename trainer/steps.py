@@ -166,8 +166,11 @@ def _add(values: dict[str, Any], lates: dict[str, late.Late], new: dict[str, Any
 
 
 def _resolve(record: wire.Frame, lates: dict[str, late.Late], wait: bool) -> wire.Frame:
-    """The record with its Late values read; those not ready are left out unless wait."""
+    """The record with its Late values read; those not ready, or read as None,
+    are left out (unless wait: then every one is read)."""
     for key, value in lates.items():
         if wait or value.ready():
-            record[key] = value.get()
+            got = value.get()
+            if got is not None:
+                record[key] = got
     return record
