@@ -8,6 +8,7 @@ over both sides equally.
 
     python bench/overhead.py --ranks 2 --steps 2000 --rounds 5
     python bench/overhead.py --clip-grad 1.0 --desync-every 10   # the watchdog's checks on
+    python bench/overhead.py --on-nan skip     # on CUDA: the exact skip's synchronisation
 
 ddptop's NaN/Inf guard runs on every step in every configuration (it is
 the default); --clip-grad and --desync-every add enforced clipping and
@@ -38,6 +39,13 @@ def steps_per_s(cmd: list[str], env: dict[str, str]) -> float:
     return float(match.group(1))
 
 
+def device() -> str:
+    """What the ranks train on: the example uses CUDA whenever torch sees a GPU."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (gloo)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=2)
@@ -46,16 +54,19 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256, help="MLP width of the example job")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
     parser.add_argument("--clip-grad", type=float, help="ddptop enforces this grad norm")
+    parser.add_argument("--on-nan", help="ddptop's NaN policy (its default: auto, which never synchronises on CUDA)")
     parser.add_argument("--desync-every", type=int, default=100, help="steps between ddptop's parameter checksums (its default: 100)")
     args = parser.parse_args()
 
     job = [str(EXAMPLE), "--steps", str(args.steps), "--width", str(args.width), "--batch-size", str(args.batch_size)]
     plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks), *job]
     home = tempfile.mkdtemp(prefix="ddptop-bench-")
-    env = {**os.environ, "DDPTOP_HOME": home, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    env = {**os.environ, "DDPTOP_HOME": home}
     checks = ["--desync-every", str(args.desync_every)]
     if args.clip_grad is not None:
         checks += ["--clip-grad", str(args.clip_grad)]
+    if args.on_nan is not None:
+        checks += ["--on-nan", args.on_nan]
     with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *checks, *job]
 
     results: dict[str, list[float]] = {"plain torchrun": [], "ddptop": []}
@@ -71,7 +82,7 @@ def main() -> None:
     ddptop_med = statistics.median(results["ddptop"])
     ratios = [d / p for d, p in zip(results["ddptop"], results["plain torchrun"])]
     print()
-    print(f"example job, {args.ranks} ranks, {args.steps} steps, width {args.width}, batch {args.batch_size}, "
+    print(f"example job on {device()}, {args.ranks} ranks, {args.steps} steps, width {args.width}, batch {args.batch_size}, "
           f"{args.rounds} alternating rounds; ddptop {' '.join(checks)}")
     print(f"{'':<16}{'median steps/s':>16}{'min':>10}{'max':>10}")
     for name, values in results.items():

@@ -75,7 +75,7 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     (("--headless",), {"action": "store_true", "help": "no dashboard: summaries on stdout, alerts on stderr"}),
     (("--run-dir",), {"type": Path, "help": "the run directory (default: a new one under ~/.local/state/ddptop/runs)"}),
     (("--summary-every",), {"type": _positive_float, "default": 5.0, "help": "seconds between headless summary lines"}),
-    (("--on-nan",), {"choices": ON_NAN, "default": "skip", "help": "a step with NaN/Inf loss or gradients: skip it on all ranks, restart, stop, or warn (and apply it)"}),
+    (("--on-nan",), {"choices": ON_NAN, "default": "auto", "help": "a step with NaN/Inf loss or gradients: skip it on all ranks, restart, stop, or warn (and apply it); auto skips on CPU ranks and warns on CUDA ranks, where skipping costs a sync per step"}),
     (("--clip-grad",), {"type": _positive_float, "help": "enforce this global grad norm inside optimizer.step, also when the script does not clip"}),
     (("--desync-every",), {"type": _non_negative_int, "default": DESYNC_EVERY, "help": "steps between parameter checksums compared across ranks (0: off)"}),
     (("--on-desync",), {"choices": ON_DESYNC, "default": "warn", "help": "ranks whose parameters differ: warn, restart or stop"}),

@@ -59,7 +59,7 @@ STRAGGLER_MIN_STEPS = 10
 
 @dataclass(frozen=True)
 class WatchPolicy:
-    on_nan: str = "skip"
+    on_nan: str = "auto"
     on_desync: str = "warn"
     on_hang: str = "restart"
     hang_timeout: float = HANG_TIMEOUT_S
@@ -222,7 +222,8 @@ class Watchdog:
         gathered = False
         if record.get("nonfinite"):
             key = (self._restart.get(rank, 0), record["step"])
-            self._nan.setdefault(key, _StepGather(now)).values[rank] = record.get("local_nonfinite")
+            gather = self._nan.setdefault(key, _StepGather(now))
+            gather.values[rank] = (record.get("local_nonfinite"), record.get("skipped") == "nan")
             gathered = True
         if record.get("checksum") is not None:
             key = (self._restart.get(rank, 0), record["step"])
@@ -253,15 +254,17 @@ class Watchdog:
                     verdicts.append(verdict)
         return verdicts
 
-    def _nan_verdict(self, step: int, local: dict[int, bool | None]) -> Verdict:
-        named = sorted(r for r, bad in local.items() if bad)
+    def _nan_verdict(self, step: int, ranks: dict[int, tuple[bool | None, bool]]) -> Verdict:
+        """ranks: each rank's (own gradients non-finite, skipped the step)."""
+        named = sorted(r for r, (bad, _) in ranks.items() if bad)
         source = f"{_ranks(named)}'s own gradients were" if named else "no rank's own gradients were seen as"
-        handling = {
-            "skip": "step skipped on all ranks",
-            "warn": "applied anyway (--on-nan warn)",
-            "restart": "step skipped; restarting the group",
-            "stop": "step skipped; stopping the job",
-        }[self.policy.on_nan]
+        then = {"restart": "; restarting the group", "stop": "; stopping the job"}.get(self.policy.on_nan, "")
+        if all(skipped for _, skipped in ranks.values()):
+            handling = "step skipped on all ranks" + then
+        elif self.policy.on_nan == "auto":
+            handling = "applied: CUDA ranks read this check a step late instead of waiting for it (--on-nan skip skips such steps)"
+        else:
+            handling = f"applied anyway (--on-nan {self.policy.on_nan})" + then
         return Verdict(
             "nan",
             f"non-finite loss or gradients at step {step}: {source} non-finite; {handling}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from torch import nn
 
@@ -74,6 +75,41 @@ def test_checksum_is_exact_and_order_sensitive():
     assert guard.checksum([nudged, b]) != guard.checksum([a, b])
     assert guard.checksum([b, a]) != guard.checksum([a, b])
     assert 0 <= guard.checksum([a, b]) < 1 << 63
+
+
+def test_the_late_verdict_agrees_with_the_one_taken_now():
+    model = model_with_grads(scale=1e4)
+    grads = [p.grad for p in model.parameters()]
+    norm = guard.grad_norm(grads)
+    expected = [g.clone() for g in grads]
+    guard.clip(expected, norm, 1.0)
+    local = guard.LocalCheck()
+    local.add(torch.ones(3))
+    values = guard.verdict_late(grads, local.take(), clip_grad=1.0)
+    assert values == {"grad_norm": pytest.approx(norm, rel=1e-6), "clipped": True}
+    assert all(torch.allclose(a, b, rtol=1e-6) for a, b in zip(grads, expected))
+
+    under = [g.clone() for g in grads]
+    assert guard.verdict_late(under, [], clip_grad=10.0)["clipped"] is False
+    assert all(torch.equal(a, b) for a, b in zip(under, grads)), "gradients under the norm must be left bitwise alone"
+
+
+def test_the_late_verdict_names_a_non_finite_step_and_its_source():
+    grads = [p.grad for p in model_with_grads().parameters()]
+    grads[0].view(-1)[0] = float("nan")
+    local = guard.LocalCheck()
+    local.add(torch.tensor([float("nan")]))
+    assert guard.verdict_late(grads, local.take(), None) == {"nonfinite": True, "local_nonfinite": True}
+    assert guard.verdict_late(grads, [torch.ones(())], None) == {"nonfinite": True, "local_nonfinite": False}
+    assert guard.verdict_late(grads, [], None) == {"nonfinite": True, "local_nonfinite": None}
+
+
+@pytest.mark.parametrize("on_nan, cpu, cuda", [
+    ("auto", True, False), ("skip", True, True), ("restart", True, True), ("stop", True, True), ("warn", False, False),
+])
+def test_only_a_skip_makes_a_rank_wait_for_the_verdict(on_nan, cpu, cuda):
+    policy = GuardPolicy(on_nan=on_nan)
+    assert (policy.skips_now(cuda=False), policy.skips_now(cuda=True)) == (cpu, cuda)
 
 
 def test_policy_round_trips_through_the_environment():

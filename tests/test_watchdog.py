@@ -56,6 +56,14 @@ def test_nan_policy_becomes_the_action(policy, action):
     assert v.action == action
 
 
+def test_a_nan_step_that_cuda_ranks_applied_says_so_and_how_to_skip_it():
+    dog, state, _ = make(world=2)
+    verdicts = [v for rank in (0, 1) for v in feed(dog, state, step(rank, 8, nonfinite=True, local_nonfinite=rank == 0))]
+    [v] = verdicts
+    assert (v.action, v.ranks) == ("none", [0])
+    assert "applied" in v.text and "--on-nan skip" in v.text and "skipped on all" not in v.text
+
+
 def test_nan_verdict_goes_without_a_silent_rank_after_the_gather_time():
     dog, state, clock = make(world=2)
     assert feed(dog, state, step(0, 4, nonfinite=True, local_nonfinite=False)) == []

@@ -8,8 +8,9 @@ change. Before the optimizer applies a step:
   After DDP's all-reduce every rank holds the same gradients, so a
   non-finite value on any rank is non-finite on all of them: every rank
   reaches the same verdict at the same step with no collective of its own;
-- a non-finite step is skipped by setting the gradients to None, which
-  every torch optimizer treats as "leave this parameter and its state be";
+- a non-finite step is skipped, where the policy asks (see below), by
+  setting the gradients to None, which every torch optimizer treats as
+  "leave this parameter and its state be";
 - with a clip norm set, gradients over it are scaled down as
   torch.nn.utils.clip_grad_norm_ does. Gradients the script already
   clipped to that norm are under it, and are left bitwise alone.
@@ -18,9 +19,13 @@ Only the pre-all-reduce bucket sums (LocalCheck) say which rank's own
 gradients were bad. Every `desync_every` steps a checksum of the parameters
 goes with the step record; the supervisor compares ranks.
 
-On CUDA the norm is read on the host once per step: the skip decision needs
-it before the optimizer runs, and it is the one synchronisation the guard
-makes. Bucket sums and checksums stay on the device until read late.
+Skipping needs the verdict on the host before the optimizer runs, which on
+CUDA means waiting for the backward pass: the CPU can no longer run ahead
+(into the next batch's loading) while the GPU works: 31% of the example
+job's step on an H100 at width 8192 (README, Benchmarks). So on CUDA ranks the default policy does not skip: the
+verdict, the norm and clipping stay on the device and are read a step late
+(verdict_late); `--on-nan skip` asks for the skip and its synchronisation.
+Bucket sums and checksums stay on the device until read late.
 """
 
 from __future__ import annotations
@@ -90,6 +95,46 @@ def grad_norm(grads: list[torch.Tensor]) -> float | None:
     return float(torch.linalg.vector_norm(torch.stack(norms)))
 
 
+def verdict_late(grads: list[torch.Tensor], local_sums: list[Any], clip_grad: float | None) -> dict[str, Any]:
+    """The guard's record values without reading anything on the host now.
+
+    For a step nobody waits on (policy.GuardPolicy.skips_now): the norm, the
+    non-finite flags and the clip flag travel to the host together and are
+    read a step late on CUDA (at once on the CPU). Clipping runs on the
+    device as clip_grad_norm_ does: scaled by min(1, max_norm / norm), which
+    leaves gradients under the norm bitwise alone (a product with 1.0).
+    """
+    norms = torch._foreach_norm(grads)
+    device = norms[0].device
+    norm = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
+    if clip_grad is not None:
+        factor = torch.clamp(clip_grad / (norm + CLIP_EPS), max=1.0)
+        for group in _by_device(grads).values():
+            torch._foreach_mul_(group, factor.to(group[0].device))
+    parts = [norm.float()]
+    if local_sums:
+        parts.append(torch.stack([s.to(device) for s in local_sums]).isfinite().all().logical_not().float())
+    verdict = torch.stack(parts)
+
+    def fields(v: list[float]) -> dict[str, Any]:
+        if not math.isfinite(v[0]):
+            return {"nonfinite": True, "local_nonfinite": bool(v[1]) if len(v) > 1 else None}
+        return {"grad_norm": v[0], "clipped": None if clip_grad is None else v[0] > clip_grad}
+
+    if not verdict.is_cuda:
+        return fields(verdict.tolist())
+    shared = late.LateTensor(verdict)
+    keys = ("grad_norm", "clipped", "nonfinite", "local_nonfinite")
+    return {key: late.Derived(shared, lambda v, key=key: fields(v).get(key)) for key in keys}
+
+
+def _by_device(tensors: list[torch.Tensor]) -> dict[torch.device, list[torch.Tensor]]:
+    groups: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(tensor.device, []).append(tensor)
+    return groups
+
+
 def skip(optimizer: Any) -> None:
     """Make optimizer.step() a no-op for this step: no weight or state changes."""
     for group in optimizer.param_groups:
@@ -119,17 +164,4 @@ def checksum(tensors: Iterable[torch.Tensor]) -> int | late.Late | None:
         return sum((i + 1) * int(s) for i, s in enumerate(sums)) % _MOD
     stacked = torch.stack([s.to(sums[0].device) for s in sums])
     weights = torch.arange(1, len(sums) + 1, device=stacked.device, dtype=torch.int64)
-    return _Modulo(late.LateTensorScalar((stacked * weights).sum()))
-
-
-class _Modulo:
-    """A late int64 checksum brought into the wire's unsigned range when read."""
-
-    def __init__(self, value: late.LateTensorScalar) -> None:
-        self._value = value
-
-    def ready(self) -> bool:
-        return self._value.ready()
-
-    def get(self) -> int:
-        return int(self._value.get()) % _MOD
+    return late.Derived(late.LateTensor((stacked * weights).sum()), lambda total: total % _MOD)

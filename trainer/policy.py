@@ -12,9 +12,11 @@ import os
 import signal
 from dataclasses import dataclass
 
-ON_NAN = ("skip", "restart", "stop", "warn")
-"""What a non-finite step gets: skipped (the default), the group restarted,
-the job stopped; all but warn skip the step in the ranks first."""
+ON_NAN = ("auto", "skip", "restart", "stop", "warn")
+"""What a non-finite step gets. skip, restart and stop skip it in the ranks
+first (then restart the group, stop the job); warn applies it. auto (the
+default) skips it where that is free, on CPU ranks, and applies it on CUDA
+ranks, where skipping needs a synchronisation every step (see guard.py)."""
 
 ON_DESYNC = ("warn", "restart", "stop")
 ON_HANG = ("restart", "stop")
@@ -33,12 +35,14 @@ STACKS_DIR_ENV = "DDPTOP_STACKS_DIR"
 
 @dataclass(frozen=True)
 class GuardPolicy:
-    on_nan: str = "skip"
+    on_nan: str = "auto"
     clip_grad: float | None = None
     desync_every: int = DESYNC_EVERY
 
-    @property
-    def skips_nan(self) -> bool:
+    def skips_now(self, cuda: bool) -> bool:
+        """Whether a rank reads the NaN verdict before the optimizer runs, to skip the step."""
+        if self.on_nan == "auto":
+            return not cuda
         return self.on_nan != "warn"
 
     def to_env(self) -> dict[str, str]:
@@ -50,7 +54,7 @@ class GuardPolicy:
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ[str] = os.environ) -> GuardPolicy:
         """The rank's copy; a value it cannot read falls back to the default."""
-        on_nan = env.get(_ENV["on_nan"], "skip")
+        on_nan = env.get(_ENV["on_nan"], "auto")
         try:
             clip = float(env[_ENV["clip_grad"]]) if _ENV["clip_grad"] in env else None
         except ValueError:
@@ -59,4 +63,4 @@ class GuardPolicy:
             every = int(env.get(_ENV["desync_every"], DESYNC_EVERY))
         except ValueError:
             every = DESYNC_EVERY
-        return cls(on_nan if on_nan in ON_NAN else "skip", clip if clip and clip > 0 else None, max(0, every))
+        return cls(on_nan if on_nan in ON_NAN else "auto", clip if clip and clip > 0 else None, max(0, every))
