@@ -21,10 +21,11 @@ goes with the step record; the supervisor compares ranks.
 
 Skipping needs the verdict on the host before the optimizer runs, which on
 CUDA means waiting for the backward pass: the CPU can no longer run ahead
-(into the next batch's loading) while the GPU works: 31% of the example
-job's step on an H100 at width 8192 (README, Benchmarks). So on CUDA ranks the default policy does not skip: the
-verdict, the norm and clipping stay on the device and are read a step late
-(verdict_late); `--on-nan skip` asks for the skip and its synchronisation.
+(into the next batch's loading) while the GPU works, 31% of the example
+job's step on an H100 at width 8192 (README, Benchmarks). So on CUDA ranks
+the default policy does not skip: the verdict, the norm and clipping stay
+on the device and are read a step late (verdict_late); `--on-nan skip` asks
+for the skip and its synchronisation.
 Bucket sums and checksums stay on the device until read late.
 """
 
