@@ -114,12 +114,12 @@ def verdict_late(grads: list[torch.Tensor], local_sums: list[Any], clip_grad: fl
             torch._foreach_mul_(group, factor.to(group[0].device))
     parts = [norm.float()]
     if local_sums:
-        parts.append(torch.stack([s.to(device) for s in local_sums]).isfinite().all().logical_not().float())
+        parts.append(torch.stack([s.to(device) for s in local_sums]).sum())  # non-finite if any sum is
     verdict = torch.stack(parts)
 
     def fields(v: list[float]) -> dict[str, Any]:
         if not math.isfinite(v[0]):
-            return {"nonfinite": True, "local_nonfinite": bool(v[1]) if len(v) > 1 else None}
+            return {"nonfinite": True, "local_nonfinite": not math.isfinite(v[1]) if len(v) > 1 else None}
         return {"grad_norm": v[0], "clipped": None if clip_grad is None else v[0] > clip_grad}
 
     if not verdict.is_cuda:
