@@ -2,7 +2,8 @@
 
 Skipped where torch sees no CUDA device (CI, a laptop): there the fakes in
 test_sampler.py and the gloo end-to-end tests cover the same code paths'
-CPU halves. Run on a GPU host with `./dev test -m cuda`.
+CPU halves. Run on a GPU host with `python -m pytest -m cuda` in an
+environment whose torch has CUDA.
 """
 
 from __future__ import annotations
