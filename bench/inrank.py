@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from overhead import device
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -92,12 +94,6 @@ def measure(args: argparse.Namespace, hooked: bool) -> float:
         if line.startswith("ms-per-step "):
             return float(line.split()[1])
     sys.exit(f"bench: run failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr[-2000:]}")
-
-
-def device() -> str:
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (gloo)"
 
 
 def main() -> None:
