@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from overhead import device
+from overhead import alternating, device
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -115,14 +115,7 @@ def main() -> None:
         loop(args)
         return
 
-    times: dict[str, list[float]] = {"plain": [], "ddptop hooks": []}
-    for round_ in range(args.rounds):
-        order = [("plain", False), ("ddptop hooks", True)]
-        if round_ % 2:
-            order.reverse()
-        for name, hooked in order:
-            times[name].append(measure(args, hooked))
-        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.3f} ms" for k, v in times.items()), flush=True)
+    times = alternating(args.rounds, {"plain": lambda: measure(args, False), "ddptop hooks": lambda: measure(args, True)}, " ms")
     plain, hooked = statistics.median(times["plain"]), statistics.median(times["ddptop hooks"])
     print(f"\none rank on {device()}, width {args.width}, batch {args.batch_size}, {args.steps} steps, "
           f"{args.rounds} alternating rounds; --on-nan {args.on_nan}")

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +38,20 @@ def steps_per_s(cmd: list[str], env: dict[str, str]) -> float:
     if result.returncode != 0 or match is None:
         sys.exit(f"bench: run failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr[-2000:]}")
     return float(match.group(1))
+
+
+def alternating(rounds: int, runs: dict[str, Callable[[], float]], unit: str = "") -> dict[str, list[float]]:
+    """Each run's figures over rounds, in alternating order so that the
+    machine's drift falls on both sides equally; a line per round."""
+    results: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(rounds):
+        order = list(runs.items())
+        if round_ % 2:
+            order.reverse()
+        for name, run in order:
+            results[name].append(run())
+        print(f"round {round_ + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.3f}{unit}" for k, v in results.items()), flush=True)
+    return results
 
 
 def device() -> str:
@@ -69,14 +84,10 @@ def main() -> None:
         checks += ["--on-nan", args.on_nan]
     with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *checks, *job]
 
-    results: dict[str, list[float]] = {"plain torchrun": [], "ddptop": []}
-    for round_ in range(args.rounds):
-        order = [("plain torchrun", plain), ("ddptop", with_ddptop)]
-        if round_ % 2:
-            order.reverse()
-        for name, cmd in order:
-            results[name].append(steps_per_s(cmd, env))
-        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in results.items()), flush=True)
+    results = alternating(args.rounds, {
+        "plain torchrun": lambda: steps_per_s(plain, env),
+        "ddptop": lambda: steps_per_s(with_ddptop, env),
+    })
 
     plain_med = statistics.median(results["plain torchrun"])
     ddptop_med = statistics.median(results["ddptop"])

@@ -91,9 +91,13 @@ def grad_norm(grads: list[torch.Tensor]) -> float | None:
     if not norms[0].is_cuda:
         # A few host reads beat stacking and a second kernel for CPU tensors.
         return math.sqrt(math.fsum(x * x for x in map(float, norms)))
-    if any(n.device != norms[0].device for n in norms):
-        norms = [n.to(norms[0].device) for n in norms]
-    return float(torch.linalg.vector_norm(torch.stack(norms)))
+    return float(_total(norms))
+
+
+def _total(norms: list[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of per-tensor norms, on the first one's device, unread."""
+    device = norms[0].device
+    return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
 
 
 def verdict_late(grads: list[torch.Tensor], local_sums: list[Any], clip_grad: float | None) -> dict[str, Any]:
@@ -105,9 +109,8 @@ def verdict_late(grads: list[torch.Tensor], local_sums: list[Any], clip_grad: fl
     device as clip_grad_norm_ does: scaled by min(1, max_norm / norm), which
     leaves gradients under the norm bitwise alone (a product with 1.0).
     """
-    norms = torch._foreach_norm(grads)
-    device = norms[0].device
-    norm = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
+    norm = _total(torch._foreach_norm(grads))
+    device = norm.device
     if clip_grad is not None:
         factor = torch.clamp(clip_grad / (norm + CLIP_EPS), max=1.0)
         for group in _by_device(grads).values():
@@ -124,9 +127,9 @@ def verdict_late(grads: list[torch.Tensor], local_sums: list[Any], clip_grad: fl
 
     if not verdict.is_cuda:
         return fields(verdict.tolist())
-    shared = late.LateTensor(verdict)
+    read = late.Derived(late.LateTensor(verdict), fields)
     keys = ("grad_norm", "clipped", "nonfinite", "local_nonfinite")
-    return {key: late.Derived(shared, lambda v, key=key: fields(v).get(key)) for key in keys}
+    return {key: late.Derived(read, lambda values, key=key: values.get(key)) for key in keys}
 
 
 def _by_device(tensors: list[torch.Tensor]) -> dict[torch.device, list[torch.Tensor]]:

@@ -61,17 +61,21 @@ class LateTensor:
 
 class Derived:
     """A value computed, once readable, from another late value: several
-    fields can share one copy to the host."""
+    fields can share one copy to the host. Computed once, however often read."""
 
     def __init__(self, source: Late, read: Callable[[Any], Any]) -> None:
-        self._source = source
+        self._source: Late | None = source
         self._read = read
+        self._value: Any = None
 
     def ready(self) -> bool:
-        return self._source.ready()
+        return self._source is None or self._source.ready()
 
     def get(self) -> Any:
-        return self._read(self._source.get())
+        if self._source is not None:
+            self._value = self._read(self._source.get())
+            self._source = None
+        return self._value
 
 
 def scalar(value: Any) -> float | Late | None:
