@@ -87,11 +87,7 @@ def grad_norm(grads: list[torch.Tensor]) -> float | None:
     """The global L2 norm of grads, read on the host; inf or nan when they are not finite."""
     if not grads:
         return None
-    norms = torch._foreach_norm(grads)
-    if not norms[0].is_cuda:
-        # A few host reads beat stacking and a second kernel for CPU tensors.
-        return math.sqrt(math.fsum(x * x for x in map(float, norms)))
-    return float(_total(norms))
+    return float(_total(torch._foreach_norm(grads)))
 
 
 def _total(norms: list[torch.Tensor]) -> torch.Tensor:
