@@ -32,19 +32,22 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ddptop.trainer import guard
 from ddptop.trainer.commtimer import CommTimer
+from ddptop.trainer.gpumemory import MemoryReadings
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.steps import StepTracker
 
 
 class Probe:
     """What the hooks of one rank share: where records go, the policy, the
-    comm timer, the pre-all-reduce check and the DDP models (for checksums)."""
+    comm timer, the pre-all-reduce check, the GPU memory readings and the
+    DDP models (for checksums)."""
 
     def __init__(self, tracker: StepTracker, policy: GuardPolicy) -> None:
         self.tracker = tracker
         self.policy = policy
         self.timer = CommTimer()
         self.local = guard.LocalCheck()
+        self.memory = MemoryReadings()
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def parameters(self) -> Iterator[torch.Tensor]:
@@ -202,7 +205,7 @@ def _optimizer_end(probe: Probe) -> None:
 def _after_step(probe: Probe) -> dict[str, Any]:
     """What a step's record gets once it is over, applied or skipped by a scaler:
     comm, memory, and on checksum steps the parameters' checksum."""
-    values: dict[str, Any] = _memory()
+    values: dict[str, Any] = probe.memory.get()
     comm = probe.timer.take()
     if comm is not None:
         values["comm_ms"], values["comm_bytes"] = comm
@@ -210,21 +213,6 @@ def _after_step(probe: Probe) -> dict[str, Any]:
     if every and probe.tracker.step % every == 0:
         values["checksum"] = guard.checksum(probe.parameters())
     return values
-
-
-def _memory() -> dict[str, int]:
-    """CUDA caching-allocator figures; host-side counters, no sync.
-
-    One nested read: torch.cuda.memory_allocated() and its siblings each
-    flatten and sort the allocator's whole statistics, ~0.3 ms a call.
-    """
-    if not torch.cuda.is_initialized():
-        return {}
-    stats = torch.cuda.memory_stats_as_nested_dict()
-    if not stats:
-        return {}
-    allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
-    return {"mem_alloc": allocated["current"], "mem_reserved": reserved["current"], "mem_peak": allocated["peak"]}
 
 
 def _batch_size(args: tuple, kwargs: dict) -> int | None:
