@@ -1,126 +1,179 @@
-"""What ddptop's hooks cost inside one rank, without torchrun or a supervisor.
+"""What ddptop's hooks cost inside one rank, measured side by side in one process.
 
 overhead.py measures whole jobs, where the supervisor, torchrun's log
-threads and machine drift blur a few hundred microseconds. This runs the
-example job's own loop (its model, loader and optimizer) at world size 1 in
-a fresh process per configuration, alternating, with ddptop's hooks
-installed or not; records go to a list instead of a socket. It attributes
-the difference: `--profile` prints where the hooked loop spends its time.
+threads and the machine's drift blur a few hundred microseconds: on a
+shared 2-core VM one run against the next varies by 15% even in CPU time.
+This runs the example job's own loop (its model, loader and optimizer) at
+world size 1 as two identical jobs in one process: one plain, built before
+ddptop's hooks are installed, and one instrumented, built after them. Blocks
+of steps alternate between the two, so drift falls on both alike; each
+block's wall and CPU time per step are kept, and the figures are the medians
+over blocks. Records go to a bounded deque instead of a socket, as the
+sender's queue would take them.
 
-    python bench/inrank.py --width 256 --batch-size 32 --steps 1500 --rounds 3
-    python bench/inrank.py --width 8192 --batch-size 1024 --steps 300 --profile
+    python bench/inrank.py --width 256 --batch-size 32 --blocks 300
+    python bench/inrank.py --width 8192 --batch-size 1024 --profile
+    python bench/inrank.py --without comm-hook --without guard   # what the rest costs
 
-It uses CUDA (NCCL) when torch sees a GPU, gloo otherwise.
+The instrumented job gets ddptop's optimizer hooks on its own optimizer
+(the launcher registers them globally, for every optimizer; the dispatch
+costs the same), and monitor.step() is bound to ddptop only during its
+blocks. It uses CUDA (NCCL) when torch sees a GPU, gloo otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
-import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from overhead import alternating, device
+from overhead import device
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def loop(args: argparse.Namespace) -> None:
-    """One configuration, in this process: prints "ms-per-step X" for the parent."""
+class Job:
+    """One copy of the example's training loop: model, optimizer, data."""
+
+    def __init__(self, args: argparse.Namespace, example: Any, torch_device: Any) -> None:
+        import torch
+        from torch import nn
+
+        torch.manual_seed(0)
+        self.device = torch_device
+        self.model = torch.nn.parallel.DistributedDataParallel(example.make_model(args.width).to(torch_device))
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-2, momentum=0.9)
+        self.loss_fn = nn.CrossEntropyLoss()
+        data_args = argparse.Namespace(seed=0, samples=max(8192, 2 * args.batch_size), batch_size=args.batch_size)
+        self.data = example.batches(example.make_loader(data_args, 0, 1), 0, 0)
+
+    def run(self, steps: int) -> None:
+        from ddptop.trainer import monitor
+
+        for _ in range(steps):
+            _, _, (x, y) = next(self.data)
+            x, y = x.to(self.device), y.to(self.device)
+            loss = self.loss_fn(self.model(x), y)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            monitor.step(loss=loss, samples=x.shape[0])
+
+
+def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> tuple[Job, Callable[[bool], None]]:
+    """ddptop's hooks on a fresh Job; the function turns monitor.step's binding on and off."""
+    from ddptop.trainer import hooks, monitor
+    from ddptop.trainer.policy import GuardPolicy
+    from ddptop.trainer.steps import StepTracker
+
+    without(args.without)
+    optimizer_hooks: dict[str, Any] = {}
+    hooks.register_optimizer_step_pre_hook = lambda hook: optimizer_hooks.setdefault("pre", hook)
+    hooks.register_optimizer_step_post_hook = lambda hook: optimizer_hooks.setdefault("post", hook)
+    records: collections.deque[Any] = collections.deque(maxlen=8192)
+    tracker = StepTracker(0, emit=records.append)
+    hooks.install(tracker, GuardPolicy(on_nan=args.on_nan))
+    job = Job(args, example, torch_device)
+    job.optimizer.register_step_pre_hook(optimizer_hooks["pre"])
+    job.optimizer.register_step_post_hook(optimizer_hooks["post"])
+    return job, lambda on: monitor.bind(tracker if on else None)
+
+
+def without(parts: list[str]) -> None:
+    """Leave parts of ddptop's instrumentation out, to attribute its cost:
+    `comm-hook` keeps DDP's own C++ all-reduce (no comm time, bytes or
+    pre-all-reduce check), `guard` skips the NaN/Inf guard (no grad norm)."""
+    import torch.distributed as dist
+
+    from ddptop.trainer import hooks
+
+    if "comm-hook" in parts:
+        hooks._ensure_comm_hook = lambda model, probe: model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    if "guard" in parts:
+        hooks._optimizer_begin = lambda probe, optimizer: probe.tracker.optimizer_begin({})
+
+
+def measure(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(REPO / "examples"))
     import torch
     import torch.distributed as dist
-    from torch import nn
 
-    from ddptop.trainer import monitor
-
-    if args.hooked:
-        from ddptop.trainer import hooks
-        from ddptop.trainer.policy import GuardPolicy
-        from ddptop.trainer.steps import StepTracker
-
-        records: list = []
-        tracker = StepTracker(0, emit=records.append)
-        monitor.bind(tracker)
-        hooks.install(tracker, GuardPolicy(on_nan=args.on_nan))
     import train as example
 
+    torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    torch_device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(example.make_model(args.width).to(device))
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    data_args = argparse.Namespace(seed=0, samples=max(8192, 2 * args.batch_size), batch_size=args.batch_size)
-    data = example.batches(example.make_loader(data_args, 0, 1), 0, 0)
+    plain = Job(args, example, torch_device)
+    hooked, bind = instrumented(args, example, torch_device)
 
-    def run(steps: int) -> None:
-        for _ in range(steps):
-            _, _, (x, y) = next(data)
-            x, y = x.to(device), y.to(device)
-            loss = loss_fn(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            monitor.step(loss=loss, samples=x.shape[0])
+    def block(job: Job, steps: int) -> tuple[float, float]:
+        bind(job is hooked)
+        wall, cpu = time.perf_counter(), time.process_time()
+        job.run(steps)
         if cuda:
             torch.cuda.synchronize()
+        return (time.perf_counter() - wall) / steps * 1e3, (time.process_time() - cpu) / steps * 1e3
 
-    run(50)
+    block(plain, 50)
+    block(hooked, 50)
     if args.profile:
-        import cProfile
-        import pstats
-
-        profiler = cProfile.Profile()
-        profiler.runcall(run, args.steps)
-        stats = pstats.Stats(profiler)
-        stats.sort_stats("tottime").print_stats(20)
-        stats.sort_stats("cumtime").print_stats("trainer", 20)
-    started = time.perf_counter()
-    run(args.steps)
-    print(f"ms-per-step {(time.perf_counter() - started) / args.steps * 1e3:.4f}", flush=True)
+        profile(lambda: block(hooked, 2000))
+    times: dict[str, list[tuple[float, float]]] = {"plain": [], "ddptop": []}
+    for i in range(args.blocks):
+        order = [("plain", plain), ("ddptop", hooked)]
+        for name, job in order if i % 2 == 0 else reversed(order):
+            times[name].append(block(job, args.block_steps))
     dist.destroy_process_group()
+    report(args, times)
 
 
-def measure(args: argparse.Namespace, hooked: bool) -> float:
-    cmd = [sys.executable, __file__, "--child", "--width", str(args.width), "--batch-size", str(args.batch_size),
-           "--steps", str(args.steps), "--on-nan", args.on_nan] + (["--hooked"] if hooked else [])
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env={**os.environ, "MASTER_ADDR": "127.0.0.1"})
-    for line in result.stdout.splitlines():
-        if line.startswith("ms-per-step "):
-            return float(line.split()[1])
-    sys.exit(f"bench: run failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr[-2000:]}")
+def profile(run: Callable[[], Any]) -> None:
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(run)
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(20)
+    stats.sort_stats("cumtime").print_stats("trainer", 20)
+
+
+def report(args: argparse.Namespace, times: dict[str, list[tuple[float, float]]]) -> None:
+    left_out = f"; without {', '.join(args.without)}" if args.without else ""
+    print(f"one rank on {device()} ({args.threads} CPU thread), width {args.width}, batch {args.batch_size}, --on-nan {args.on_nan}{left_out}; "
+          f"{args.blocks} alternating blocks of {args.block_steps} steps each")
+    print(f"{'ms/step, median of blocks':<28}{'plain':>9}{'ddptop':>9}{'cost µs':>9}{'ratio':>8}")
+    for index, clock in enumerate(("wall", "cpu")):
+        plain = statistics.median(t[index] for t in times["plain"])
+        hooked = statistics.median(t[index] for t in times["ddptop"])
+        print(f"{clock:<28}{plain:>9.3f}{hooked:>9.3f}{(hooked - plain) * 1e3:>9.0f}{plain / hooked:>8.3f}")
+    paired = sorted(h[0] - p[0] for p, h in zip(times["plain"], times["ddptop"]))
+    quartiles = statistics.quantiles(paired, n=4)
+    print(f"wall cost of adjacent block pairs, µs: median {statistics.median(paired) * 1e3:.0f}, "
+          f"quartiles {quartiles[0] * 1e3:.0f} to {quartiles[2] * 1e3:.0f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--blocks", type=int, default=300, help="blocks per job, alternating")
+    parser.add_argument("--block-steps", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch's CPU threads (torchrun sets 1 per rank when a machine runs several)")
     parser.add_argument("--on-nan", default="auto", help="the guard's policy (auto never waits on CUDA; skip does)")
-    parser.add_argument("--profile", action="store_true", help="print where the hooked loop spends its time, then measure")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--hooked", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        loop(args)
-        return
-    if args.profile:
-        args.hooked = True
-        loop(args)
-        return
-
-    times = alternating(args.rounds, {"plain": lambda: measure(args, False), "ddptop hooks": lambda: measure(args, True)}, " ms")
-    plain, hooked = statistics.median(times["plain"]), statistics.median(times["ddptop hooks"])
-    print(f"\none rank on {device()}, width {args.width}, batch {args.batch_size}, {args.steps} steps, "
-          f"{args.rounds} alternating rounds; --on-nan {args.on_nan}")
-    print(f"median ms/step: plain {plain:.3f}, with ddptop's hooks {hooked:.3f}; "
-          f"cost {(hooked - plain) * 1e3:.0f} µs a step, ratio of steps/s {plain / hooked:.3f}")
+    parser.add_argument("--without", action="append", default=[], choices=("comm-hook", "guard"),
+                        help="leave this part of ddptop's instrumentation out (repeatable), to attribute its cost")
+    parser.add_argument("--profile", action="store_true", help="first print where the instrumented loop spends its time")
+    measure(parser.parse_args())
 
 
 if __name__ == "__main__":
