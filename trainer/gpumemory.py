@@ -7,6 +7,9 @@ is a visible share, while the figures move slowly and the dashboard redraws
 a few times a second. So a rank reads them at most every READ_EVERY_S, and
 the steps in between carry the last reading. The peak is the allocator's
 own high-water mark, so no peak between two readings is missed.
+
+Like hooks.py, the only module that uses it, this imports torch at the top:
+it is reached only once the script has imported torch itself.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import torch
+
 READ_EVERY_S = 0.1
 
 
 def read_allocator() -> dict[str, int]:
     """This device's allocated, reserved and peak bytes; {} before CUDA is used."""
-    import torch
-
     if not torch.cuda.is_initialized():
         return {}
     stats = torch.cuda.memory_stats_as_nested_dict()
