@@ -146,12 +146,14 @@ class Supervisor:
         if self.judges:
             self._verdicts += self.watchdog.observe(record)
 
-    def _crash_log(self, rank: int) -> list[str]:
-        """The rank's stderr tail, from this node's logs (another node's rank: its exception record only)."""
-        state = self.state.ranks.get(rank)
-        if state is None or (self.aggregator is not None and self.aggregator.owner(rank) is not None):
+    def _crash_log(self, failure: wire.Frame) -> list[str]:
+        """A failed rank's stderr tail, from this node's logs of the attempt the
+        failure names: the rank's own hello of that attempt may not have been
+        read yet, or ever (a rank that dies at once). Another node's rank: its
+        exception record only."""
+        if self.aggregator is not None and self.aggregator.owner(failure["rank"]) is not None:
             return []
-        return rank_log_tail(self.run.path, state.local_rank, state.restart, CRASH_LOG_LINES, streams=("stderr",))
+        return rank_log_tail(self.run.path, failure["local_rank"], failure["restart"], CRASH_LOG_LINES, streams=("stderr",))
 
     async def _watch(self) -> None:
         verdicts, self._verdicts = self._verdicts + (self.watchdog.tick() if self.judges else []), []

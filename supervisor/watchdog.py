@@ -143,7 +143,7 @@ class Watchdog:
         self,
         policy: WatchPolicy,
         state: JobState,
-        log_tail: Callable[[int], list[str]] = lambda rank: [],
+        log_tail: Callable[[wire.Frame], list[str]] = lambda failure: [],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy
@@ -389,7 +389,7 @@ class Watchdog:
         self.expect_group_restart(first["restart"])
         state = self.state.ranks.get(rank)
         where = "" if state is None else (" before its first step" if state.step < 0 else f" after step {state.step} (in {state.phase})")
-        tail = self.log_tail(rank)
+        tail = self.log_tail(first)
         error = self._error_line(first, tail)
         text = f"rank {rank} {'failed with ' if first['exitcode'] >= 0 else 'was '}{exit_reason(first['exitcode'])}{where}"
         if error is not None:
@@ -416,7 +416,7 @@ class Watchdog:
         error = self._exceptions.get(failure["rank"]) or failure.get("message")
         if error and error.strip():
             return error.strip().splitlines()[-1]
-        return last_error_line(self.log_tail(failure["rank"]) if tail is None else tail)
+        return last_error_line(self.log_tail(failure) if tail is None else tail)
 
     def _crash_loop(self, crash: Verdict, said: str | None) -> list[Verdict]:
         """Stop the job when the same failure keeps coming back within the window.

@@ -26,7 +26,7 @@ def step(rank: int, n: int, **extra: object) -> dict:
 
 def make(policy: WatchPolicy | None = None, world: int = 4, log: list[str] | None = None) -> tuple[Watchdog, JobState, Clock]:
     state, clock = JobState(), Clock()
-    dog = Watchdog(policy or WatchPolicy(), state, lambda rank: log or [], clock)
+    dog = Watchdog(policy or WatchPolicy(), state, lambda failure: log or [], clock)
     for rank in range(world):
         feed(dog, state, hello(rank, world=world))
     return dog, state, clock
@@ -198,6 +198,20 @@ def test_crash_quotes_the_ranks_own_exception():
     feed(dog, state, {"type": "worker_failure", "node": 0, "restart": 0, "rank": 0, "local_rank": 0, "pid": 100, "exitcode": 1, "wall": 0.0})
     [v] = dog.tick(final=True)
     assert v.text == "rank 0 failed with exit code 1 after step 4 (in data): ValueError: bad batch"
+
+
+def test_a_crash_is_read_from_the_log_of_the_attempt_that_failed_before_its_hello_arrived():
+    """The failure (torchrun's probe) and the rank's hello travel on different
+    connections: a usage error in the third attempt is read from that
+    attempt's log even while the rank's last hello read is the first's."""
+    logs = {(0, 2): ["usage: train.py", "train.py: error: bad --inject"], (0, 0): ["started"]}
+    state, clock = JobState(), Clock()
+    dog = Watchdog(WatchPolicy(), state, lambda failure: logs.get((failure["local_rank"], failure["restart"]), []), clock)
+    feed(dog, state, hello(0, restart=0, world=1))
+    feed(dog, state, {"type": "worker_failure", "node": 0, "restart": 2, "rank": 0, "local_rank": 0, "pid": 300, "exitcode": 2, "wall": 0.0})
+    clock.now += 0.5
+    [crash] = dog.tick()
+    assert crash.text.endswith("its log ends: train.py: error: bad --inject"), crash.text
 
 
 def crash_once(dog: Watchdog, state: JobState, clock: Clock, restart: int, message: str, code: int = 1, rank: int = 0) -> list:
