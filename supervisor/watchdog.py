@@ -378,10 +378,18 @@ class Watchdog:
         failures, self._failures = self._failures, []
         # A rank killed by a hard signal (SIGKILL, SIGSEGV...) is a cause, never
         # a consequence: the others die of a collective's error or of torchrun's
-        # SIGTERM. Among the rest, the first connection to close goes first.
-        consequence = {0, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP}
-        failures.sort(key=lambda f: (f["exitcode"] >= 0 or f["exitcode"] in consequence,
-                                     self._gone.get(f["rank"], float("inf")), f["wall"]))
+        # SIGTERM. A rank that exited with a status of its own comes before one
+        # that torchrun stopped (it may have closed its connection first, and
+        # may even have said why: its words still count, below). Among the
+        # rest, the first connection to close goes first.
+        stopped = {0, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP}
+
+        def cause_first(failure: wire.Frame) -> tuple[int, float, float]:
+            code = failure["exitcode"]
+            order = 2 if code in stopped else 1 if code > 0 else 0
+            return order, self._gone.get(failure["rank"], float("inf")), failure["wall"]
+
+        failures.sort(key=cause_first)
         first = failures[0]
         rank = first["rank"]
         # What fails later in this attempt failed of this: on other nodes the
@@ -423,15 +431,19 @@ class Watchdog:
 
         "The same" is the exit status and the error's last line with numbers
         blanked (addresses, sizes and step numbers vary between attempts);
-        which rank fails first may change, so it is not part of it.
+        which rank fails first may change, so it is not part of it. A failure
+        that left no words is alike to any of its exit status: whether the
+        rank that would have said why did so before torchrun stopped it
+        (another rank failing first, silently) varies between attempts.
         """
         now = self.clock()
         exitcode = crash.details["exitcode"]
-        signature = (exitcode, re.sub(r"0x[0-9a-fA-F]+|\d+", "#", said or ""))
-        self._crashes.append((now, signature))
+        words = re.sub(r"0x[0-9a-fA-F]+|\d+", "#", said or "")
+        self._crashes.append((now, (exitcode, words)))
         while self._crashes and now - self._crashes[0][0] > self.policy.crash_loop_window:
             self._crashes.popleft()
-        alike = [t for t, sig in self._crashes if sig == signature]
+        alike = [t for t, (code, said_then) in self._crashes
+                 if code == exitcode and (said_then == words or not said_then or not words)]
         if len(alike) < self.policy.crash_loop:
             return []
         self._crashes.clear()

@@ -171,6 +171,20 @@ def test_a_rank_killed_by_a_signal_is_the_cause_even_when_its_peers_seemed_to_go
     assert v.ranks == [0] and v.text.startswith("rank 0 was killed by SIGKILL")
 
 
+def test_a_rank_that_exited_on_its_own_is_named_before_one_torchrun_stopped():
+    """Rank 1 exits 2 at once; torchrun SIGTERMs rank 0, which had printed the
+    usage error and happened to close its connection first."""
+    dog, state, clock = make(world=2, log=["train.py: error: bad --inject"])
+    feed(dog, state, {"type": "rank_gone", "rank": 0, "wall": 0.0})
+    clock.now += 0.01
+    feed(dog, state, {"type": "rank_gone", "rank": 1, "wall": 0.0})
+    for rank, code in ((0, -15), (1, 2)):
+        feed(dog, state, {"type": "worker_failure", "node": 0, "restart": 0, "rank": rank, "local_rank": rank, "pid": 100 + rank, "exitcode": code, "wall": 0.0})
+    clock.now += 0.5
+    [v] = dog.tick()
+    assert v.ranks == [1] and v.details["exitcode"] == 2, v.text
+
+
 def test_failures_later_in_the_same_attempt_are_consequences_not_a_second_crash():
     """Across nodes the other node's ranks fail of the broken collective a moment later."""
     dog, state, clock = make()
@@ -215,9 +229,11 @@ def test_a_crash_is_read_from_the_log_of_the_attempt_that_failed_before_its_hell
 
 
 def crash_once(dog: Watchdog, state: JobState, clock: Clock, restart: int, message: str, code: int = 1, rank: int = 0) -> list:
-    """One attempt of a 1-rank group that dies with `message`; the verdicts it brings."""
+    """One attempt of a 1-rank group that dies with `message` (without a word
+    if empty); the verdicts it brings."""
     feed(dog, state, hello(0, restart=restart, world=1))
-    feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": f"Traceback...\n{message}\n"})
+    if message:
+        feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": f"Traceback...\n{message}\n"})
     feed(dog, state, {"type": "worker_failure", "node": 0, "restart": restart, "rank": rank, "local_rank": 0, "pid": 100, "exitcode": code, "wall": 0.0})
     clock.now += 1.0
     return dog.tick()
@@ -232,6 +248,23 @@ def test_the_same_failure_three_times_in_the_window_is_a_crash_loop():
     assert (loop.kind, loop.action, loop.details["exit_status"]) == ("crash-loop", "stop", 1)
     assert loop.text.startswith("the same failure 3 times in 3 s, stopping the job: rank 0 failed with exit code 1")
     assert loop.text.endswith("RuntimeError: out of memory at 0x7faa")
+
+
+def test_a_failure_that_left_no_words_is_alike_to_any_of_its_exit_status():
+    """Rank 0 prints a usage error, but in some attempts silent rank 1 exits
+    first and torchrun stops rank 0 before it speaks: still the same failure."""
+    dog, state, clock = make(WatchPolicy(crash_loop=3, crash_loop_window=60), world=1)
+    assert [v.kind for v in crash_once(dog, state, clock, 0, "train.py: error: bad --inject", code=2)] == ["crash"]
+    assert [v.kind for v in crash_once(dog, state, clock, 1, "", code=2)] == ["crash"]
+    assert [v.kind for v in crash_once(dog, state, clock, 2, "", code=2)] == ["crash", "crash-loop"]
+
+
+def test_failures_with_different_words_are_not_alike_even_with_silent_ones_between():
+    dog, state, clock = make(WatchPolicy(crash_loop=3, crash_loop_window=60), world=1)
+    crash_once(dog, state, clock, 0, "ValueError: a", code=1)
+    crash_once(dog, state, clock, 1, "KeyError: b", code=1)
+    assert [v.kind for v in crash_once(dog, state, clock, 2, "ValueError: a", code=1)] == ["crash"]
+    assert [v.kind for v in crash_once(dog, state, clock, 3, "", code=2)] == ["crash"]  # another exit status
 
 
 def test_failures_spread_wider_than_the_window_are_no_loop():
