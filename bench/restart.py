@@ -27,11 +27,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLE = REPO / "examples" / "train.py"
-DDPTOP = str(Path(sys.executable).parent / "ddptop")
+from overhead import DDPTOP, EXAMPLE, alternating
 
 DEATH = re.compile(r"injected kill at step \d+, wall ([0-9.]+)")
 RESUMED = re.compile(r"first step \d+ of attempt 1 done, wall ([0-9.]+)")
@@ -67,12 +64,8 @@ def main() -> None:
         "ddptop": lambda: [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks),
                            "--max-restarts", "1", *job("ddptop")],
     }
-    results: dict[str, list[float]] = {name: [] for name in commands}
-    for round_ in range(args.rounds):
-        names = list(commands) if round_ % 2 == 0 else list(reversed(commands))
-        for name in names:
-            results[name].append(latency_s(commands[name](), env))
-        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in results.items()), flush=True)
+    results = alternating(args.rounds, {name: lambda command=command: latency_s(command(), env)
+                                        for name, command in commands.items()}, " s")
 
     plain, ours = statistics.median(results["plain torchrun"]), statistics.median(results["ddptop"])
     print()
