@@ -31,12 +31,15 @@ from ddptop.supervisor.prometheus import PrometheusExporter
 from ddptop.supervisor.rundir import RunDir, rank_log_tail
 from ddptop.supervisor.sampler import Sampler
 from ddptop.supervisor.uplink import Uplink
-from ddptop.supervisor.watchdog import Verdict, Watchdog, WatchPolicy, restart_text
+from ddptop.supervisor.watchdog import Verdict, Watchdog, WatchPolicy, crash_excerpt, restart_text
 from ddptop.trainer import wire
 
 WATCH_S = 0.25
 """Period of the watchdog's tick: how late a verdict may be carried out."""
 CRASH_LOG_LINES = 20
+CRASH_READ_LINES = 400
+"""A fatal signal's report lists every thread's stack: read far enough back
+to find where it starts (watchdog.crash_excerpt keeps what says something)."""
 WATCHDOG_STOP_EXIT = 1
 """Exit status of a job the watchdog stopped (--on-nan/--on-desync/--on-hang stop);
 a crash loop ends with the status of the failure that looped instead."""
@@ -153,7 +156,8 @@ class Supervisor:
         exception record only."""
         if self.aggregator is not None and self.aggregator.owner(failure["rank"]) is not None:
             return []
-        return rank_log_tail(self.run.path, failure["local_rank"], failure["restart"], CRASH_LOG_LINES, streams=("stderr",))
+        tail = rank_log_tail(self.run.path, failure["local_rank"], failure["restart"], CRASH_READ_LINES, streams=("stderr",))
+        return crash_excerpt(tail, CRASH_LOG_LINES)
 
     async def _watch(self) -> None:
         verdicts, self._verdicts = self._verdicts + (self.watchdog.tick() if self.judges else []), []

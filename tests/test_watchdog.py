@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddptop.supervisor.jobstate import JobState
-from ddptop.supervisor.watchdog import GATHER_S, STARTUP_GRACE_S, Watchdog, WatchPolicy, last_error_line
+from ddptop.supervisor.watchdog import GATHER_S, STARTUP_GRACE_S, Watchdog, WatchPolicy, crash_excerpt, last_error_line
 
 
 class Clock:
@@ -291,3 +291,19 @@ def test_straggler_needs_a_sustained_ratio():
 def test_last_error_line_falls_back_to_the_last_words():
     assert last_error_line(["a", "b", "  "]) == "b"
     assert last_error_line([]) is None
+
+
+def test_a_fatal_signal_report_is_kept_from_its_start_less_the_threads_in_no_python_code():
+    native = ["Thread 0x00007f86266286c0 (most recent call first):", "  <no Python frame>", ""]
+    report = [
+        "Fatal Python error: Segmentation fault", "", *native * 30,
+        "Thread 0x00007f8649f486c0 (most recent call first):", '  File "sender.py", line 111 in _run', "",
+        "Current thread 0x00007f864ae55b80 (most recent call first):", '  File "train.py", line 172 in step', "",
+        "Extension modules: torch._C (total: 1)",
+    ]
+    excerpt = crash_excerpt(["step 9", "injected segv", *report], 20)
+    assert excerpt[0] == "Fatal Python error: Segmentation fault"
+    assert '  File "train.py", line 172 in step' in excerpt and '  File "sender.py", line 111 in _run' in excerpt
+    assert not any("<no Python frame>" in line for line in excerpt)
+    assert last_error_line(excerpt) == 'Fatal Python error: Segmentation fault in File "train.py", line 172 in step'
+    assert crash_excerpt([f"line {i}" for i in range(50)], 20) == [f"line {i}" for i in range(30, 50)]
