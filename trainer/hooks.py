@@ -30,7 +30,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddptop.trainer import guard
+from ddptop.trainer import guard, threadstate
 from ddptop.trainer.commtimer import CommTimer
 from ddptop.trainer.gpumemory import MemoryReadings
 from ddptop.trainer.policy import GuardPolicy
@@ -159,6 +159,7 @@ def _timed(hook: Any, probe: Probe) -> Any:
 
         def done(fut):  # type: ignore[no-untyped-def]
             timer.end(span)
+            threadstate.keep()
             value = fut.value()
             return value[0] if isinstance(value, list) else value
 
