@@ -136,7 +136,10 @@ def _allreduce_mean(process_group, bucket):  # type: ignore[no-untyped-def]
     returns c10d's future as is (its value is a one-tensor list) and leaves
     the unwrapping to _timed's callback, so each bucket costs one callback.
     """
-    buffer = bucket.buffer().div_(process_group.size())
+    buffer = bucket.buffer()
+    world = process_group.size()
+    if world > 1:  # dividing by one changes no bit, and costs a pass over the bucket
+        buffer.div_(world)
     return process_group.allreduce([buffer]).get_future()
 
 
