@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddptop.trainer import hooks, threadstate
+from ddptop.trainer import guard, hooks, threadstate
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.steps import StepTracker
 
@@ -55,6 +56,100 @@ def ddp_model() -> DistributedDataParallel:
 
 def backward(model: nn.Module, scale: float = 1.0) -> None:
     (model(torch.randn(4, 8)).pow(2).sum() * scale).backward()
+
+
+def norm_of(params: Any) -> float:
+    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])).item()
+
+
+def last_step(records: list[dict[str, Any]], model: nn.Module) -> dict[str, Any]:
+    model(torch.randn(1, 8))  # the next forward releases the record held for monitor.step()
+    return [r for r in records if r["type"] == "step"][-1]
+
+
+def test_the_norm_comes_from_the_reduced_buckets_and_is_the_gradients_norm(records, monkeypatch):
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monkeypatch.setattr(guard, "gradients", lambda optimizer: pytest.fail("read the gradients one by one"))
+    for _ in range(3):
+        optimizer.zero_grad()
+        backward(model)
+        expected = norm_of(model.parameters())
+        optimizer.step()
+        assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_accumulated_steps_report_the_norm_of_the_summed_gradients(records):
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.zero_grad()
+    backward(model)
+    backward(model, scale=3.0)  # a second all-reduce in the same step
+    expected = norm_of(model.parameters())
+    optimizer.step()
+    assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+
+
+
+def test_a_step_without_an_all_reduce_is_not_given_an_earlier_steps_buckets(records):
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(model(torch.randn(4, 8)).pow(2).sum()).backward()
+    scaler.step(optimizer)  # a scaler's step leaves its buckets unread
+    optimizer.zero_grad()
+    with model.no_sync():
+        backward(model, scale=5.0)
+    expected = norm_of(model.parameters())
+    optimizer.step()
+    assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_an_optimizer_over_part_of_the_model_gets_the_norm_of_its_own_part(records):
+    model = ddp_model()
+    head = list(model.module[2].parameters())
+    optimizer = torch.optim.SGD(head, lr=0.1)
+    backward(model)
+    expected = norm_of(head)
+    assert expected != pytest.approx(norm_of(model.parameters()))
+    optimizer.step()
+    assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_norm_is_taken_before_the_scripts_own_clipping_which_is_left_alone(records):
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(model, scale=100.0)
+    expected = norm_of(model.parameters())
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    clipped = [p.grad.clone() for p in model.parameters()]
+    optimizer.step()
+    assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+    assert expected > 1.0
+    assert all(torch.equal(c, p.grad) for c, p in zip(clipped, model.parameters()))
+
+
+def test_a_grad_scaler_step_reports_the_unscaled_norm(records):
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(model(torch.randn(4, 8)).pow(2).sum()).backward()
+    scaler.unscale_(optimizer)
+    expected = norm_of(model.parameters())
+    scaler.step(optimizer)
+    scaler.update()
+    assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_non_finite_bucket_skips_the_step_and_names_this_rank(records):
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    backward(model, scale=math.inf)
+    optimizer.step()
+    record = last_step(records, model)
+    assert record["nonfinite"] and record["local_nonfinite"] and record["skipped"] == "nan"
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
 
 
 def test_every_bucket_callback_keeps_its_threads_python_state(records, monkeypatch):

@@ -7,7 +7,8 @@ only through torch's public extension points, so the script runs unchanged:
   (step start, samples) and a forward hook (phase) to each DDP model;
 - at a model's first forward, if the script registered no comm hook of its
   own, a timed all-reduce with the semantics of DDP's default is registered;
-  a comm hook the script registers itself is wrapped with the same timing;
+  a comm hook the script registers itself is wrapped with the same timing,
+  and either way the reduced buckets are kept for the guard's norm;
 - the global optimizer step pre/post hooks mark the step boundary and run
   the in-rank watchdog (guard.py): grad norm, NaN/Inf check (and skip where
   the policy asks), clipping, and every few steps a parameter checksum;
@@ -48,11 +49,32 @@ class Probe:
         self.timer = CommTimer()
         self.local = guard.LocalCheck()
         self.memory = MemoryReadings()
-        self.models: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.reduced: weakref.WeakKeyDictionary[Any, guard.ReducedBuckets] = weakref.WeakKeyDictionary()
+        self.owners: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], guard.ReducedBuckets | None]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.scaling = False
+
+    def add_model(self, model: Any) -> None:
+        ignored = getattr(model, "parameters_to_ignore", ())
+        trainable = (p for name, p in model.module.named_parameters() if p.requires_grad and name not in ignored)
+        self.reduced[model] = guard.ReducedBuckets(trainable)
 
     def parameters(self) -> Iterator[torch.Tensor]:
-        for model in list(self.models):
+        for model in list(self.reduced):
             yield from model.module.parameters()
+
+    def buckets_of(self, optimizer: Any) -> guard.ReducedBuckets | None:
+        """The model whose bucketed parameters are exactly the optimizer's
+        trainable ones, looked up again only when its groups change size."""
+        shape = tuple(len(group["params"]) for group in optimizer.param_groups)
+        known = self.owners.get(optimizer)
+        if known is None or known[0] != shape:
+            params = frozenset(id(p) for group in optimizer.param_groups for p in group["params"] if p.requires_grad)
+            owner = next((r for r in self.reduced.values() if r.params == params), None)
+            known = (shape, owner)
+            self.owners[optimizer] = known
+        return known[1]
 
 
 def install(tracker: StepTracker, policy: GuardPolicy) -> None:
@@ -73,13 +95,13 @@ def _wrap_ddp(probe: Probe) -> None:
     @functools.wraps(original_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
-        probe.models.add(self)
+        probe.add_model(self)
         self.register_forward_pre_hook(_forward_pre_hook(probe), with_kwargs=True)
         self.register_forward_hook(lambda module, args, output: tracker.forward_end())
 
     @functools.wraps(_original_register)
     def register_comm_hook(self: Any, state: object, hook: Any) -> None:
-        _original_register(self, state, _timed(hook, probe))
+        _original_register(self, state, _timed(hook, probe, probe.reduced[self]))
 
     DistributedDataParallel.__init__ = __init__
     DistributedDataParallel.register_comm_hook = register_comm_hook
@@ -95,7 +117,11 @@ def _wrap_grad_scaler(probe: Probe) -> None:
     @functools.wraps(original_step)
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         before = probe.tracker.step
-        result = original_step(self, optimizer, *args, **kwargs)
+        probe.scaling = True
+        try:
+            result = original_step(self, optimizer, *args, **kwargs)
+        finally:
+            probe.scaling = False
         if probe.tracker.step == before:
             probe.local.take()
             probe.tracker.scaler_skip(_after_step(probe))
@@ -122,7 +148,7 @@ def _ensure_comm_hook(model: Any, probe: Probe) -> None:
     if model._comm_hooks:
         return
     try:
-        _original_register(model, model.process_group, _timed(_allreduce_mean, probe))
+        _original_register(model, model.process_group, _timed(_allreduce_mean, probe, probe.reduced[model]))
     except (RuntimeError, ValueError):
         # A built-in C++ hook is already registered: leave it, untimed.
         return
@@ -143,9 +169,10 @@ def _allreduce_mean(process_group, bucket):  # type: ignore[no-untyped-def]
     return process_group.allreduce([buffer]).get_future()
 
 
-def _timed(hook: Any, probe: Probe) -> Any:
-    """A comm hook that times the hook it wraps, and checks the rank's own
-    gradients before they are mixed with everyone's.
+def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
+    """A comm hook that times the hook it wraps, checks the rank's own
+    gradients before they are mixed with everyone's, and keeps the reduced
+    bucket for the guard's norm.
 
     DDP inspects a hook's signature: the parameter must be named `bucket`,
     and any annotation must be the real GradBucket class, so the wrapper
@@ -156,6 +183,7 @@ def _timed(hook: Any, probe: Probe) -> Any:
 
     def timed_hook(state, bucket):  # type: ignore[no-untyped-def]
         tracker.comm_begin()
+        step, index = tracker.step, bucket.index()
         buffer = bucket.buffer()
         local.add(buffer)
         span = timer.begin(buffer)
@@ -164,7 +192,9 @@ def _timed(hook: Any, probe: Probe) -> Any:
             timer.end(span)
             threadstate.keep()
             value = fut.value()
-            return value[0] if isinstance(value, list) else value
+            tensor = value[0] if isinstance(value, list) else value
+            reduced.put(step, index, tensor)
+            return tensor
 
         return hook(state, bucket).then(done)
 
@@ -180,8 +210,8 @@ def _optimizer_begin(probe: Probe, optimizer: Any) -> None:
     CUDA waits for the backward pass; when the policy does not skip there,
     the verdict is read a step late instead (policy.GuardPolicy.skips_now).
     """
-    grads = guard.gradients(optimizer)
     local = probe.local.take()
+    grads = _reduced_gradients(probe, optimizer) or guard.gradients(optimizer)
     if not grads:
         values: dict[str, Any] = {}
     elif probe.policy.skips_now(grads[0].is_cuda):
@@ -189,6 +219,19 @@ def _optimizer_begin(probe: Probe, optimizer: Any) -> None:
     else:
         values = guard.verdict_late(grads, local, probe.policy.clip_grad)
     probe.tracker.optimizer_begin(values)
+
+
+def _reduced_gradients(probe: Probe, optimizer: Any) -> list[torch.Tensor]:
+    """The optimizer's gradients as the all-reduced buckets that hold them,
+    or [] where the buckets may differ from them: a GradScaler unscales the
+    gradients and not the buckets, and enforced clipping must see the
+    gradients the script may have clipped itself. The norm is then the one
+    of the gradients as the all-reduce left them, before the script's own
+    clipping, as the dashboard's GRAD NORM promises."""
+    if probe.scaling or probe.policy.clip_grad is not None:
+        return []
+    owner = probe.buckets_of(optimizer)
+    return owner.take(probe.tracker.step) if owner is not None else []
 
 
 def _verdict_now(probe: Probe, optimizer: Any, grads: list[torch.Tensor], local: list[Any]) -> dict[str, Any]:
