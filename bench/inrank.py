@@ -3,17 +3,21 @@
 overhead.py measures whole jobs, where the supervisor, torchrun's log
 threads and the machine's drift blur a few hundred microseconds: on a
 shared 2-core VM one run against the next varies by 15% even in CPU time.
-This runs the example job's own loop (its model, loader and optimizer) at
-world size 1 as two identical jobs in one process: one plain, built before
-ddptop's hooks are installed, and one instrumented, built after them. Blocks
-of steps alternate between the two, so drift falls on both alike; each
-block's wall and CPU time per step are kept, and the figures are the medians
-over blocks. Records go to a bounded deque instead of a socket, as the
-sender's queue would take them.
+This runs the example job's own loop (its model, loader and optimizer) as
+two identical jobs in each rank's process: one plain, built before ddptop's
+hooks are installed, and one instrumented, built after them. Blocks of steps
+alternate between the two, so drift falls on both alike; each block's wall
+and CPU time per step are kept, and the figures are rank 0's medians over
+blocks. Records go to a bounded deque instead of a socket, as the sender's
+queue would take them.
 
     python bench/inrank.py --width 256 --batch-size 32 --blocks 300
     python bench/inrank.py --width 8192 --batch-size 1024 --profile
     python bench/inrank.py --without comm-hook --without guard   # what the rest costs
+    python bench/inrank.py --ranks 4 --blocks 100   # the example as `--gpus 4` runs it
+
+With --ranks N it runs itself under torchrun with N ranks on gloo (one GPU
+each on CUDA), all ranks alternating in step, since every step all-reduces.
 
 The instrumented job gets ddptop's optimizer hooks on its own optimizer
 (the launcher registers them globally, for every optimizer; the dispatch
@@ -27,6 +31,7 @@ import argparse
 import collections
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -51,7 +56,8 @@ class Job:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-2, momentum=0.9)
         self.loss_fn = nn.CrossEntropyLoss()
         data_args = argparse.Namespace(seed=0, samples=max(8192, 2 * args.batch_size), batch_size=args.batch_size)
-        self.data = example.batches(example.make_loader(data_args, 0, 1), 0, 0)
+        loader = example.make_loader(data_args, torch.distributed.get_rank(), torch.distributed.get_world_size())
+        self.data = example.batches(loader, 0, 0)
 
     def run(self, steps: int) -> None:
         from ddptop.trainer import monitor
@@ -108,9 +114,15 @@ def measure(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
-    torch_device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch_device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    backend = "nccl" if cuda else "gloo"
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend)
+    else:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    leader = dist.get_rank() == 0
     plain = Job(args, example, torch_device)
     hooked, bind = instrumented(args, example, torch_device)
 
@@ -124,15 +136,19 @@ def measure(args: argparse.Namespace) -> None:
 
     block(plain, 50)
     block(hooked, 50)
-    if args.profile:
+    if args.profile and leader:
         profile(lambda: block(hooked, 2000))
+    elif args.profile:
+        block(hooked, 2000)
     times: dict[str, list[tuple[float, float]]] = {"plain": [], "ddptop": []}
     for i in range(args.blocks):
         order = [("plain", plain), ("ddptop", hooked)]
         for name, job in order if i % 2 == 0 else reversed(order):
             times[name].append(block(job, args.block_steps))
+    world = dist.get_world_size()
     dist.destroy_process_group()
-    report(args, times)
+    if leader:
+        report(args, world, times)
 
 
 def profile(run: Callable[[], Any]) -> None:
@@ -146,9 +162,10 @@ def profile(run: Callable[[], Any]) -> None:
     stats.sort_stats("cumtime").print_stats("trainer", 20)
 
 
-def report(args: argparse.Namespace, times: dict[str, list[tuple[float, float]]]) -> None:
+def report(args: argparse.Namespace, world: int, times: dict[str, list[tuple[float, float]]]) -> None:
     left_out = f"; without {', '.join(args.without)}" if args.without else ""
-    print(f"one rank on {device()} ({args.threads} CPU thread), width {args.width}, batch {args.batch_size}, --on-nan {args.on_nan}{left_out}; "
+    ranks = "one rank" if world == 1 else f"rank 0 of {world}"
+    print(f"{ranks} on {device()} ({args.threads} CPU thread), width {args.width}, batch {args.batch_size}, --on-nan {args.on_nan}{left_out}; "
           f"{args.blocks} alternating blocks of {args.block_steps} steps each")
     print(f"{'ms/step, median of blocks':<28}{'plain':>9}{'ddptop':>9}{'cost µs':>9}{'ratio':>8}")
     for index, clock in enumerate(("wall", "cpu")):
@@ -173,7 +190,12 @@ def main() -> None:
     parser.add_argument("--without", action="append", default=[], choices=("comm-hook", "guard"),
                         help="leave this part of ddptop's instrumentation out (repeatable), to attribute its cost")
     parser.add_argument("--profile", action="store_true", help="first print where the instrumented loop spends its time")
-    measure(parser.parse_args())
+    parser.add_argument("--ranks", type=int, default=1, help="ranks, under torchrun when more than one")
+    args = parser.parse_args()
+    if args.ranks > 1 and "WORLD_SIZE" not in os.environ:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks)]
+        sys.exit(subprocess.run([*torchrun, __file__, *sys.argv[1:]]).returncode)
+    measure(args)
 
 
 if __name__ == "__main__":
