@@ -21,19 +21,20 @@ from __future__ import annotations
 import ctypes
 import threading
 
-_kept: set[int] = set()
+_state = threading.local()
+"""Lives in the thread state itself: a thread state made for one call has
+no `kept` yet, however the OS numbered its thread."""
 
 
 def keep() -> None:
     """Give the calling thread a Python thread state for as long as it lives.
 
     Called from a callback, so the GIL is held and the thread state exists;
-    the count that keeps it is taken once per thread. Costs a set lookup on
-    every later call.
+    the count that keeps it is taken once per thread. Costs an attribute
+    lookup on every later call.
     """
-    ident = threading.get_ident()
-    if ident in _kept:
+    if getattr(_state, "kept", False):
         return
-    _kept.add(ident)
-    if ident != threading.main_thread().ident:
+    _state.kept = True
+    if threading.get_ident() != threading.main_thread().ident:
         ctypes.pythonapi.PyGILState_Ensure()
