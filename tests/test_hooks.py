@@ -67,6 +67,13 @@ def last_step(records: list[dict[str, Any]], model: nn.Module) -> dict[str, Any]
     return [r for r in records if r["type"] == "step"][-1]
 
 
+def step_and_check_the_norm(records: list[dict[str, Any]], model: nn.Module, optimizer: Any, params: Any) -> None:
+    """optimizer.step(), then: the step's record has the norm of params' gradients before it."""
+    expected = norm_of(params)
+    optimizer.step()
+    assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+
+
 def test_the_norm_comes_from_the_reduced_buckets_and_is_the_gradients_norm(records, monkeypatch):
     model = ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -74,9 +81,7 @@ def test_the_norm_comes_from_the_reduced_buckets_and_is_the_gradients_norm(recor
     for _ in range(3):
         optimizer.zero_grad()
         backward(model)
-        expected = norm_of(model.parameters())
-        optimizer.step()
-        assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+        step_and_check_the_norm(records, model, optimizer, model.parameters())
 
 
 def test_accumulated_steps_report_the_norm_of_the_summed_gradients(records):
@@ -85,10 +90,7 @@ def test_accumulated_steps_report_the_norm_of_the_summed_gradients(records):
     optimizer.zero_grad()
     backward(model)
     backward(model, scale=3.0)  # a second all-reduce in the same step
-    expected = norm_of(model.parameters())
-    optimizer.step()
-    assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
-
+    step_and_check_the_norm(records, model, optimizer, model.parameters())
 
 
 def test_a_step_without_an_all_reduce_is_not_given_an_earlier_steps_buckets(records):
@@ -100,9 +102,7 @@ def test_a_step_without_an_all_reduce_is_not_given_an_earlier_steps_buckets(reco
     optimizer.zero_grad()
     with model.no_sync():
         backward(model, scale=5.0)
-    expected = norm_of(model.parameters())
-    optimizer.step()
-    assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+    step_and_check_the_norm(records, model, optimizer, model.parameters())
 
 
 def test_an_optimizer_over_part_of_the_model_gets_the_norm_of_its_own_part(records):
@@ -110,10 +110,8 @@ def test_an_optimizer_over_part_of_the_model_gets_the_norm_of_its_own_part(recor
     head = list(model.module[2].parameters())
     optimizer = torch.optim.SGD(head, lr=0.1)
     backward(model)
-    expected = norm_of(head)
-    assert expected != pytest.approx(norm_of(model.parameters()))
-    optimizer.step()
-    assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+    assert norm_of(head) != pytest.approx(norm_of(model.parameters()))
+    step_and_check_the_norm(records, model, optimizer, head)
 
 
 def test_the_norm_is_taken_before_the_scripts_own_clipping_which_is_left_alone(records):
