@@ -163,3 +163,13 @@ def test_every_bucket_callback_keeps_its_threads_python_state(records, monkeypat
         backward(model)
         optimizer.step()
     assert len(kept) == 3
+
+
+def test_a_model_whose_ddp_registers_a_comm_hook_in_its_constructor_is_built(records):
+    """DDP's mixed precision registers its own comm hook inside __init__,
+    before the wrapped __init__ has seen the model. (Its forward needs CUDA
+    events, so on the CPU only the construction can be tried.)"""
+    from torch.nn.parallel.distributed import _MixedPrecision
+
+    model = DistributedDataParallel(nn.Linear(8, 2), mixed_precision=_MixedPrecision(param_dtype=torch.bfloat16))
+    assert model._comm_hooks

@@ -55,10 +55,15 @@ class Probe:
         )
         self.scaling = False
 
-    def add_model(self, model: Any) -> None:
-        ignored = getattr(model, "parameters_to_ignore", ())
-        trainable = (p for name, p in model.module.named_parameters() if p.requires_grad and name not in ignored)
-        self.reduced[model] = guard.ReducedBuckets(trainable)
+    def buckets(self, model: Any) -> guard.ReducedBuckets:
+        """The model's reduced buckets, made at first use: DDP's own __init__
+        registers a comm hook for some options (mixed precision), before the
+        wrapped __init__ below has seen the model."""
+        if model not in self.reduced:
+            ignored = getattr(model, "parameters_to_ignore", ())
+            trainable = (p for name, p in model.module.named_parameters() if p.requires_grad and name not in ignored)
+            self.reduced[model] = guard.ReducedBuckets(trainable)
+        return self.reduced[model]
 
     def parameters(self) -> Iterator[torch.Tensor]:
         for model in list(self.reduced):
@@ -95,13 +100,13 @@ def _wrap_ddp(probe: Probe) -> None:
     @functools.wraps(original_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
-        probe.add_model(self)
+        probe.buckets(self)
         self.register_forward_pre_hook(_forward_pre_hook(probe), with_kwargs=True)
         self.register_forward_hook(lambda module, args, output: tracker.forward_end())
 
     @functools.wraps(_original_register)
     def register_comm_hook(self: Any, state: object, hook: Any) -> None:
-        _original_register(self, state, _timed(hook, probe, probe.reduced[self]))
+        _original_register(self, state, _timed(hook, probe, probe.buckets(self)))
 
     DistributedDataParallel.__init__ = __init__
     DistributedDataParallel.register_comm_hook = register_comm_hook
@@ -148,7 +153,7 @@ def _ensure_comm_hook(model: Any, probe: Probe) -> None:
     if model._comm_hooks:
         return
     try:
-        _original_register(model, model.process_group, _timed(_allreduce_mean, probe, probe.reduced[model]))
+        _original_register(model, model.process_group, _timed(_allreduce_mean, probe, probe.buckets(model)))
     except (RuntimeError, ValueError):
         # A built-in C++ hook is already registered: leave it, untimed.
         return
