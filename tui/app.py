@@ -70,6 +70,7 @@ class DdptopApp(App[str | None]):
 
         # The main screen's widgets, kept so that refreshing them works
         # whichever screen (detail, help, a dialog) is in front.
+        self.main = Vertical(id="main")
         self.header = JobHeader(id="header")
         self.plots = Plots(id="plots")
         self.table = RankTable(id="ranks")
@@ -80,7 +81,7 @@ class DdptopApp(App[str | None]):
         self.filter_box = Input(placeholder="filter ranks: words match node, rank, host, state", id="filter")
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="main"):
+        with self.main:
             yield self.header
             yield self.plots
             yield self.table
@@ -143,9 +144,8 @@ class DdptopApp(App[str | None]):
         live = self.source.live and not self.stream_ended
         self.header.show(self.state, now, self.status())
         nodes = self.showing_nodes()
-        main = self.query_one("#main")
-        if main.has_class("node-view") != nodes:
-            main.set_class(nodes, "node-view")
+        if self.main.has_class("node-view") != nodes:
+            self.main.set_class(nodes, "node-view")
             if self.focused in (self.table, self.nodes):
                 (self.nodes if nodes else self.table).focus()
         # Only the table on screen is refreshed: at 1,024 ranks the other costs a tick's budget.
