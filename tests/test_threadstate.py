@@ -1,9 +1,15 @@
-"""threadstate.keep() on a thread Python did not start, as gloo's workers are."""
+"""threadstate: what gloo's C++ threads need from Python."""
 
 from __future__ import annotations
 
 import ctypes
+import sys
+import threading
+import time
+import weakref
 from collections.abc import Callable
+
+import torch
 
 from ddptop.trainer import threadstate
 
@@ -47,3 +53,34 @@ def test_keep_takes_no_count_on_the_main_thread_and_then_costs_a_lookup():
     threadstate.keep()
     threadstate.keep()
     assert thread_states() == before
+
+
+def test_keep_past_exit_takes_a_reference_it_never_gives_back():
+    tensor = torch.ones(3)
+    before = sys.getrefcount(tensor)
+    threadstate.keep_past_exit([tensor])
+    assert sys.getrefcount(tensor) == before + 1
+
+
+class Callback:
+    """Stands for a comm hook's callback: weak-referenceable, held by another thread."""
+
+
+def test_wait_for_release_returns_once_another_thread_drops_the_objects_or_at_the_timeout():
+    held = [Callback()]
+    waiting: weakref.WeakSet[Callback] = weakref.WeakSet(held)
+    go = threading.Event()
+
+    def holder(objects: list[Callback]) -> None:
+        go.wait()
+        objects.clear()
+
+    thread = threading.Thread(target=holder, args=(held,))
+    thread.start()
+    started = time.monotonic()
+    threadstate.wait_for_release(waiting, 0.05)
+    assert len(waiting) == 1 and time.monotonic() - started >= 0.05
+    go.set()
+    threadstate.wait_for_release(waiting, 30.0)
+    assert len(waiting) == 0
+    thread.join()

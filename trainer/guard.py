@@ -101,6 +101,9 @@ class ReducedBuckets:
             self._step = step
         self._latest[index] = tensor
 
+    def held(self) -> list[torch.Tensor]:
+        return list(self._latest.values())
+
     def take(self, step: int) -> list[torch.Tensor]:
         """The buckets reduced in this step, when all are dense."""
         if step != self._step:

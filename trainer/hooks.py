@@ -21,6 +21,7 @@ callback that runs once the script's own `import torch` has finished.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import math
 import weakref
@@ -54,6 +55,8 @@ class Probe:
             weakref.WeakKeyDictionary()
         )
         self.scaling = False
+        self.callbacks: weakref.WeakSet[Any] = weakref.WeakSet()
+        """The comm hooks' callbacks that gloo has not let go of yet."""
 
     def buckets(self, model: Any) -> guard.ReducedBuckets:
         """The model's reduced buckets, made at first use: DDP's own __init__
@@ -88,7 +91,19 @@ def install(tracker: StepTracker, policy: GuardPolicy) -> None:
     _wrap_grad_scaler(probe)
     register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(probe, optimizer))
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _optimizer_end(probe))
+    atexit.register(_before_exit, probe)
 
+
+def _before_exit(probe: Probe) -> None:
+    """Let gloo's threads let go of the comm hooks' Python objects while the
+    interpreter can still take them back (threadstate.py says why)."""
+    threadstate.wait_for_release(probe.callbacks, EXIT_WAIT_S)
+    threadstate.keep_past_exit(t for reduced in list(probe.reduced.values()) for t in reduced.held())
+
+
+EXIT_WAIT_S = 2.0
+"""The longest a rank's exit waits for gloo to drop the last callbacks: only
+a collective that never completes (a peer gone) keeps them that long."""
 
 _original_register = DistributedDataParallel.register_comm_hook
 
@@ -201,6 +216,7 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
             reduced.put(step, index, tensor)
             return tensor
 
+        probe.callbacks.add(done)
         return hook(state, bucket).then(done)
 
     timed_hook.__name__ = getattr(hook, "__name__", "comm_hook")

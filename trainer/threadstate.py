@@ -14,12 +14,29 @@ that is never released holds it at one, once per thread, the way torch's
 autograd engine keeps a thread state on its own device threads
 (PythonEngine::thread_init). Python's own threads need no help: their state
 lives as long as they do.
+
+The same threads can also free Python objects too late: a bucket's
+all-reduce completes on a gloo thread, which then drops the callback and,
+a moment later, its reference to the bucket tensor. Both take the GIL, and
+if the rank's main thread has meanwhile finished its script and the
+interpreter is finalizing, taking it ends the thread; the unwinding aborts
+the process ("terminate called without an active exception"). On the
+2-core test VM that was about one rank exit in 80 with ddptop's comm hook
+on gloo (two core dumps read in gdb, one for each path). So at exit a rank
+waits for gloo to drop the callbacks (wait_for_release) and keeps the
+tensors past it (keep_past_exit).
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+import time
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+RELEASE_POLL_S = 0.001
 
 _state = threading.local()
 """Lives in the thread state itself: a thread state made for one call has
@@ -38,3 +55,27 @@ def keep() -> None:
     _state.kept = True
     if threading.get_ident() != threading.main_thread().ident:
         ctypes.pythonapi.PyGILState_Ensure()
+
+
+def wait_for_release(objects: weakref.WeakSet[Any], timeout: float) -> None:
+    """Wait, with the GIL let go, until other threads have dropped objects.
+
+    A gloo thread that wants the GIL to drop a callback gets it while this
+    sleeps; a collective that never completes keeps its callback, and the
+    wait ends at the timeout.
+    """
+    deadline = time.monotonic() + timeout
+    while len(objects) and time.monotonic() < deadline:
+        time.sleep(RELEASE_POLL_S)
+
+
+def keep_past_exit(tensors: Iterable[object]) -> None:
+    """Let tensors that gloo's work may still hold outlive the interpreter.
+
+    Called at exit (atexit, before the interpreter finalizes): a Python
+    reference that is never given back keeps each tensor alive, so gloo's
+    late release is only a count going down. The process is exiting:
+    nothing is lost by not freeing them.
+    """
+    for tensor in tensors:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(tensor))
