@@ -102,13 +102,14 @@ class ReducedBuckets:
         self._latest[index] = tensor
 
     def held(self) -> list[torch.Tensor]:
+        """The latest step's buckets, whatever their layout."""
         return list(self._latest.values())
 
     def take(self, step: int) -> list[torch.Tensor]:
         """The buckets reduced in this step, when all are dense."""
         if step != self._step:
             return []
-        tensors = list(self._latest.values())
+        tensors = self.held()
         return tensors if all(t.layout == torch.strided for t in tensors) else []
 
 
