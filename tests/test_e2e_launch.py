@@ -111,6 +111,26 @@ def test_zero_code_instrumentation_of_a_plain_ddp_script(ddptop_home, tmp_path):
     assert {r["phase"] for r in records if r["type"] == "heartbeat"} & {"data", "forward", "backward", "comm", "optimizer", "exit"}
 
 
+def final_params(stdout: str) -> str:
+    found = [line.split()[-1] for line in stdout.splitlines() if "final-params-sha256" in line]
+    assert found, stdout[-2000:]
+    return found[0]
+
+
+def test_a_job_trains_bit_for_bit_as_under_plain_torchrun(ddptop_home, tmp_path):
+    """ddptop's comm hook replaces DDP's own all-reduce, so it must average as
+    DDP does: at 3 ranks, dividing by 3 and multiplying by 1/3 round apart."""
+    args = [str(EXAMPLE), "--steps", "30"]
+    plain = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", *args],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    under = run_ddptop("launch", "--headless", "--run-dir", str(tmp_path / "run"), *args, "--gpus", "3")
+    assert under.returncode == 0, under.stderr[-2000:]
+    assert final_params(under.stdout) == final_params(plain.stdout)
+
+
 def test_killing_the_supervisor_leaves_no_process_behind(ddptop_home, tmp_path):
     run_path = tmp_path / "run"
     proc = subprocess.Popen(

@@ -175,7 +175,16 @@ def _ensure_comm_hook(model: Any, probe: Probe) -> None:
 
 
 def _allreduce_mean(process_group, bucket):  # type: ignore[no-untyped-def]
-    """DDP's default arithmetic (divide, then sum), as torch's allreduce_hook does it.
+    """DDP's default arithmetic, bit for bit: scale by 1/world size, then sum.
+
+    DDP's own reducer multiplies each gradient by the reciprocal as it copies
+    it into the bucket; torch's Python allreduce_hook divides instead, which
+    rounds differently where the world size is not a power of two (at 3
+    ranks, a third of the example's gradients differ in the last bit, and
+    the run drifts from the one plain torchrun would train). Multiplying is
+    also the cheaper pass. The one case that differs from DDP's is a model
+    with gradient_as_bucket_view=True whose gradients are zeroed rather than
+    set to None: DDP divides those in place.
 
     It calls the process group itself: dist.all_reduce's Python checks and
     logging wrappers cost more per bucket than the all-reduce's launch. It
@@ -184,8 +193,8 @@ def _allreduce_mean(process_group, bucket):  # type: ignore[no-untyped-def]
     """
     buffer = bucket.buffer()
     world = process_group.size()
-    if world > 1:  # dividing by one changes no bit, and costs a pass over the bucket
-        buffer.div_(world)
+    if world > 1:  # scaling by one changes no bit, and costs a pass over the bucket
+        buffer.mul_(1.0 / world)
     return process_group.allreduce([buffer]).get_future()
 
 
