@@ -38,11 +38,13 @@ def nccl_world_of_one():
 
 def busy_gpu() -> None:
     """Queue ~0.1 s of GPU work, after warming the pinned-memory cache: its
-    first allocation synchronises, the steady state's reuse does not."""
+    first allocation synchronises, the steady state's reuse does not. The
+    warm value is read, as a step's values are, so its pinned buffer goes
+    back to late.py's pool for the next late value instead of being freed."""
     warm = late.scalar(torch.ones((), device="cuda"))
     torch.cuda.synchronize()
     assert warm.ready()
-    del warm
+    warm.get()
     torch.cuda._sleep(SLEEP_CYCLES)
 
 
