@@ -173,3 +173,40 @@ def test_a_model_whose_ddp_registers_a_comm_hook_in_its_constructor_is_built(rec
 
     model = DistributedDataParallel(nn.Linear(8, 2), mixed_precision=_MixedPrecision(param_dtype=torch.bfloat16))
     assert model._comm_hooks
+
+
+def test_a_comm_hook_the_script_registers_after_the_first_step_takes_the_defaults_place(records):
+    """Plain DDP lets a script register its hook at any step; under ddptop the
+    model has ddptop's default by then, and DDP's reducer takes one hook."""
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(model)
+    optimizer.step()
+    calls: list[object] = []
+
+    def doubling_hook(state, bucket):  # type: ignore[no-untyped-def]
+        calls.append(state)
+        return _done(bucket.buffer() * 2)
+
+    model.register_comm_hook("the script's state", doubling_hook)
+    optimizer.zero_grad()
+    torch.manual_seed(1)
+    backward(model)
+    doubled = [p.grad.clone() for p in model.parameters()]
+    optimizer.zero_grad()
+    torch.manual_seed(1)
+    with model.no_sync():
+        backward(model)
+    assert calls == ["the script's state"]
+    assert all(torch.equal(d, 2 * p.grad) for d, p in zip(doubled, model.parameters()))
+    assert model._comm_hooks == [(doubling_hook, "the script's state")]
+    optimizer.step()
+    assert last_step(records, model)["comm_bytes"] > 0
+    with pytest.raises(RuntimeError, match="can only be called once"):
+        model.register_comm_hook(None, doubling_hook)
+
+
+def _done(tensor: torch.Tensor) -> torch.futures.Future:
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(tensor)
+    return future

@@ -7,8 +7,10 @@ only through torch's public extension points, so the script runs unchanged:
   (step start, samples) and a forward hook (phase) to each DDP model;
 - at a model's first forward, if the script registered no comm hook of its
   own, a timed all-reduce with the semantics of DDP's default is registered;
-  a comm hook the script registers itself is wrapped with the same timing,
-  and either way the reduced buckets are kept for the guard's norm;
+  a comm hook the script registers itself is wrapped with the same timing
+  (one registered after that first forward takes the default's place, as
+  it would under plain DDP), and either way the reduced buckets are kept
+  for the guard's norm;
 - the global optimizer step pre/post hooks mark the step boundary and run
   the in-rank watchdog (guard.py): grad norm, NaN/Inf check (and skip where
   the policy asks), clipping, and every few steps a parameter checksum;
@@ -121,7 +123,18 @@ def _wrap_ddp(probe: Probe) -> None:
 
     @functools.wraps(_original_register)
     def register_comm_hook(self: Any, state: object, hook: Any) -> None:
-        _original_register(self, state, _timed(hook, probe, probe.buckets(self)))
+        default = getattr(self, "_ddptop_default_hook", None)
+        if default is None:
+            _original_register(self, state, _timed(hook, probe, probe.buckets(self)))
+            return
+        # ddptop's default went in at the first forward, and DDP takes one
+        # hook per model: the script's goes behind it, with DDP's own checks,
+        # and a second one fails as it would under plain DDP.
+        self._check_comm_hook(hook)
+        self.logger._set_comm_hook_name(hook.__qualname__)
+        self._comm_hooks[:] = [(hook, state)]
+        default.state, default.hook = state, hook
+        self._ddptop_default_hook = None
 
     DistributedDataParallel.__init__ = __init__
     DistributedDataParallel.register_comm_hook = register_comm_hook
@@ -167,11 +180,32 @@ def _ensure_comm_hook(model: Any, probe: Probe) -> None:
     """Register a timed default all-reduce unless the script has a hook of its own."""
     if model._comm_hooks:
         return
+    default = DefaultHook(model.process_group)
     try:
-        _original_register(model, model.process_group, _timed(_allreduce_mean, probe, probe.buckets(model)))
+        _original_register(model, model.process_group, _timed(default, probe, probe.buckets(model)))
     except (RuntimeError, ValueError):
         # A built-in C++ hook is already registered: leave it, untimed.
         return
+    model._ddptop_default_hook = default
+
+
+class DefaultHook:
+    """The hook behind ddptop's timed default: DDP's all-reduce, until the
+    script registers a comm hook of its own after the first forward.
+
+    Under plain DDP a script may register its hook at any step; under ddptop
+    the model already has one by then, and DDP's reducer refuses a second.
+    So the registered hook stays, and the script's hook and state take this
+    one's place behind it (hooks are registered between steps, when no
+    bucket is in flight).
+    """
+
+    def __init__(self, process_group: Any) -> None:
+        self.state: Any = process_group
+        self.hook: Any = _allreduce_mean
+
+    def __call__(self, state: object, bucket: Any) -> Any:
+        return self.hook(self.state, bucket)
 
 
 def _allreduce_mean(process_group, bucket):  # type: ignore[no-untyped-def]
