@@ -9,7 +9,9 @@ clipping, GradScaler). Every global the hooks patch is restored afterwards.
 from __future__ import annotations
 
 import collections
+import copy
 import importlib
+import io
 import math
 import threading
 from collections.abc import Iterator
@@ -36,8 +38,8 @@ def gloo_world_of_one() -> Iterator[None]:
 @pytest.fixture
 def records(gloo_world_of_one: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
     """ddptop's hooks installed as in a rank; the step records they emit."""
-    for cls, name in ((DistributedDataParallel, "__init__"), (DistributedDataParallel, "register_comm_hook"),
-                      (torch.amp.GradScaler, "step")):
+    ddp_methods = ("__init__", "__getstate__", "__setstate__", "register_comm_hook")
+    for cls, name in (*((DistributedDataParallel, name) for name in ddp_methods), (torch.amp.GradScaler, "step")):
         monkeypatch.setattr(cls, name, getattr(cls, name))
     optimizer_module = importlib.import_module("torch.optim.optimizer")
     monkeypatch.setattr(optimizer_module, "_global_optimizer_pre_hooks", collections.OrderedDict())
@@ -210,3 +212,27 @@ def _done(tensor: torch.Tensor) -> torch.futures.Future:
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(tensor)
     return future
+
+
+def test_a_copy_or_pickle_of_a_model_works_as_under_plain_ddp_and_a_copy_is_measured_too(records):
+    """ddptop's hooks are closures over the rank's probe, which neither copy
+    nor pickle; the script's own hooks must come along."""
+    model = ddp_model()
+    model.forwards = 0
+    model.register_forward_hook(count_forward)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(model)
+    optimizer.step()
+    torch.save(model, io.BytesIO())
+    twin = copy.deepcopy(model)
+    assert twin._comm_hooks == [] and twin.forwards == 1
+    twin_optimizer = torch.optim.SGD(twin.parameters(), lr=0.1)
+    backward(twin)
+    twin_optimizer.step()
+    assert twin.forwards == 2
+    assert last_step(records, twin)["comm_bytes"] > 0
+
+
+def count_forward(module: nn.Module, args: tuple, output: Any) -> None:
+    """A script's own forward hook: a module-level function, so it pickles."""
+    module.forwards += 1

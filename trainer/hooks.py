@@ -59,6 +59,10 @@ class Probe:
         self.scaling = False
         self.callbacks: weakref.WeakSet[Any] = weakref.WeakSet()
         """The comm hooks' callbacks that gloo has not let go of yet."""
+        self.defaults: weakref.WeakKeyDictionary[Any, DefaultHook] = weakref.WeakKeyDictionary()
+        """The models running ddptop's default hook, until the script registers its own."""
+        self.forward_hooks: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
+        """The ids of the forward hooks ddptop added to each model, to leave out of its copies."""
 
     def buckets(self, model: Any) -> guard.ReducedBuckets:
         """The model's reduced buckets, made at first use: DDP's own __init__
@@ -111,33 +115,65 @@ _original_register = DistributedDataParallel.register_comm_hook
 
 
 def _wrap_ddp(probe: Probe) -> None:
+    """Instrument every DDP model, leaving what the script can see of it as
+    plain DDP would: its `_comm_hooks` list holds only the script's hooks, and
+    a copy or pickle of it carries none of ddptop's hooks (closures over this
+    rank's probe, which can be neither), while a copy is instrumented anew."""
     original_init = DistributedDataParallel.__init__
-    tracker = probe.tracker
+    original_getstate = DistributedDataParallel.__getstate__
+    original_setstate = DistributedDataParallel.__setstate__
 
     @functools.wraps(original_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
-        probe.buckets(self)
-        self.register_forward_pre_hook(_forward_pre_hook(probe), with_kwargs=True)
-        self.register_forward_hook(lambda module, args, output: tracker.forward_end())
+        _instrument(self, probe)
+
+    @functools.wraps(original_getstate)
+    def __getstate__(self: Any) -> dict[str, Any]:
+        return _without_hooks(original_getstate(self), probe.forward_hooks.get(self, frozenset()))
+
+    @functools.wraps(original_setstate)
+    def __setstate__(self: Any, state: dict[str, Any]) -> None:
+        original_setstate(self, state)
+        _instrument(self, probe)
 
     @functools.wraps(_original_register)
     def register_comm_hook(self: Any, state: object, hook: Any) -> None:
-        default = getattr(self, "_ddptop_default_hook", None)
+        default = probe.defaults.pop(self, None)
         if default is None:
             _original_register(self, state, _timed(hook, probe, probe.buckets(self)))
+            self._comm_hooks[-1] = (hook, state)
             return
         # ddptop's default went in at the first forward, and DDP takes one
         # hook per model: the script's goes behind it, with DDP's own checks,
         # and a second one fails as it would under plain DDP.
         self._check_comm_hook(hook)
         self.logger._set_comm_hook_name(hook.__qualname__)
-        self._comm_hooks[:] = [(hook, state)]
+        self._comm_hooks.append((hook, state))
         default.state, default.hook = state, hook
-        self._ddptop_default_hook = None
 
     DistributedDataParallel.__init__ = __init__
+    DistributedDataParallel.__getstate__ = __getstate__
+    DistributedDataParallel.__setstate__ = __setstate__
     DistributedDataParallel.register_comm_hook = register_comm_hook
+
+
+def _instrument(model: Any, probe: Probe) -> None:
+    """A new DDP model's forward hooks: step start and samples, phase."""
+    probe.buckets(model)
+    tracker = probe.tracker
+    begin = model.register_forward_pre_hook(_forward_pre_hook(probe), with_kwargs=True)
+    end = model.register_forward_hook(lambda module, args, output: tracker.forward_end())
+    probe.forward_hooks[model] = frozenset((begin.id, end.id))
+
+
+def _without_hooks(state: dict[str, Any], ours: frozenset[int]) -> dict[str, Any]:
+    """A DDP model's pickled state without ddptop's forward hooks (the
+    module keeps its hooks, and their with_kwargs flags, in dicts by id)."""
+    for name, value in list(state.items()):
+        if name.startswith("_forward") and isinstance(value, dict) and not ours.isdisjoint(value):
+            state[name] = type(value)((key, hook) for key, hook in value.items() if key not in ours)
+    return state
 
 
 def _wrap_grad_scaler(probe: Probe) -> None:
@@ -166,9 +202,12 @@ def _wrap_grad_scaler(probe: Probe) -> None:
 def _forward_pre_hook(probe: Probe) -> Any:
     tracker = probe.tracker
 
+    first = True
+
     def hook(module: Any, args: tuple, kwargs: dict) -> None:
-        if not getattr(module, "_ddptop_comm_hooked", False):
-            module._ddptop_comm_hooked = True
+        nonlocal first
+        if first:
+            first = False
             _ensure_comm_hook(module, probe)
         if module.training and torch.is_grad_enabled():
             tracker.forward_begin(_batch_size(args, kwargs))
@@ -177,7 +216,11 @@ def _forward_pre_hook(probe: Probe) -> Any:
 
 
 def _ensure_comm_hook(model: Any, probe: Probe) -> None:
-    """Register a timed default all-reduce unless the script has a hook of its own."""
+    """Register a timed default all-reduce unless the script has a hook of its own.
+
+    The default stays out of the model's `_comm_hooks`, as DDP's own
+    all-reduce does: that list is the script's.
+    """
     if model._comm_hooks:
         return
     default = DefaultHook(model.process_group)
@@ -186,7 +229,8 @@ def _ensure_comm_hook(model: Any, probe: Probe) -> None:
     except (RuntimeError, ValueError):
         # A built-in C++ hook is already registered: leave it, untimed.
         return
-    model._ddptop_default_hook = default
+    model._comm_hooks.pop()
+    probe.defaults[model] = default
 
 
 class DefaultHook:
