@@ -73,6 +73,18 @@ def test_explicit_values_before_optimizer_step_join_the_step_in_progress():
     assert "loss" not in out[0] and out[1]["loss"] == 0.5
 
 
+def test_steps_closed_with_no_forward_between_are_all_sent():
+    """Two optimizers stepped one after the other (a GAN's, or two halves
+    of a model): the first step's record is held for monitor.step() when
+    the second closes, and must still go out."""
+    tracker, out, clock = make()
+    run_step(tracker, clock, 0.0, 0.1)
+    tracker.optimizer_begin({"grad_norm": 3.0})
+    tracker.optimizer_end({})
+    tracker.flush()
+    assert [(r["step"], r["grad_norm"]) for r in out] == [(0, 2.0), (1, 3.0)]
+
+
 def test_without_an_optimizer_monitor_step_is_the_boundary():
     tracker, out, clock = make()
     for _ in range(3):
