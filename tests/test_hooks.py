@@ -236,3 +236,21 @@ def test_a_copy_or_pickle_of_a_model_works_as_under_plain_ddp_and_a_copy_is_meas
 def count_forward(module: nn.Module, args: tuple, output: Any) -> None:
     """A script's own forward hook: a module-level function, so it pickles."""
     module.forwards += 1
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.distributed.optim imports torch.jit
+def test_an_optimizer_stepped_inside_another_is_part_of_its_step(records):
+    """ZeroRedundancyOptimizer.step() steps a local optimizer inside its own:
+    one training step, one record, with the norm of all the gradients."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = ddp_model()
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        backward(model)
+        expected = norm_of(model.parameters())
+        optimizer.step()
+    record = last_step(records, model)
+    assert [r["step"] for r in records if r["type"] == "step"] == [0, 1, 2]
+    assert record["grad_norm"] == pytest.approx(expected, rel=1e-6) and record["comm_bytes"] > 0

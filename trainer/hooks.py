@@ -57,6 +57,9 @@ class Probe:
             weakref.WeakKeyDictionary()
         )
         self.scaling = False
+        self.stepping: Any = None
+        """The optimizer whose step() is running. One that raised is left
+        here, and its next step() begins afresh."""
         self.callbacks: weakref.WeakSet[Any] = weakref.WeakSet()
         """The comm hooks' callbacks that gloo has not let go of yet."""
         self.defaults: weakref.WeakKeyDictionary[Any, DefaultHook] = weakref.WeakKeyDictionary()
@@ -96,7 +99,7 @@ def install(tracker: StepTracker, policy: GuardPolicy) -> None:
     _wrap_ddp(probe)
     _wrap_grad_scaler(probe)
     register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(probe, optimizer))
-    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _optimizer_end(probe))
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _optimizer_end(probe, optimizer))
     atexit.register(_before_exit, probe)
 
 
@@ -312,7 +315,17 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
 
 
 def _optimizer_begin(probe: Probe, optimizer: Any) -> None:
-    """The guard, before the optimizer sees the gradients.
+    """A training step's optimizer step begins, unless another optimizer's
+    step is running: one stepped from inside it (ZeroRedundancyOptimizer's
+    local optimizer) is part of that step, which the outer one ends."""
+    if probe.stepping is not None and probe.stepping is not optimizer:
+        return
+    probe.stepping = optimizer
+    probe.tracker.optimizer_begin(_guard(probe, optimizer))
+
+
+def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
+    """The guard, before the optimizer sees the gradients: the step record's values.
 
     Skipping a non-finite step needs the verdict on the host now, which on
     CUDA waits for the backward pass; when the policy does not skip there,
@@ -321,12 +334,10 @@ def _optimizer_begin(probe: Probe, optimizer: Any) -> None:
     local = probe.local.take()
     grads = _reduced_gradients(probe, optimizer) or guard.gradients(optimizer)
     if not grads:
-        values: dict[str, Any] = {}
-    elif probe.policy.skips_now(grads[0].is_cuda):
-        values = _verdict_now(probe, optimizer, grads, local)
-    else:
-        values = guard.verdict_late(grads, local, probe.policy.clip_grad)
-    probe.tracker.optimizer_begin(values)
+        return {}
+    if probe.policy.skips_now(grads[0].is_cuda):
+        return _verdict_now(probe, optimizer, grads, local)
+    return guard.verdict_late(grads, local, probe.policy.clip_grad)
 
 
 def _reduced_gradients(probe: Probe, optimizer: Any) -> list[torch.Tensor]:
@@ -353,7 +364,10 @@ def _verdict_now(probe: Probe, optimizer: Any, grads: list[torch.Tensor], local:
     return values
 
 
-def _optimizer_end(probe: Probe) -> None:
+def _optimizer_end(probe: Probe, optimizer: Any) -> None:
+    if optimizer is not probe.stepping:
+        return
+    probe.stepping = None
     probe.tracker.optimizer_end(_after_step(probe))
 
 
