@@ -111,7 +111,8 @@ class StepTracker:
             self._emit(_resolve(record, lates, wait=True))
 
     def _close_step(self) -> None:
-        self._release_finished()  # two optimizers stepped with no forward between: both steps are sent
+        if self._finished is not None:  # two optimizers stepped with no forward between: both steps are sent
+            self._release_finished()
         now = self._clock()
         start = self._last_end if self._last_end is not None else self._first_forward
         record: wire.Frame = {
