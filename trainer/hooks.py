@@ -261,7 +261,7 @@ def _allreduce_mean(process_group, bucket):  # type: ignore[no-untyped-def]
     DDP's own reducer multiplies each gradient by the reciprocal as it copies
     it into the bucket; torch's Python allreduce_hook divides instead, which
     rounds differently where the world size is not a power of two (at 3
-    ranks, a third of the example's gradients differ in the last bit, and
+    ranks, 41% of the example's gradients differ in the last bit, and
     the run drifts from the one plain torchrun would train). Multiplying is
     also the cheaper pass. The one case that differs from DDP's is a model
     with gradient_as_bucket_view=True whose gradients are zeroed rather than
