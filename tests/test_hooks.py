@@ -190,6 +190,11 @@ def test_a_comm_hook_the_script_registers_after_the_first_step_takes_the_default
         calls.append(state)
         return _done(bucket.buffer() * 2)
 
+    def misannotated_hook(state, bucket: int):  # type: ignore[no-untyped-def]
+        return _done(bucket.buffer())
+
+    with pytest.raises(ValueError, match="bucket annotation"):
+        model.register_comm_hook(None, misannotated_hook)  # refused by DDP's checks: a later one still goes in
     model.register_comm_hook("the script's state", doubling_hook)
     optimizer.zero_grad()
     torch.manual_seed(1)

@@ -142,16 +142,18 @@ def _wrap_ddp(probe: Probe) -> None:
 
     @functools.wraps(_original_register)
     def register_comm_hook(self: Any, state: object, hook: Any) -> None:
-        default = probe.defaults.pop(self, None)
+        default = probe.defaults.get(self)
         if default is None:
             _original_register(self, state, _timed(hook, probe, probe.buckets(self)))
             self._comm_hooks[-1] = (hook, state)
             return
         # ddptop's default went in at the first forward, and DDP takes one
-        # hook per model: the script's goes behind it, with DDP's own checks,
-        # and a second one fails as it would under plain DDP.
+        # hook per model: the script's goes behind it, with DDP's own checks
+        # (a hook they refuse leaves the default in place, as plain DDP is
+        # left with none), and a second one fails as it would under plain DDP.
         self._check_comm_hook(hook)
         self.logger._set_comm_hook_name(hook.__qualname__)
+        del probe.defaults[self]
         self._comm_hooks.append((hook, state))
         default.state, default.hook = state, hook
 
