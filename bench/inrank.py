@@ -104,32 +104,28 @@ def floor(args: argparse.Namespace, example: Any, torch_device: Any, norm: bool)
     """A Job with only what a comm-hook measurement (and, with norm, a grad
     norm verdict) cannot do without; register before ddptop's hooks go in.
 
-    The hook launches the all-reduce and unwraps its value in the one Python
-    callback torch requires: DDP takes only a future whose value is a Python
-    object from a Python hook (torch 2.13 asserts "expected the hook result is
-    a PyObject" for c10d's own tensor list), and gloo runs that callback on
-    its own thread, kept in a thread state as ddptop keeps it. Past one rank
-    it scales by 1/world size, as DDP's own all-reduce does.
+    The hook is ddptop's default all-reduce (DDP's arithmetic) without its
+    timing or checks, and unwraps the value in the one Python callback torch
+    requires: DDP takes only a future whose value is a Python object from a
+    Python hook (torch 2.13 asserts "expected the hook result is a PyObject"
+    for c10d's own tensor list), and gloo runs that callback on its own
+    thread, kept in a thread state as ddptop keeps it.
     """
     import torch
 
-    from ddptop.trainer import threadstate
+    from ddptop.trainer import hooks, threadstate
 
     job = Job(args, example, torch_device)
     group = job.model.process_group
-    world = group.size()
     reduced: list[Any] = []
 
     def unwrap(fut: Any) -> Any:
         threadstate.keep()
-        return fut.value()[0]
+        reduced[:] = fut.value()
+        return reduced[0]
 
     def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks the parameter's name and annotation
-        buffer = bucket.buffer()
-        if world > 1:
-            buffer.mul_(1.0 / world)
-        reduced[:] = [buffer]
-        return group.allreduce([buffer]).get_future().then(unwrap)
+        return hooks._allreduce_mean(group, bucket).then(unwrap)
 
     def verdict(optimizer: Any, hook_args: Any, hook_kwargs: Any) -> None:
         value = torch._foreach_norm(reduced)[0]
@@ -225,18 +221,17 @@ def report(args: argparse.Namespace, world: int, times: dict[str, list[tuple[flo
     print(f"{ranks} on {device()} ({args.threads} CPU thread), width {args.width}, batch {args.batch_size}, --on-nan {args.on_nan}{left_out}; "
           f"{args.blocks} alternating blocks of {args.block_steps} steps each")
     print(f"{'ms/step, median of blocks':<28}{'plain':>9}{'job':>9}{'cost µs':>9}{'ratio':>8}")
+    plain = [statistics.median(t[index] for t in times["plain"]) for index in (0, 1)]
     for name in (name for name in times if name != "plain"):
         print(name)
         for index, clock in enumerate(("wall", "cpu")):
-            plain = statistics.median(t[index] for t in times["plain"])
             cost = statistics.median(t[index] for t in times[name])
-            print(f"  {clock:<26}{plain:>9.3f}{cost:>9.3f}{(cost - plain) * 1e3:>9.0f}{plain / cost:>8.3f}")
+            print(f"  {clock:<26}{plain[index]:>9.3f}{cost:>9.3f}{(cost - plain[index]) * 1e3:>9.0f}{plain[index] / cost:>8.3f}")
         paired = sorted(h[0] - p[0] for p, h in zip(times["plain"], times[name]))
         quartiles = statistics.quantiles(paired, n=4)
         print(f"  wall cost of the same round's blocks, µs: median {statistics.median(paired) * 1e3:.0f}, "
               f"quartiles {quartiles[0] * 1e3:.0f} to {quartiles[2] * 1e3:.0f}")
-    plain_wall = statistics.median(t[0] for t in times["plain"])
-    print(f"1% of the plain step: {plain_wall * 10:.0f} µs")
+    print(f"1% of the plain step: {plain[0] * 10:.0f} µs")
 
 
 def main() -> None:
