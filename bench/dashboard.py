@@ -21,12 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+from synthetic import synthetic_job
 
-from ddptop.supervisor import rundir
-from ddptop.supervisor.hub import Hub
+from ddptop.core import rundir
+from ddptop.supervisor.serving.hub import Hub
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.source import LiveSource
-from synthetic import synthetic_job
 
 
 def serve(run_path: str, ranks: int, rate: float, seconds: float) -> None:

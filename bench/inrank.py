@@ -156,7 +156,6 @@ def measure(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(REPO / "examples"))
     import torch
     import torch.distributed as dist
-
     import train as example
 
     torch.set_num_threads(args.threads)

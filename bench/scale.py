@@ -37,12 +37,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import psutil
-
-from ddptop.supervisor import heap, rundir
-from ddptop.supervisor.hub import Hub
-from ddptop.supervisor.watchdog import Watchdog, WatchPolicy
-from ddptop.trainer import unixpath, wire
 from synthetic import synthetic_job
+
+from ddptop.core import rundir, wire
+from ddptop.core.wire import unixpath
+from ddptop.supervisor import heap
+from ddptop.supervisor.serving.hub import Hub
+from ddptop.supervisor.watching.watchdog import Watchdog, WatchPolicy
 
 WATCH_S = 0.25
 

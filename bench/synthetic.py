@@ -15,9 +15,8 @@ import random
 import time
 from pathlib import Path
 
-from ddptop.trainer import wire
+from ddptop.core import wire
 from ddptop.trainer.sender import flush_interval
-
 
 
 def hello(rank: int, world: int, ranks_per_node: int = 8) -> wire.Frame:

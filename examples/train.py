@@ -50,7 +50,6 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddptop.trainer import monitor
 
-
 FAULTS = ("nan", "inf-grad", "explode", "desync", "hang", "slow", "crash", "segv", "kill", "ckpt-kill")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from ddptop.trainer import wire
+from ddptop.core import wire
 
 
 def load_nvml() -> ModuleType | None:

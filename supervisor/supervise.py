@@ -22,17 +22,21 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from ddptop.supervisor import endpoints, heap, stacks, summary
-from ddptop.supervisor.aggregator import Aggregator
-from ddptop.supervisor.cluster import Cluster
-from ddptop.supervisor.hub import Hub
-from ddptop.supervisor.launcher import Torchrun
-from ddptop.supervisor.prometheus import PrometheusExporter
-from ddptop.supervisor.rundir import RunDir, rank_log_tail
+from ddptop.core import wire
+from ddptop.core.model import summary
+from ddptop.core.model.events import restart_text
+from ddptop.core.rundir import RunDir, rank_log_tail
+from ddptop.supervisor import heap
+from ddptop.supervisor.cluster import endpoints
+from ddptop.supervisor.cluster.aggregator import Aggregator
+from ddptop.supervisor.cluster.placement import Cluster
+from ddptop.supervisor.cluster.uplink import Uplink
+from ddptop.supervisor.launching.torchrun import Torchrun
 from ddptop.supervisor.sampler import Sampler
-from ddptop.supervisor.uplink import Uplink
-from ddptop.supervisor.watchdog import Verdict, Watchdog, WatchPolicy, crash_excerpt, restart_text
-from ddptop.trainer import wire
+from ddptop.supervisor.serving.hub import Hub
+from ddptop.supervisor.serving.prometheus import PrometheusExporter
+from ddptop.supervisor.watching import stacks
+from ddptop.supervisor.watching.watchdog import Verdict, Watchdog, WatchPolicy, crash_excerpt
 
 WATCH_S = 0.25
 """Period of the watchdog's tick: how late a verdict may be carried out."""

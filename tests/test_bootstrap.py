@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from ddptop.supervisor.launcher import BOOTSTRAP_DIR
+from ddptop.supervisor.launching.torchrun import BOOTSTRAP_DIR
 
 PROBE = "import sys; print(sorted(m for m in ('ddptop.trainer.runtime', 'torch', 'user_site_ran') if m in sys.modules))"
 

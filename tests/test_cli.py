@@ -5,11 +5,10 @@ import os
 
 import psutil
 import pytest
-
-from ddptop.supervisor import rundir
-from ddptop.supervisor.eventlog import EventLog
-
 from conftest import EXAMPLE, run_ddptop
+
+from ddptop.core import rundir
+from ddptop.core.eventlog import EventLog
 
 
 def assert_one_line_error(result, fragment: str) -> None:

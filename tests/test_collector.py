@@ -5,8 +5,8 @@ import struct
 
 import pytest
 
-from ddptop.supervisor.collector import Collector
-from ddptop.trainer import wire
+from ddptop.core import wire
+from ddptop.supervisor.serving.collector import Collector
 
 HELLO = {"type": "rank_hello", "rank": 2, "local_rank": 0, "world_size": 4, "node": 0, "host": "h", "pid": 9, "restart": 0}
 STEP = {"type": "step", "rank": 2, "step": 0, "wall": 1.0, "step_ms": 5.0}

@@ -14,13 +14,12 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import EXAMPLE, run_ddptop
 
-from ddptop.supervisor import rundir
+from ddptop.core import rundir
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
 from ddptop.trainer import guard, late
 from ddptop.trainer.commtimer import CommTimer, CudaSpans
-
-from conftest import EXAMPLE, run_ddptop
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -15,12 +15,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from ddptop.supervisor import rundir
-from ddptop.supervisor.launcher import BOOTSTRAP_DIR
-from ddptop.trainer import wire
-
 from conftest import DDPTOP, EXAMPLE, SCRIPTS, run_ddptop, wait_for
+
+from ddptop.core import rundir, wire
+from ddptop.supervisor.launching.torchrun import BOOTSTRAP_DIR
 
 pytestmark = pytest.mark.slow
 

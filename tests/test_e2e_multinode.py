@@ -17,13 +17,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from ddptop.supervisor import remote, rundir
-from ddptop.tui.app import DdptopApp
-from ddptop.tui.source import LiveSource
-
 from conftest import DDPTOP, EXAMPLE, wait_for
 from test_tui import column, table, until
+
+from ddptop.core import rundir
+from ddptop.supervisor.cluster import remote
+from ddptop.tui.app import DdptopApp
+from ddptop.tui.source import LiveSource
 
 pytestmark = pytest.mark.slow
 

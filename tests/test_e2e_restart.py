@@ -12,10 +12,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from ddptop.supervisor import rundir
-
 from conftest import DDPTOP, EXAMPLE, wait_for
+
+from ddptop.core import rundir
 
 pytestmark = pytest.mark.slow
 

@@ -13,10 +13,9 @@ import uuid
 
 import psutil
 import pytest
-
-from ddptop.supervisor import rundir
-
 from conftest import DDPTOP, EXAMPLE, wait_for
+
+from ddptop.core import rundir
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 

@@ -10,10 +10,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-
-from ddptop.supervisor import rundir
-
 from conftest import DDPTOP, EXAMPLE, SCRIPTS
+
+from ddptop.core import rundir
 
 pytestmark = pytest.mark.slow
 

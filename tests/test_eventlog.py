@@ -7,13 +7,12 @@ import json
 import time
 from pathlib import Path
 
-from ddptop.supervisor import rundir
-from ddptop.supervisor.eventlog import EventLog, closed_segments, compress, open_segment, read_all
-from ddptop.supervisor.hub import Hub
-from ddptop.trainer import wire
-from ddptop.tui.source import LiveSource
-
 from conftest import run_ddptop
+
+from ddptop.core import rundir, wire
+from ddptop.core.eventlog import EventLog, closed_segments, compress, open_segment, read_all
+from ddptop.supervisor.serving.hub import Hub
+from ddptop.tui.source import LiveSource
 
 
 def heartbeat(n: int) -> dict:

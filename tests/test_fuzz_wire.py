@@ -14,16 +14,14 @@ import socket
 import struct
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
+from conftest import DDPTOP, EXAMPLE, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddptop.supervisor import rundir
-from ddptop.trainer import unixpath, wire
-
-from conftest import DDPTOP, EXAMPLE, wait_for
+from ddptop.core import rundir, wire
+from ddptop.core.wire import unixpath
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from ddptop.supervisor.launchargs import UsageError, split
+from ddptop.core.usage import UsageError
+from ddptop.supervisor.launching.args import split
 
 
 def test_options_after_the_script_are_ddptops_when_it_knows_them():
@@ -49,7 +50,7 @@ def test_bad_input_is_a_usage_error(argv, message):
 
 
 def test_restart_backoff_doubles_after_an_immediate_first_restart():
-    from ddptop.supervisor.torchrun_probe import BACKOFF_MAX_S, backoff_s
+    from ddptop.supervisor.launching.torchrun_probe import BACKOFF_MAX_S, backoff_s
 
     assert [backoff_s(n, 1.5) for n in range(1, 6)] == [0.0, 1.5, 3.0, 6.0, 12.0]
     assert backoff_s(30, 1.0) == BACKOFF_MAX_S

@@ -6,8 +6,8 @@ import os
 import socket
 import threading
 
-from ddptop.supervisor.torchrun_probe import Reporter
-from ddptop.trainer import wire
+from ddptop.core import wire
+from ddptop.supervisor.launching.torchrun_probe import Reporter
 
 
 def held_restart(restart: int, backoff: float = 0.0) -> tuple[threading.Thread, socket.socket]:
@@ -49,7 +49,7 @@ def test_every_restart_is_a_new_attempt_even_for_another_nodes_failure(monkeypat
 
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    from ddptop.supervisor import torchrun_probe
+    from ddptop.supervisor.launching import torchrun_probe
     from ddptop.trainer.monitor import ATTEMPT_ENV
 
     started: list[str] = []

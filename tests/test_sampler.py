@@ -3,13 +3,13 @@
 import os
 
 import pytest
-
-from ddptop.supervisor import rundir
-from ddptop.supervisor.cli import plan_job
-from ddptop.supervisor.launchargs import UsageError, split
-from ddptop.supervisor.sampler import Sampler, gpu_count
-
 from fake_pynvml import FakeNvml
+
+from ddptop.supervisor.launching.plan import plan_job
+from ddptop.core import rundir
+from ddptop.core.usage import UsageError
+from ddptop.supervisor.launching.args import split
+from ddptop.supervisor.sampler import Sampler, gpu_count
 
 
 def test_without_nvml_processes_are_still_sampled():

@@ -8,13 +8,12 @@ import random
 import time
 from pathlib import Path
 
-from ddptop.supervisor import rundir
-from ddptop.supervisor.hub import Hub
-from ddptop.supervisor.jobstate import JobState
-from ddptop.trainer import wire
+from conftest import run_ddptop
 from synthetic import hello, step_record, synthetic_job
 
-from conftest import run_ddptop
+from ddptop.core import rundir, wire
+from ddptop.core.model.job import JobState
+from ddptop.supervisor.serving.hub import Hub
 
 RANKS, RATE, STEPS = 256, 10.0, 20
 

@@ -4,11 +4,10 @@ import socket
 import threading
 
 import pytest
-
-from ddptop.trainer import wire
-from ddptop.trainer.sender import Sender
-
 from conftest import wait_for
+
+from ddptop.core import wire
+from ddptop.trainer.sender import Sender
 
 HELLO = {"type": "rank_hello", "rank": 0, "local_rank": 0, "world_size": 1, "node": 0, "host": "h", "pid": 1, "restart": 0}
 
@@ -96,7 +95,7 @@ def test_a_socket_path_longer_than_af_unix_allows(tmp_path):
     deep.mkdir(parents=True)
     path = deep / "sock"
     assert len(str(path)) > 108
-    from ddptop.trainer import unixpath
+    from ddptop.core.wire import unixpath
 
     server = socket.socket(socket.AF_UNIX)
     with unixpath.usable(str(path)) as short:

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddptop.supervisor.stats import RollingWindow, StepPoint, bus_bandwidth, percentile
+from ddptop.core.model.stats import RollingWindow, StepPoint, bus_bandwidth, percentile
 from ddptop.trainer.commtimer import union_ms
 
 

@@ -7,14 +7,13 @@ import os
 import socket
 
 import pytest
-
-from ddptop.supervisor import endpoints, uplink
-from ddptop.supervisor.aggregator import Aggregator
-from ddptop.supervisor.collector import Collector
-from ddptop.supervisor.launchargs import UsageError
-from ddptop.trainer import wire
-
 from test_collector import HELLO, STEP, eventually
+
+from ddptop.core import wire
+from ddptop.core.usage import UsageError
+from ddptop.supervisor.cluster import endpoints, uplink
+from ddptop.supervisor.cluster.aggregator import Aggregator
+from ddptop.supervisor.serving.collector import Collector
 
 TOKEN = "s3cret"
 

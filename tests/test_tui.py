@@ -7,18 +7,18 @@ import time
 from pathlib import Path
 
 import pytest
+from synthetic import synthetic_job
 from textual.pilot import Pilot
 
-from ddptop.supervisor import rundir
-from ddptop.supervisor.eventlog import closed_segments
-from ddptop.supervisor.hub import Hub
+from ddptop.core import rundir
+from ddptop.core.eventlog import closed_segments
+from ddptop.supervisor.serving.hub import Hub
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
 from ddptop.tui.screens.help import HelpScreen
 from ddptop.tui.screens.rank_detail import RankDetailScreen
 from ddptop.tui.source import LiveSource, ReplaySource
 from ddptop.tui.widgets.rank_table import RankTable
-from synthetic import synthetic_job
 
 
 class LiveJob:

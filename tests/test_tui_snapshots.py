@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ddptop.supervisor import rundir
-from ddptop.supervisor.eventlog import EventLog
-from ddptop.supervisor.jobstate import JobState
+from ddptop.core import rundir
+from ddptop.core.eventlog import EventLog
+from ddptop.core.model.job import JobState
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.source import ReplaySource
 

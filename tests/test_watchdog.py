@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddptop.supervisor.jobstate import JobState
-from ddptop.supervisor.watchdog import GATHER_S, STARTUP_GRACE_S, Watchdog, WatchPolicy, crash_excerpt, last_error_line
+from ddptop.core.model.job import JobState
+from ddptop.supervisor.watching.watchdog import GATHER_S, STARTUP_GRACE_S, Watchdog, WatchPolicy, crash_excerpt, last_error_line
 
 
 class Clock:

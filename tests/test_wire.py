@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddptop.trainer import wire
+from ddptop.core import wire
 
 STEP = {"type": "step", "rank": 1, "step": 7, "wall": 1.5, "step_ms": 12.0, "samples": 32, "loss": None}
 

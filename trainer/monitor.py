@@ -36,7 +36,7 @@ _tracker: StepTracker | None = None
 
 ATTEMPT_ENV = "DDPTOP_ATTEMPT"
 """The job's attempt, counted by ddptop's probe inside torchrun
-(supervisor/torchrun_probe.py): torchrun's TORCHELASTIC_RESTART_COUNT counts
+(supervisor/launching/torchrun_probe.py): torchrun's TORCHELASTIC_RESTART_COUNT counts
 only this node's failures, so a node whose group restarts because another
 node's failed would start its next attempt with the same number."""
 

@@ -20,13 +20,14 @@ import traceback
 from collections.abc import Callable
 from types import TracebackType
 
-from ddptop.trainer import importwatch, monitor, wire
+from ddptop.core import wire
+from ddptop.trainer import importwatch, monitor
 from ddptop.trainer.policy import STACK_SIGNAL, STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.sender import Sender
 from ddptop.trainer.steps import StepTracker
 
 AGENT_PID_ENV = "DDPTOP_AGENT_PID"
-"""torchrun's pid, set by ddptop's probe inside it (supervisor/torchrun_probe.py)."""
+"""torchrun's pid, set by ddptop's probe inside it (supervisor/launching/torchrun_probe.py)."""
 
 ADDRESS_ENV = "DDPTOP_ADDRESS"
 """Where the supervisor listens; set by the launcher, absent otherwise."""

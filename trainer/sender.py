@@ -17,7 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from ddptop.trainer import unixpath, wire
+from ddptop.core import wire
+from ddptop.core.wire import unixpath
 
 FLUSH_S = 0.1
 SUPERVISOR_FRAMES_PER_S = 2048

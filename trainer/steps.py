@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddptop.trainer import late, wire
+from ddptop.core import wire
+from ddptop.trainer import late
 
 MAX_WAITING = 8
 """Records whose GPU values are not readable yet; past that the oldest goes

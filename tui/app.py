@@ -15,14 +15,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from textual import work
-from textual import events
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Footer, Input, Static
 
-from ddptop.supervisor.jobstate import JobState
+from ddptop.core.model.job import JobState
 from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
 from ddptop.tui.screens.help import HelpScreen
 from ddptop.tui.screens.rank_detail import RankDetailScreen

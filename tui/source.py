@@ -13,8 +13,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from ddptop.supervisor.rundir import RunDir, read_events
-from ddptop.trainer import unixpath, wire
+from ddptop.core import wire
+from ddptop.core.rundir import RunDir, read_events
+from ddptop.core.wire import unixpath
 
 
 class LiveSource:

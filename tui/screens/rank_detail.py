@@ -9,8 +9,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
-from ddptop.supervisor.jobstate import JobState
-from ddptop.supervisor.rundir import rank_log_tail
+from ddptop.core.model.job import JobState
+from ddptop.core.rundir import rank_log_tail
 from ddptop.tui.widgets.plots import RankPlots
 
 LOG_LINES = 200

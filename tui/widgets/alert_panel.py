@@ -7,8 +7,8 @@ import time
 from rich.text import Text
 from textual.widgets import Static
 
-from ddptop.supervisor.jobstate import JobState
-from ddptop.supervisor.watchdog import restart_text
+from ddptop.core.model.events import restart_text
+from ddptop.core.model.job import JobState
 
 
 def describe(event: dict) -> tuple[str, str]:

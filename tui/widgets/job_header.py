@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
-from ddptop.supervisor.jobstate import JobState
-from ddptop.supervisor.summary import count, duration, guard_parts, ms
+from ddptop.core.format import count, duration, ms
+from ddptop.core.model.job import JobState
+from ddptop.core.model.summary import guard_parts
 
 
 def eta(state: JobState, totals: dict) -> str:

@@ -11,14 +11,13 @@ straggling, slowest. Enter on a node drills down to its ranks (the app).
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import Any
 
 from rich.segment import Segment
 from rich.style import Style
 
-from ddptop.supervisor.jobstate import STRAGGLER_RATIO, JobState, RankState
-from ddptop.supervisor.summary import count, ms
+from ddptop.core.format import count, ms
+from ddptop.core.model.job import STRAGGLER_RATIO, JobState, RankState
 from ddptop.tui.widgets.line_table import LineTable
 from ddptop.tui.widgets.rank_table import rank_status
 

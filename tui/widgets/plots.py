@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Grid, Vertical
 from textual.widgets import Label, Sparkline
 
-from ddptop.supervisor.summary import count, ms, nbytes
+from ddptop.core.format import count, ms, nbytes
 
 SERIES = [
     ("samples_per_s", "throughput", lambda v: f"{count(v)} samples/s"),

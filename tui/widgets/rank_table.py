@@ -13,8 +13,8 @@ from typing import Any
 from rich.segment import Segment
 from rich.style import Style
 
-from ddptop.supervisor.jobstate import STRAGGLER_RATIO, JobState, RankState
-from ddptop.supervisor.summary import count, ms, nbytes
+from ddptop.core.format import count, ms, nbytes
+from ddptop.core.model.job import STRAGGLER_RATIO, JobState, RankState
 from ddptop.tui.widgets.line_table import GAP, LineTable
 
 SILENT_S = 5.0

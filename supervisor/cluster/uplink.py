@@ -17,9 +17,9 @@ import socket
 import time
 from collections.abc import Callable
 
-from ddptop.supervisor import endpoints
-from ddptop.supervisor.launchargs import UsageError
-from ddptop.trainer import wire
+from ddptop.core import wire
+from ddptop.core.usage import UsageError
+from ddptop.supervisor.cluster import endpoints
 
 RETRY_S = 0.25
 WRITE_BUFFER_MAX = 16 << 20

@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 
 import ddptop.trainer.bootstrap
+from ddptop.core.model.events import exit_status
 from ddptop.trainer.policy import STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.runtime import AGENT_PID_ENV
 
@@ -59,7 +60,7 @@ class JobPlan:
 
 def command(plan: JobPlan) -> list[str]:
     cmd = [
-        sys.executable, "-m", "ddptop.supervisor.torchrun_probe",
+        sys.executable, "-m", "ddptop.supervisor.launching.torchrun_probe",
         "--nproc-per-node", str(plan.nproc_per_node),
         "--max-restarts", str(plan.max_restarts),
         "--log-dir", str(plan.log_dir),
@@ -113,11 +114,6 @@ def _die_with(supervisor_pid: int) -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() != supervisor_pid:  # it died before the line above
             os._exit(1)
-
-
-def exit_status(code: int) -> int:
-    """A process's exit code as a shell reports it: death by signal N is 128+N."""
-    return 128 - code if code < 0 else code
 
 
 class Torchrun:

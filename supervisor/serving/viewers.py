@@ -14,8 +14,8 @@ import asyncio
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ddptop.supervisor.eventlog import EventLog
-from ddptop.trainer import wire
+from ddptop.core import wire
+from ddptop.core.eventlog import EventLog
 
 QUEUE_MAX = 20_000
 """Frames a viewer may lag behind before it is dropped."""

@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 import zstandard
 
-from ddptop.trainer import wire
+from ddptop.core import wire
 
 SEGMENT_BYTES = 64 << 20
 ZSTD_LEVEL = 3

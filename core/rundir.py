@@ -25,7 +25,8 @@ from typing import Any
 
 import psutil
 
-from ddptop.supervisor.eventlog import read_all
+from ddptop.core.eventlog import read_all
+
 
 def home() -> Path:
     """ddptop's per-user state root (DDPTOP_HOME overrides it, for tests)."""

@@ -1,38 +1,28 @@
 """The `ddptop` command: launch, attach, replay, ls, export.
 
-Bad input is answered with one line on stderr and exit status 2, before
-anything is started, so a mistake never leaves a process behind.
-
-With the dashboard, `launch` forks: the child becomes the supervisor in a
-session of its own (its output in the run directory's supervisor.log), and
-the parent runs the dashboard attached to the child's socket, exactly as
-`ddptop attach` would. So quitting the dashboard can leave the job running
-headless, and launch and attach are one code path.
+This is where the parts meet: `launch` is the supervisor's
+(ddptop.supervisor.launch), and the dashboard it opens, like `attach` and
+`replay`, is the TUI's, handed to it from here, so neither part imports the
+other. Bad input is answered with one line on stderr and exit status 2,
+before anything is started, so a mistake never leaves a process behind.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
-import psutil
-
 import ddptop
-from ddptop.supervisor import cluster, endpoints, launchargs, remote, rundir
-from ddptop.supervisor.launchargs import OneLineParser, UsageError
-from ddptop.supervisor.launcher import JobPlan, Torchrun
-from ddptop.supervisor.rundir import RunDirError
-from ddptop.supervisor.sampler import Sampler, gpu_count, load_nvml, release_nvml
-from ddptop.supervisor.supervise import Supervisor
-from ddptop.supervisor.watchdog import WatchPolicy
-from ddptop.trainer.policy import GuardPolicy
+from ddptop.core import rundir
+from ddptop.core.rundir import RunDirError
+from ddptop.core.usage import OneLineParser, UsageError
+from ddptop.supervisor.cluster import endpoints, remote
+from ddptop.supervisor.launch import launch as supervisor_launch
+from ddptop.supervisor.launching import args as launchargs
 from ddptop.trainer.sender import connect
 
 if TYPE_CHECKING:
@@ -55,134 +45,11 @@ def _launch_help() -> str:
     return USAGE + launchargs.option_parser().format_help().split("\n", 1)[1]
 
 
-def check_script(script: Path) -> None:
-    if not script.is_file():
-        raise UsageError(f"no such script: {script}")
-    try:
-        compile(script.read_bytes(), str(script), "exec")
-    except (SyntaxError, ValueError) as exc:
-        raise UsageError(f"{script} is not a Python script ({type(exc).__name__}: {exc})") from None
-
-
-def plan_job(args: launchargs.LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir) -> tuple[JobPlan, list[str]]:
-    """Decide ranks and devices from the options and the GPUs this machine has."""
-    opts = args.options
-    gpus = gpu_count(nvml)
-    notices = []
-    visible = None
-    if opts.gpus is not None:
-        nproc = opts.gpus
-        if gpus and opts.gpus > gpus:
-            raise UsageError(f"--gpus {opts.gpus} asks for more GPUs than this machine has ({gpus})")
-        visible = list(range(opts.gpus)) if gpus else None
-    else:
-        nproc = opts.nproc_per_node or 1
-    if not gpus:
-        notices.append(f"no CUDA GPU found: starting {nproc} CPU rank{'s' if nproc > 1 else ''} on gloo")
-    plan = JobPlan(
-        script=args.script,
-        script_args=args.script_args,
-        nproc_per_node=nproc,
-        max_restarts=opts.max_restarts,
-        restart_backoff=opts.restart_backoff,
-        log_dir=run.logs_path,
-        address=f"unix:{run.socket_path}",
-        cpu_only=not gpus,
-        stacks_dir=run.stacks_path,
-        guard=GuardPolicy(on_nan=opts.on_nan, clip_grad=opts.clip_grad, desync_every=opts.desync_every),
-        visible_gpus=visible,
-        nnodes=opts.nnodes,
-        node_rank=opts.node_rank,
-        rdzv_endpoint=opts.rdzv_endpoint,
-        rdzv_backend=opts.rdzv_backend,
-        rdzv_id=opts.rdzv_id,
-    )
-    return plan, notices
-
-
 def launch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_launch_help())
         return 0
-    args = launchargs.split(argv)
-    check_script(args.script)
-    prometheus = endpoints.parse(args.options.prometheus, what="--prometheus") if args.options.prometheus else None
-    if prometheus is not None:
-        endpoints.check_bindable(*prometheus, "Prometheus")
-    place = cluster.plan(args.options)
-    nvml = load_nvml()
-    run = rundir.create(args.script, args.options.run_dir)
-    endpoints.write_token(run.token_path, place.token)
-    plan, notices = plan_job(args, nvml, run)
-    notices += _cluster_notices(place, run)
-    for notice in notices:
-        print(f"ddptop: {notice}", file=sys.stderr, flush=True)
-    me = psutil.Process()
-    meta = {
-        "id": run.id,
-        "script": str(args.script),
-        "args": args.script_args,
-        "nproc_per_node": plan.nproc_per_node,
-        "nnodes": plan.nnodes or "1",
-        "node_rank": place.node,
-        "listen": place.listen_address,
-        "aggregator": place.aggregator_address,
-        "prometheus": None if prometheus is None else endpoints.text(*prometheus),
-        "host": socket.gethostname(),
-        "cpu_only": plan.cpu_only,
-        "address": plan.address,
-        "started": time.time(),
-        "supervisor_pid": os.getpid(),
-        "supervisor_started": me.create_time(),
-        "state": "running",
-        "version": ddptop.__version__,
-    }
-    run.write_meta(meta)
-    dashboard = not args.options.headless and sys.stdout.isatty()
-    if dashboard:
-        release_nvml(nvml)  # NVML is not fork-safe: the supervisor child opens its own
-        if os.fork() != 0:
-            place.close()  # the supervisor child holds the sockets now
-            return _dashboard_for_launch(run)
-        _become_detached_supervisor(run)
-        nvml = load_nvml()
-        meta.update(supervisor_pid=os.getpid(), supervisor_started=psutil.Process().create_time())
-        run.write_meta(meta)
-    opts = args.options
-    watch = WatchPolicy(
-        on_nan=opts.on_nan, on_desync=opts.on_desync, on_hang=opts.on_hang, hang_timeout=opts.hang_timeout,
-        crash_loop=opts.crash_loop, crash_loop_window=opts.crash_loop_window,
-    )
-    supervisor = Supervisor(run, Torchrun(plan), Sampler(nvml), opts.summary_every, watch, place, prometheus)
-    for notice in notices:
-        supervisor.record({"type": "notice", "wall": time.time(), "text": notice})
-    code = asyncio.run(supervisor.main({**meta, "wall": meta["started"]}))
-    if dashboard:
-        os._exit(code)
-    return code
-
-
-def _cluster_notices(place: cluster.Cluster, run: rundir.RunDir) -> list[str]:
-    notices = []
-    if place.aggregates:
-        notices.append(f"node 0 of {place.nnodes}: the other nodes' supervisors join this one at {place.listen_address}")
-    elif place.nnodes > 1:
-        notices.append(f"node {place.node} of {place.nnodes}: joined node 0's supervisor at {place.aggregator_address}, which watches the whole job")
-    if place.listener is not None:
-        notices.append(f"the wire listens on {place.listen_address}; its token is in {run.token_path}")
-    return notices
-
-
-def _become_detached_supervisor(run: rundir.RunDir) -> None:
-    """In the forked child: own session, output to the run directory."""
-    os.setsid()
-    log = os.open(run.path / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1)
-    sys.stderr = os.fdopen(2, "w", buffering=1)
+    return supervisor_launch(argv, _dashboard_for_launch)
 
 
 def _dashboard_for_launch(run: rundir.RunDir) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ddptop.supervisor.jobstate import JobState, RankState
+from ddptop.core.model.job import JobState, RankState
 
 RANK_LABELS = ["rank", "node", "host"]
 GPU_LABELS = ["node", "gpu", "name"]

@@ -13,12 +13,9 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddptop.supervisor.watchdog import CRASH_LOOP, CRASH_LOOP_WINDOW_S, HANG_TIMEOUT_S
+from ddptop.core.usage import OneLineParser, UsageError
+from ddptop.supervisor.watching.watchdog import CRASH_LOOP, CRASH_LOOP_WINDOW_S, HANG_TIMEOUT_S
 from ddptop.trainer.policy import DESYNC_EVERY, ON_DESYNC, ON_HANG, ON_NAN
-
-
-class UsageError(Exception):
-    """Bad input on the command line: reported in one line, exit status 2."""
 
 
 def _positive_int(text: str) -> int:
@@ -82,13 +79,6 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     (("--hang-timeout",), {"type": _positive_float, "default": HANG_TIMEOUT_S, "help": "seconds without a step before the job counts as hung"}),
     (("--on-hang",), {"choices": ON_HANG, "default": "restart", "help": "a hang, once the stacks are collected: restart the group or stop"}),
 ]
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a mistake as UsageError, not usage text and exit."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
 
 
 def option_parser() -> argparse.ArgumentParser:

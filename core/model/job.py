@@ -13,8 +13,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddptop.supervisor.stats import RollingWindow, StepPoint, bus_bandwidth, median
-from ddptop.trainer import wire
+from ddptop.core import wire
+from ddptop.core.model.stats import RollingWindow, StepPoint, bus_bandwidth, median
 
 
 @dataclass

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddptop.supervisor.viewers import CommandHandler, Viewers
-from ddptop.trainer import unixpath, wire
+from ddptop.core import wire
+from ddptop.core.wire import unixpath
+from ddptop.supervisor.serving.viewers import CommandHandler, Viewers
 
 READ_SIZE = 1 << 16
 BACKLOG = 4096
@@ -39,7 +40,7 @@ job connects at once (the default of 100 refuses the rest)."""
 Sink = Callable[[wire.Frame], None]
 
 if TYPE_CHECKING:
-    from ddptop.supervisor.aggregator import Aggregator
+    from ddptop.supervisor.cluster.aggregator import Aggregator
 
 
 @dataclass
@@ -157,7 +158,7 @@ class Collector:
         except wire.FrameError as exc:
             self.bad_frames += 1
             error = str(exc) if peer.authenticated else f"refused a TCP connection from {peer.address}: {exc}"
-            # A rank's broken frames are a data problem of that rank (jobstate counts them).
+            # A rank's broken frames are a data problem of that rank (the job model counts them).
             self._sink({"type": "wire_error", "wall": time.time(), "error": error, "rank": peer.rank})
         except (ConnectionError, asyncio.CancelledError):
             pass

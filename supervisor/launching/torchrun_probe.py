@@ -1,6 +1,6 @@
 """torchrun, with a probe that tells the supervisor what only torchrun knows.
 
-The launcher runs `python -m ddptop.supervisor.torchrun_probe ARGS` where
+The launcher runs `python -m ddptop.supervisor.launching.torchrun_probe ARGS` where
 plain torchrun would be `python -m torch.distributed.run ARGS`: the same
 engine, in the same process, with two of its agent's methods wrapped:
 
@@ -32,8 +32,9 @@ import sys
 import time
 from typing import Any
 
-from ddptop.supervisor.launcher import BACKOFF_ENV, exit_status
-from ddptop.trainer import wire
+from ddptop.core import wire
+from ddptop.core.model.events import exit_status
+from ddptop.supervisor.launching.torchrun import BACKOFF_ENV
 from ddptop.trainer.monitor import ATTEMPT_ENV
 from ddptop.trainer.runtime import AGENT_PID_ENV
 from ddptop.trainer.sender import connect

@@ -16,8 +16,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from ddptop.supervisor import endpoints, uplink
-from ddptop.supervisor.launchargs import UsageError
+from ddptop.core.usage import UsageError
+from ddptop.supervisor.cluster import endpoints, uplink
 
 RDZV_DEFAULT_PORT = 29400
 """torchrun's port when --rdzv-endpoint names a host only."""

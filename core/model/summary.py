@@ -1,33 +1,10 @@
-"""The headless one-line summary, and the number formats it shares."""
+"""The job's totals in one line, for the headless summary."""
 
 from __future__ import annotations
 
 from typing import Any
 
-
-def count(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-def nbytes(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def duration(seconds: float) -> str:
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+from ddptop.core.format import count, duration, ms, nbytes
 
 
 def line(totals: dict[str, Any], uptime_s: float) -> str:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ddptop.trainer import wire
+from ddptop.core import wire
 
 READ_SIZE = 1 << 16
 

@@ -13,7 +13,7 @@ import secrets
 import socket
 from pathlib import Path
 
-from ddptop.supervisor.launchargs import UsageError
+from ddptop.core.usage import UsageError
 
 LOOPBACK = "127.0.0.1"
 TOKEN_ENV = "DDPTOP_TOKEN"

@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ddptop.supervisor.collector import Collector
-from ddptop.supervisor.jobstate import JobState
-from ddptop.supervisor.eventlog import EventLog
-from ddptop.supervisor.rundir import RunDir
-from ddptop.supervisor.viewers import CommandHandler, Viewers
-from ddptop.trainer import wire
+from ddptop.core import wire
+from ddptop.core.eventlog import EventLog
+from ddptop.core.model.job import JobState
+from ddptop.core.rundir import RunDir
+from ddptop.supervisor.serving.collector import Collector
+from ddptop.supervisor.serving.viewers import CommandHandler, Viewers
 
 
 class Hub:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddptop.supervisor import endpoints, rundir
-from ddptop.supervisor.rundir import RunDirError
-from ddptop.trainer import wire
+from ddptop.core import rundir, wire
+from ddptop.core.rundir import RunDirError
+from ddptop.supervisor.cluster import endpoints
 
 PROBE_S = 5.0
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^/:\[\],]+):\d+$")

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddptop.supervisor.jobstate import JobState
-from ddptop.supervisor.launcher import exit_status
-from ddptop.trainer import wire
+from ddptop.core import wire
+from ddptop.core.model.events import exit_reason, exit_status
+from ddptop.core.model.job import JobState
 
 HANG_TIMEOUT_S = 300.0
 """Default: generous for a first step that compiles, well under NCCL's 10 min."""
@@ -95,26 +95,6 @@ class Verdict:
 
 def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, sorted(ranks)))
-
-
-def exit_reason(exitcode: int) -> str:
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
-
-
-def restart_text(record: wire.Frame) -> str:
-    """A group_restart record in words: count, cause and backoff."""
-    text = f"torchrun restarts the worker group (restart {record['restart']}, {record['remaining']} left)"
-    if record.get("rank") is not None and record.get("exitcode") is not None:
-        verb = "failed with" if record["exitcode"] >= 0 else "was"
-        text += f" after rank {record['rank']} {verb} {exit_reason(record['exitcode'])}"
-    if record.get("backoff_s"):
-        text += f", in {record['backoff_s']:g} s"
-    return text
 
 
 def crash_excerpt(log: list[str], lines: int) -> list[str]:

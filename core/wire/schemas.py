@@ -1,33 +1,14 @@
-"""The wire: the one definition of every frame ddptop exchanges.
+"""What each record type may hold: the schema of every frame ddptop exchanges.
 
-Ranks, the supervisor, the dashboard and the event log all speak this format,
-so this module is the only place that knows how a frame is laid out:
-
-    [4-byte big-endian length][msgpack map with a "type" key]
-
-A frame is size-limited before it is decoded, and checked against its type's
-schema after, so a peer that sends garbage is caught at the edge and nothing
-malformed reaches the collector. Only the standard library and msgpack are
-imported here: this module is loaded inside every training rank.
+Every frame from a peer is checked here after decoding (frames.py), so
+nothing malformed reaches the collector; the records the supervisor makes
+itself (run, alert, summary, exit) have schemas too, so the event log a
+replay or `ddptop export` reads is described in one place.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterator
-from typing import Any, BinaryIO
-
-import msgpack
-
-MAX_FRAME = 1 << 20
-"""Largest encoded frame body, in bytes; larger ones close the connection."""
-
-MAX_BATCH = 4096
-"""Most records one batch frame may carry."""
-
-_HEADER = struct.Struct(">I")
-
-Frame = dict[str, Any]
+from ddptop.core.wire.frames import MAX_BATCH, Frame, FrameError
 
 # Field specs: (accepted Python types, required). bool is excluded from the
 # numeric types explicitly because msgpack decodes true/false as bool, a
@@ -37,6 +18,7 @@ _NUM = (int, float)
 _STR = (str,)
 _BOOL = (bool,)
 _LIST = (list,)
+_MAP = (dict,)
 
 _RANK_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "rank": (_INT, True),
@@ -83,7 +65,7 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "step": (_INT, True),
         "dropped": (_INT, True),
     },
-    # torchrun's own agent, through ddptop's probe (supervisor/torchrun_probe.py).
+    # torchrun's own agent, through ddptop's probe (supervisor/launching/torchrun_probe.py).
     "agent_hello": {"node": (_INT, True)},
     # A worker process ended with a failure: what only torchrun knows. restart:
     # the job's attempt it ran in (the probe's count, the same on every node).
@@ -144,6 +126,64 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "action": {"wall": (_NUM, True), "text": (_STR, True), "rank": (_INT, False), "node": (_INT, False)},
     "notice": {"wall": (_NUM, True), "text": (_STR, True), "node": (_INT, False)},
     "wire_error": {"wall": (_NUM, True), "error": (_STR, True), "rank": (_INT, False), "node": (_INT, False)},
+    # What the supervisor makes itself. The run record opens every event log:
+    # the launch's metadata (meta.json as it was at the start).
+    "run": {
+        "wall": (_NUM, True),
+        "id": (_STR, True),
+        "script": (_STR, True),
+        "args": (_LIST, False),
+        "nproc_per_node": (_INT, False),
+        "nnodes": (_STR, False),
+        "node_rank": (_INT, False),
+        "listen": (_STR, False),
+        "aggregator": (_STR, False),
+        "prometheus": (_STR, False),
+        "host": (_STR, False),
+        "cpu_only": (_BOOL, False),
+        "address": (_STR, False),
+        "started": (_NUM, False),
+        "supervisor_pid": (_INT, False),
+        "supervisor_started": (_NUM, False),
+        "state": (_STR, False),
+        "version": (_STR, False),
+    },
+    # A watchdog verdict; the fields after action are the kind's own details.
+    "alert": {
+        "wall": (_NUM, True),
+        "kind": (_STR, True),
+        "text": (_STR, True),
+        "action": (_STR, True),
+        "ranks": (_LIST, True),
+        "rank": (_INT, False),
+        "step": (_INT, False),
+        "checksums": (_MAP, False),
+        "ratio": (_NUM, False),
+        "exitcode": (_INT, False),
+        "exit_status": (_INT, False),
+        "log": (_LIST, False),
+        "traceback": (_STR, False),
+    },
+    # The job's totals, once a second (model/totals.py); metrics: the metric
+    # table's job figures by key, so a new metric needs no schema of its own.
+    "summary": {
+        "wall": (_NUM, True),
+        "steps_done": (_INT, False),
+        "total_steps": (_INT, False),
+        "ranks_seen": (_INT, True),
+        "world_size": (_INT, True),
+        "busbw": (_NUM, False),
+        "dropped": (_INT, True),
+        "alerts": (_INT, True),
+        "nan_skips": (_INT, True),
+        "scaler_skips": (_INT, True),
+        "clip_rate": (_NUM, False),
+        "restarts": (_INT, True),
+        "checkpoint_step": (_INT, False),
+        "metrics": (_MAP, True),
+    },
+    # The job is over: torchrun's exit status, or 128+N when stopped by signal N.
+    "exit": {"wall": (_NUM, True), "code": (_INT, True), "stopped_by_signal": (_INT, False)},
 }
 
 # The entries of a sample record's lists: one rank process, one GPU.
@@ -170,28 +210,6 @@ FORWARDED_TYPES = RANK_RECORD_TYPES | AGENT_RECORD_TYPES | frozenset(
     {"rank_hello", "rank_gone", "sample", "stack", "action", "notice", "wire_error"})
 """What a node's supervisor forwards to the aggregator: its ranks' and its
 torchrun's records, and what it measured and did; not its own summaries."""
-
-
-class FrameError(ValueError):
-    """A frame that is oversized, undecodable or does not fit its schema."""
-
-
-def encode(frame: Frame) -> bytes:
-    """Pack one frame, header included."""
-    body = msgpack.packb(frame, use_bin_type=True)
-    if len(body) > MAX_FRAME:
-        raise FrameError(f"frame of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
-    return _HEADER.pack(len(body)) + body
-
-
-def _decode_body(body: bytes) -> Frame:
-    try:
-        frame = msgpack.unpackb(body, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise FrameError(f"undecodable frame: {exc}") from None
-    if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
-        raise FrameError("frame is not a map with a string 'type'")
-    return frame
 
 
 _REQUIRED = {kind: frozenset(k for k, (_, required) in schema.items() if required) for kind, schema in SCHEMAS.items()}
@@ -224,6 +242,10 @@ def validate(frame: Frame) -> Frame:
             if not isinstance(item, dict) or item.get("type") not in RANK_RECORD_TYPES:
                 raise FrameError("batch item is not a rank record")
             validate(item)
+    elif kind == "summary":
+        for key, value in frame["metrics"].items():
+            if not isinstance(key, str) or not (value is None or isinstance(value, _NUM) and value.__class__ is not bool):
+                raise FrameError(f"summary: metric {key!r} is not a number")
     elif kind == "sample":
         for key, entry_schema, required in (("procs", _SAMPLE_PROC, _PROC_REQUIRED), ("gpus", _SAMPLE_GPU, _GPU_REQUIRED)):
             for entry in frame[key]:
@@ -248,62 +270,3 @@ def _check_fields(kind: str, schema: dict[str, tuple[tuple[type, ...], bool]], f
     if not required <= frame.keys():
         missing = sorted(required - frame.keys())
         raise FrameError(f"{kind}: missing field(s) {', '.join(missing)}")
-
-
-class FrameDecoder:
-    """Incremental decoder for a byte stream: feed bytes, get whole frames.
-
-    The length header is checked before the body is buffered, so an
-    oversized frame is refused without reading it into memory.
-    """
-
-    def __init__(self, max_frame: int = MAX_FRAME) -> None:
-        self._buf = bytearray()
-        self._max = max_frame
-        self._error: FrameError | None = None
-
-    def feed(self, data: bytes) -> list[Frame]:
-        """The whole frames so far. A bad frame after good ones is raised by
-        the next call (or raise_deferred), so the good ones, a hello that
-        says who is sending the garbage say, are not lost with it."""
-        self.raise_deferred()
-        self._buf += data
-        frames: list[Frame] = []
-        try:
-            while len(self._buf) >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(self._buf)
-                if size > self._max:
-                    raise FrameError(f"frame of {size} bytes exceeds the {self._max}-byte limit")
-                end = _HEADER.size + size
-                if len(self._buf) < end:
-                    break
-                body = bytes(self._buf[_HEADER.size : end])
-                del self._buf[:end]
-                frames.append(_decode_body(body))
-        except FrameError as exc:
-            if not frames:
-                raise
-            self._error = exc
-        return frames
-
-    def raise_deferred(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-
-def read_frames(stream: BinaryIO) -> Iterator[Frame]:
-    """Yield the frames of a file written with encode(), e.g. the event log.
-
-    A truncated last frame (the writer died mid-write) ends the iteration
-    quietly: everything before it is still good.
-    """
-    while True:
-        header = stream.read(_HEADER.size)
-        if len(header) < _HEADER.size:
-            return
-        (size,) = _HEADER.unpack(header)
-        body = stream.read(size)
-        if len(body) < size:
-            return
-        yield _decode_body(body)

@@ -1,0 +1,11 @@
+"""What the supervisor, the trainer and the dashboard share.
+
+wire/      the frame format and a schema for every record type
+model/     the job model every consumer folds records into: rank and job
+           state, rolling statistics, job totals, the table of per-rank metrics
+format.py  how values read on screen and in logs
+rundir.py, eventlog.py   a run's directory and its event log on disk
+
+The trainer imports only wire/ (it is loaded inside every rank); nothing
+here imports the supervisor, the trainer or the dashboard (.importlinter).
+"""

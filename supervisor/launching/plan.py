@@ -1,0 +1,75 @@
+"""What a launch will start, decided before anything runs: the script, the
+ranks and their devices, and what to tell the user about them.
+
+A mistake found here is bad input (UsageError), said in one line with
+nothing started.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+from ddptop.core import rundir
+from ddptop.core.usage import UsageError
+from ddptop.supervisor.cluster.placement import Cluster
+from ddptop.supervisor.launching.args import LaunchArgs
+from ddptop.supervisor.launching.torchrun import JobPlan
+from ddptop.supervisor.sampler import gpu_count
+from ddptop.trainer.policy import GuardPolicy
+
+
+def check_script(script: Path) -> None:
+    if not script.is_file():
+        raise UsageError(f"no such script: {script}")
+    try:
+        compile(script.read_bytes(), str(script), "exec")
+    except (SyntaxError, ValueError) as exc:
+        raise UsageError(f"{script} is not a Python script ({type(exc).__name__}: {exc})") from None
+
+
+def plan_job(args: LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir) -> tuple[JobPlan, list[str]]:
+    """Decide ranks and devices from the options and the GPUs this machine has."""
+    opts = args.options
+    gpus = gpu_count(nvml)
+    notices = []
+    visible = None
+    if opts.gpus is not None:
+        nproc = opts.gpus
+        if gpus and opts.gpus > gpus:
+            raise UsageError(f"--gpus {opts.gpus} asks for more GPUs than this machine has ({gpus})")
+        visible = list(range(opts.gpus)) if gpus else None
+    else:
+        nproc = opts.nproc_per_node or 1
+    if not gpus:
+        notices.append(f"no CUDA GPU found: starting {nproc} CPU rank{'s' if nproc > 1 else ''} on gloo")
+    plan = JobPlan(
+        script=args.script,
+        script_args=args.script_args,
+        nproc_per_node=nproc,
+        max_restarts=opts.max_restarts,
+        restart_backoff=opts.restart_backoff,
+        log_dir=run.logs_path,
+        address=f"unix:{run.socket_path}",
+        cpu_only=not gpus,
+        stacks_dir=run.stacks_path,
+        guard=GuardPolicy(on_nan=opts.on_nan, clip_grad=opts.clip_grad, desync_every=opts.desync_every),
+        visible_gpus=visible,
+        nnodes=opts.nnodes,
+        node_rank=opts.node_rank,
+        rdzv_endpoint=opts.rdzv_endpoint,
+        rdzv_backend=opts.rdzv_backend,
+        rdzv_id=opts.rdzv_id,
+    )
+    return plan, notices
+
+
+def cluster_notices(place: Cluster, run: rundir.RunDir) -> list[str]:
+    notices = []
+    if place.aggregates:
+        notices.append(f"node 0 of {place.nnodes}: the other nodes' supervisors join this one at {place.listen_address}")
+    elif place.nnodes > 1:
+        notices.append(f"node {place.node} of {place.nnodes}: joined node 0's supervisor at {place.aggregator_address}, which watches the whole job")
+    if place.listener is not None:
+        notices.append(f"the wire listens on {place.listen_address}; its token is in {run.token_path}")
+    return notices
