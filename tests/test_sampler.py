@@ -5,10 +5,10 @@ import os
 import pytest
 from fake_pynvml import FakeNvml
 
-from ddptop.supervisor.launching.plan import plan_job
 from ddptop.core import rundir
 from ddptop.core.usage import UsageError
 from ddptop.supervisor.launching.args import split
+from ddptop.supervisor.launching.plan import plan_job
 from ddptop.supervisor.sampler import Sampler, gpu_count
 
 

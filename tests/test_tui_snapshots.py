@@ -46,7 +46,7 @@ def fixed_run(path: Path) -> rundir.RunDir:
         if step % 20 == 19:
             record({"type": "sample", "wall": BASE + step * 0.05, "gpus": [],
                     "procs": [{"rank": r, "pid": 4000 + r, "cpu": 95.0, "rss": 300 << 20} for r in range(4)]})
-            record({"type": "summary", "wall": BASE + step * 0.05, **state.totals()})
+            record(state.totals().record(BASE + step * 0.05))
     record({"type": "alert", "wall": BASE + 6, "rank": 3, "step": 119, "text": "straggler: 2.0x the median step time"})
     record({"type": "exit", "wall": BASE + 12, "code": 0, "stopped_by_signal": None})
     log.close()

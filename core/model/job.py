@@ -10,78 +10,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
 from typing import Any
 
 from ddptop.core import wire
-from ddptop.core.model.stats import RollingWindow, StepPoint, bus_bandwidth, median
-
-
-@dataclass
-class RankState:
-    rank: int
-    local_rank: int = 0
-    node: int = 0
-    host: str = ""
-    pid: int = 0
-    restart: int = 0
-    step: int = -1
-    phase: str = "startup"
-    dropped: int = 0
-    last_wall: float = 0.0
-    loss: float | None = None
-    grad_norm: float | None = None
-    mem_alloc: int | None = None
-    mem_reserved: int | None = None
-    mem_peak: int | None = None
-    cpu_percent: float | None = None
-    rss: int | None = None
-    gpu: tuple[int, int] | None = None
-    """(node, index) of its GPU: GPU indices repeat on every node."""
-    gpu_mem: int | None = None
-    steps_seen: int = 0
-    nan_skips: int = 0
-    scaler_skips: int = 0
-    clipped: int = 0
-    clip_checked: int = 0
-    alerts: int = 0
-    data_problems: int = 0
-    """Frames refused from this rank, and records that contradict its earlier ones."""
-    exited: bool = False
-    stack: str | None = None
-    window: RollingWindow = field(default_factory=RollingWindow)
-
-    def samples_per_s(self) -> float | None:
-        return self.window.rate("samples")
-
-    def comm_share(self) -> float | None:
-        comm, step = self.window.mean("comm_ms"), self.window.mean("step_ms")
-        return comm / step if comm is not None and step else None
-
-    def busy_ms(self) -> float | None:
-        """Mean step time less time in communication: the rank's own work.
-
-        In DDP every rank's step takes as long as the slowest one's, because
-        the fast ones wait for it in the all-reduce; what sets a straggler
-        apart is that its time is its own, not waiting.
-        """
-        step = self.window.mean("step_ms")
-        return None if step is None else step - (self.window.mean("comm_ms") or 0.0)
-
-    def clip_rate(self) -> float | None:
-        return self.clipped / self.clip_checked if self.clip_checked else None
-
-
-@dataclass
-class GpuState:
-    index: int
-    name: str = ""
-    util: float | None = None
-    mem_used: int | None = None
-    mem_total: int | None = None
-    temperature: float | None = None
-    power_w: float | None = None
-
+from ddptop.core.model.metrics import COMM_MS, JOB_METRICS
+from ddptop.core.model.rank import GpuState, RankState
+from ddptop.core.model.stats import StepPoint, bus_bandwidth, median
+from ddptop.core.model.totals import JobTotals
 
 EVENT_TYPES = frozenset({"alert", "action", "notice", "wire_error", "exit", "group_restart"})
 """Records the dashboard's alert panel lists."""
@@ -195,6 +130,9 @@ class JobState:
                     state.gpu = (node, proc["gpu"])
         for gpu in record.get("gpus", []):
             self.gpus[(node, gpu["index"])] = GpuState(**gpu)
+        for state in self.ranks.values():
+            if state.gpu is not None:
+                state.gpu_reading = self.gpus.get(state.gpu)
 
     def _on_alert(self, record: wire.Frame) -> None:
         self.alerts += 1
@@ -244,44 +182,33 @@ class JobState:
         job = median(list(own.values()))
         return {rank: x / job for rank, x in own.items()} if job else {}
 
-    def totals(self) -> dict[str, Any]:
-        """Job-wide figures for the header and the summary line."""
+    def totals(self) -> JobTotals:
+        """Job-wide figures: the metric table's job figures and the job's counts."""
         ranks = list(self.ranks.values())
-        stepping = [r for r in ranks if r.step >= 0]
-        rates = [x for r in ranks if (x := r.samples_per_s()) is not None]
-        token_rates = [x for r in ranks if (x := r.window.rate("tokens")) is not None]
-        p50s = [x for r in ranks if (x := r.window.step_ms(50)) is not None]
-        p95s = [x for r in ranks if (x := r.window.step_ms(95)) is not None]
-        comms = [x for r in ranks if (x := r.window.mean("comm_ms")) is not None]
+        figures: dict[str, float | None] = {}
+        for metric in JOB_METRICS:
+            assert metric.job is not None
+            figures[metric.key] = metric.job([x for r in ranks if (x := metric.read(r)) is not None])
+        comm_ms = figures[COMM_MS.key]
         comm_bytes = [x for r in ranks if (x := r.window.mean("comm_bytes")) is not None]
-        shares = [x for r in ranks if (x := r.comm_share()) is not None]
-        comm_ms = median(comms)
         busbw = None
         if comm_ms and comm_bytes:
             busbw = bus_bandwidth(median(comm_bytes) or 0.0, comm_ms / 1000.0, self.world_size)
-        return {
-            "steps_done": min((r.step + 1 for r in stepping), default=None),
-            "ranks_seen": len(ranks),
-            "world_size": self.world_size,
-            "samples_per_s": sum(rates) if rates else None,
-            "tokens_per_s": sum(token_rates) if token_rates else None,
-            "step_ms_p50": median(p50s),
-            "step_ms_p95": max(p95s) if p95s else None,
-            "comm_ms": comm_ms,
-            "comm_share": median(shares),
-            "busbw": busbw,
-            "loss": median([r.loss for r in ranks if r.loss is not None]),
-            "gpu_mem": max((r.mem_alloc for r in ranks if r.mem_alloc is not None), default=None),
-            "rss": sum(r.rss for r in ranks if r.rss is not None) or None,
-            "dropped": sum(r.dropped for r in ranks),
-            "alerts": self.alerts,
-            "total_steps": self.total_steps,
-            "nan_skips": max((r.nan_skips for r in ranks), default=0),
-            "scaler_skips": max((r.scaler_skips for r in ranks), default=0),
-            "clip_rate": median([x for r in ranks if (x := r.clip_rate()) is not None]),
-            "restarts": self.restarts,
-            "checkpoint_step": self.checkpoint_step,
-        }
+        return JobTotals(
+            ranks_seen=len(ranks),
+            world_size=self.world_size,
+            steps_done=min((r.step + 1 for r in ranks if r.step >= 0), default=None),
+            total_steps=self.total_steps,
+            busbw=busbw,
+            dropped=sum(r.dropped for r in ranks),
+            alerts=self.alerts,
+            nan_skips=max((r.nan_skips for r in ranks), default=0),
+            scaler_skips=max((r.scaler_skips for r in ranks), default=0),
+            clip_rate=median([x for r in ranks if (x := r.clip_rate()) is not None]),
+            restarts=self.restarts,
+            checkpoint_step=self.checkpoint_step,
+            metrics=figures,
+        )
 
 
 _HANDLERS = {

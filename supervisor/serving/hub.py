@@ -48,7 +48,7 @@ class Hub:
 
     def record_totals(self) -> None:
         """The per-second job summary that dashboards plot."""
-        self.record({"type": "summary", "wall": time.time(), **self.state.totals()})
+        self.record(self.state.totals().record(time.time()))
 
     async def finish(self, code: int, stopped_by_signal: int | None = None) -> None:
         """The job is over: last summary and exit record, then close every connection."""

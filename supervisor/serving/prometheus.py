@@ -14,33 +14,33 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import Metric as Family
 
-from ddptop.core.model.job import JobState, RankState
+from ddptop.core.model.job import JobState
+from ddptop.core.model.metrics import METRICS, SAMPLES_PER_S, Metric
+from ddptop.core.model.rank import RankState
 
 RANK_LABELS = ["rank", "node", "host"]
 GPU_LABELS = ["node", "gpu", "name"]
 
-
-def _ms_to_s(value: float | None) -> float | None:
-    return None if value is None else value / 1000.0
-
-
-RANK_GAUGES: list[tuple[str, str, Callable[[RankState], float | None]]] = [
+RANK_STATE: list[tuple[str, str, Callable[[RankState], float]]] = [
     ("up", "1 while the rank's process runs, 0 once it has ended", lambda r: 0.0 if r.exited else 1.0),
     ("step", "the last step the rank finished", lambda r: float(r.step)),
-    ("samples_per_second", "samples per second over the recent steps", RankState.samples_per_s),
-    ("data_wait_seconds", "mean wait for data before a step's forward", lambda r: _ms_to_s(r.window.mean("data_ms"))),
-    ("comm_seconds", "mean time per step in gradient all-reduce", lambda r: _ms_to_s(r.window.mean("comm_ms"))),
-    ("comm_share_ratio", "share of the step time spent in communication", RankState.comm_share),
-    ("loss", "the last loss the script reported", lambda r: r.loss),
-    ("grad_norm", "the last global gradient norm before clipping", lambda r: r.grad_norm),
-    ("gpu_memory_allocated_bytes", "GPU memory allocated by the rank's tensors", lambda r: r.mem_alloc),
-    ("gpu_memory_reserved_bytes", "GPU memory reserved by the rank's caching allocator", lambda r: r.mem_reserved),
-    ("gpu_memory_peak_bytes", "peak GPU memory allocated by the rank", lambda r: r.mem_peak),
-    ("cpu_percent", "CPU use of the rank's process, percent of one core", lambda r: r.cpu_percent),
-    ("resident_memory_bytes", "resident memory of the rank's process", lambda r: r.rss),
 ]
+"""What the rank is rather than what it measures; its measurements are the metric table's."""
+
+
+def _families() -> dict[str, list[Metric]]:
+    """The metric table's Prometheus families: metrics that share a name are its rows (quantiles)."""
+    families: dict[str, list[Metric]] = {}
+    for metric in METRICS:
+        if metric.prometheus is not None:
+            families.setdefault(metric.prometheus.name, []).append(metric)
+    return families
+
+
+RANK_FAMILIES = _families()
 RANK_COUNTERS: list[tuple[str, str, Callable[[RankState], float]]] = [
     ("nan_skipped_steps", "steps skipped because of non-finite loss or gradients", lambda r: r.nan_skips),
     ("dropped_records", "records the rank dropped because the supervisor could not keep up", lambda r: r.dropped),
@@ -59,7 +59,7 @@ class PrometheusExporter:
     def __init__(self, state: JobState, node: int) -> None:
         self.state = state
         self.node = node
-        self._families: list[Metric] = []
+        self._families: list[Family] = []
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(self)  # type: ignore[arg-type]
         self._server: Any = None
@@ -76,26 +76,30 @@ class PrometheusExporter:
             self._server.shutdown()
             self._server.server_close()
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         """Called from the HTTP thread: the families of the last refresh."""
         return iter(self._families)
 
     def refresh(self) -> None:
         """On the supervisor's loop: build every family from the state now."""
-        families: list[Metric] = []
+        families: list[Family] = []
         ranks = sorted(self.state.ranks.values(), key=lambda r: r.rank)
-        for name, doc, read in RANK_GAUGES:
+        for name, doc, state_of in RANK_STATE:
             family = GaugeMetricFamily(f"ddptop_rank_{name}", doc, labels=RANK_LABELS)
             for rank in ranks:
-                if (value := read(rank)) is not None:
-                    family.add_metric([str(rank.rank), str(rank.node), rank.host], float(value))
+                family.add_metric([str(rank.rank), str(rank.node), rank.host], state_of(rank))
             families.append(family)
-        step = GaugeMetricFamily("ddptop_rank_step_seconds", "step time over the recent steps, by quantile", labels=[*RANK_LABELS, "quantile"])
-        for rank in ranks:
-            for q in (50, 95):
-                if (ms := rank.window.step_ms(q)) is not None:
-                    step.add_metric([str(rank.rank), str(rank.node), rank.host, f"{q / 100:g}"], ms / 1000.0)
-        families.append(step)
+        for name, metrics in RANK_FAMILIES.items():
+            first = metrics[0].prometheus
+            assert first is not None
+            family = GaugeMetricFamily(f"ddptop_rank_{name}", first.doc, labels=[*RANK_LABELS, *(k for k, _ in first.labels)])
+            for metric in metrics:
+                spec = metric.prometheus
+                assert spec is not None
+                for rank in ranks:
+                    if (value := metric.read(rank)) is not None:
+                        family.add_metric([str(rank.rank), str(rank.node), rank.host, *(v for _, v in spec.labels)], value * spec.scale)
+            families.append(family)
         for name, doc, count in RANK_COUNTERS:
             counter = CounterMetricFamily(f"ddptop_rank_{name}", doc, labels=RANK_LABELS)
             for rank in ranks:
@@ -113,7 +117,6 @@ class PrometheusExporter:
         families.append(alerts)
         families.append(CounterMetricFamily("ddptop_restarts", "restarts of the worker group", value=float(self.state.restarts)))
         families.append(GaugeMetricFamily("ddptop_world_size", "ranks in the job", value=float(self.state.world_size)))
-        totals = self.state.totals()
-        if totals["samples_per_s"] is not None:
-            families.append(GaugeMetricFamily("ddptop_samples_per_second", "samples per second of the whole job", value=totals["samples_per_s"]))
+        if (rate := self.state.totals().of(SAMPLES_PER_S)) is not None:
+            families.append(GaugeMetricFamily("ddptop_samples_per_second", "samples per second of the whole job", value=rate))
         self._families = families

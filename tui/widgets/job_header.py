@@ -6,12 +6,14 @@ from textual.widgets import Static
 
 from ddptop.core.format import count, duration, ms
 from ddptop.core.model.job import JobState
+from ddptop.core.model.metrics import COMM_MS, SAMPLES_PER_S, STEP_MS_P50, STEP_MS_P95
 from ddptop.core.model.summary import guard_parts
+from ddptop.core.model.totals import JobTotals
 
 
-def eta(state: JobState, totals: dict) -> str:
+def eta(state: JobState, totals: JobTotals) -> str:
     """Remaining time from the steps left and the job's median step time."""
-    done, total, step_ms = totals["steps_done"], state.total_steps, totals["step_ms_p50"]
+    done, total, step_ms = totals.steps_done, state.total_steps, totals.of(STEP_MS_P50)
     if not (done is not None and total and step_ms) or state.exit is not None:
         return "-"
     return duration(max(0, total - done) * step_ms / 1000.0)
@@ -25,7 +27,7 @@ class JobHeader(Static):
     def show(self, state: JobState, now: float, status: str) -> None:
         totals = state.totals()
         meta = state.meta
-        done = totals["steps_done"]
+        done = totals.steps_done
         progress = "-" if done is None else f"{done}" + (f"/{state.total_steps}" if state.total_steps else "")
         nodes = meta.get("nnodes", "1")
         script = str(meta.get("script", "?")).rsplit("/", 1)[-1]
@@ -36,9 +38,9 @@ class JobHeader(Static):
             + ("" if state.checkpoint_step is None else f"  ckpt {state.checkpoint_step}")
             + "\n"
             f"steps {progress}  ETA {eta(state, totals)}  "
-            f"[b]{count(totals['samples_per_s'])}[/b] samples/s  "
-            f"step {ms(totals['step_ms_p50'])}/{ms(totals['step_ms_p95'])} ms  "
-            f"comm {ms(totals['comm_ms'])} ms"
+            f"[b]{count(totals.of(SAMPLES_PER_S))}[/b] samples/s  "
+            f"step {ms(totals.of(STEP_MS_P50))}/{ms(totals.of(STEP_MS_P95))} ms  "
+            f"comm {ms(totals.of(COMM_MS))} ms"
             + "".join(f"  {part}" for part in guard_parts(totals))
         )
         if text != self._shown:  # re-rendering markup ten times a second is not free

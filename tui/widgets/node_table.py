@@ -17,7 +17,9 @@ from rich.segment import Segment
 from rich.style import Style
 
 from ddptop.core.format import count, ms
-from ddptop.core.model.job import STRAGGLER_RATIO, JobState, RankState
+from ddptop.core.model.job import STRAGGLER_RATIO, JobState
+from ddptop.core.model.metrics import COMM_SHARE, SAMPLES_PER_S, STEP_MS_P50
+from ddptop.core.model.rank import RankState
 from ddptop.tui.widgets.line_table import LineTable
 from ddptop.tui.widgets.rank_table import rank_status
 
@@ -47,7 +49,7 @@ def worst_rank(ranks: list[RankState], ratios: dict[int, float], now: float, liv
         ratio = ratios.get(rank.rank, 1.0)
         if ratio > STRAGGLER_RATIO:
             return Worst(2 + min(ratio, 100) / 1000, rank.rank, f"straggler {ratio:.1f}x", "straggler")
-        p50 = rank.window.step_ms(50)
+        p50 = STEP_MS_P50.read(rank)
         return Worst(1 + (p50 or 0.0) / 1e9, rank.rank, f"step {ms(p50)} ms", "")
 
     return max((judge(r) for r in ranks), key=lambda w: (w.badness, -w.rank))
@@ -88,9 +90,9 @@ class NodeTable(LineTable):
         for node, ranks in by_node.items():
             worst = worst_rank(ranks, ratios, now, live)
             steps = [r.step for r in ranks if r.step >= 0]
-            rates = [x for r in ranks if (x := r.samples_per_s()) is not None]
-            p50s = [x for r in ranks if (x := r.window.step_ms(50)) is not None]
-            shares = [x for r in ranks if (x := r.comm_share()) is not None]
+            rates = [x for r in ranks if (x := SAMPLES_PER_S.read(r)) is not None]
+            p50s = [x for r in ranks if (x := STEP_MS_P50.read(r)) is not None]
+            shares = [x for r in ranks if (x := COMM_SHARE.read(r)) is not None]
             rows[node] = [
                 str(node),
                 ranks[0].host or "-",

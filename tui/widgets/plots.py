@@ -7,26 +7,29 @@ not per frame: the sparklines change slowly and redraws are not free.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from textual.app import ComposeResult
 from textual.containers import Grid, Vertical
 from textual.widgets import Label, Sparkline
 
-from ddptop.core.format import count, ms, nbytes
-
-SERIES = [
-    ("samples_per_s", "throughput", lambda v: f"{count(v)} samples/s"),
-    ("loss", "loss", lambda v: "-" if v is None else f"{v:.4g}"),
-    ("comm_ms", "comm latency", lambda v: f"{ms(v)} ms"),
-    ("memory", "memory", lambda v: nbytes(v)),
-]
+from ddptop.core import wire
+from ddptop.core.format import count, ms
+from ddptop.core.model.metrics import Metric, grouped
 
 
-def _value(summary: dict, key: str) -> float | None:
-    if key == "memory":
-        return summary.get("gpu_mem") if summary.get("gpu_mem") is not None else summary.get("rss")
-    return summary.get(key)
+def _series(summaries: list[wire.Frame], metrics: list[Metric]) -> tuple[Metric, list[float]]:
+    """The first of a plot's metrics that has values in the summaries, and its values."""
+    for metric in metrics:
+        values = [v for s in summaries if (v := s["metrics"].get(metric.key)) is not None]
+        if values:
+            return metric, values
+    return metrics[0], []
+
+
+def _with_unit(metric: Metric) -> Callable[[float | None], str]:
+    unit = "" if metric.unit in ("", "bytes", "ratio", "percent") else f" {metric.unit}"
+    return lambda value: f"{metric.text(value)}{unit}"
 
 
 class Plot(Vertical):
@@ -48,14 +51,19 @@ class Plot(Vertical):
 
 
 class Plots(Grid):
-    def compose(self) -> ComposeResult:
-        for key, title, fmt in SERIES:
-            yield Plot(key, title, fmt, id=f"plot-{key}")
+    """One plot per plot title of the metric table, from the job's summary records."""
 
-    def show(self, summaries: Iterable[dict]) -> None:
+    GROUPS = grouped("plot")
+
+    def compose(self) -> ComposeResult:
+        for title, metrics in self.GROUPS:
+            yield Plot(title, title, _with_unit(metrics[0]), id=f"plot-{metrics[0].key}")
+
+    def show(self, summaries: Iterable[wire.Frame]) -> None:
         summaries = list(summaries)
-        for plot in self.query(Plot):
-            values = [v for s in summaries if (v := _value(s, plot.key)) is not None]
+        for plot, (_, metrics) in zip(self.query(Plot), self.GROUPS):
+            metric, values = _series(summaries, metrics)
+            plot.fmt = _with_unit(metric)
             plot.show(values, values[-1] if values else None)
 
 

@@ -8,31 +8,19 @@ straggle get their rank and state columns coloured.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rich.segment import Segment
 from rich.style import Style
 
-from ddptop.core.format import count, ms, nbytes
-from ddptop.core.model.job import STRAGGLER_RATIO, JobState, RankState
+from ddptop.core.model.job import STRAGGLER_RATIO, JobState
+from ddptop.core.model.metrics import Metric, grouped
+from ddptop.core.model.rank import RankState
 from ddptop.tui.widgets.line_table import GAP, LineTable
 
 SILENT_S = 5.0
 """A live rank not heard from for this long is shown as silent."""
-
-
-def _num(value: float | None, fmt: str = "{:.2f}") -> str:
-    return "-" if value is None else fmt.format(value)
-
-
-def _gpu_memory(state: JobState, rank: RankState) -> str:
-    gpu = state.gpus.get(rank.gpu) if rank.gpu is not None else None
-    used = rank.gpu_mem if rank.gpu_mem is not None else rank.mem_reserved
-    if gpu is None or not gpu.mem_total or used is None:
-        return "-" if used is None else nbytes(used)
-    filled = round(8 * used / gpu.mem_total)
-    peak = nbytes(rank.mem_peak) if rank.mem_peak is not None else "-"
-    return f"{'█' * filled}{'░' * (8 - filled)} {nbytes(used)} pk {peak}/{nbytes(gpu.mem_total)}"
 
 
 def rank_status(rank: RankState, now: float, live: bool) -> str:
@@ -45,32 +33,39 @@ def rank_status(rank: RankState, now: float, live: bool) -> str:
     return f"{status} bad data {rank.data_problems}" if rank.data_problems else status
 
 
-Column = tuple[str, str, Callable[[JobState, RankState, float, bool], str], Callable[[JobState, RankState], Any]]
+@dataclass(frozen=True)
+class Column:
+    key: str
+    """The sort key: the metric's key, or the identity field's name."""
+    header: str
+    render: Callable[[RankState, float, bool], str]
+    sort_of: Callable[[RankState], Any]
 
-COLUMNS: list[Column] = [
-    ("node", "NODE", lambda s, r, n, l: str(r.node), lambda s, r: (r.node, r.rank)),
-    ("rank", "RANK", lambda s, r, n, l: str(r.rank), lambda s, r: r.rank),
-    ("pid", "PID", lambda s, r, n, l: str(r.pid or "-"), lambda s, r: r.pid),
-    ("state", "STATE", lambda s, r, n, l: rank_status(r, n, l), lambda s, r: r.phase),
-    ("step", "STEP", lambda s, r, n, l: "-" if r.step < 0 else str(r.step), lambda s, r: r.step),
-    ("sps", "SAMPLES/S", lambda s, r, n, l: count(r.samples_per_s()), lambda s, r: r.samples_per_s() or 0.0),
-    ("step_ms", "STEP MS p50/95", lambda s, r, n, l: f"{ms(r.window.step_ms(50))}/{ms(r.window.step_ms(95))}", lambda s, r: r.window.step_ms(50) or 0.0),
-    ("comm", "COMM MS", lambda s, r, n, l: ms(r.window.mean("comm_ms")), lambda s, r: r.window.mean("comm_ms") or 0.0),
-    ("comm_pct", "COMM %", lambda s, r, n, l: _num(r.comm_share(), "{:.0%}"), lambda s, r: r.comm_share() or 0.0),
-    ("data", "DATA MS", lambda s, r, n, l: ms(r.window.mean("data_ms")), lambda s, r: r.window.mean("data_ms") or 0.0),
-    ("loss", "LOSS", lambda s, r, n, l: _num(r.loss, "{:.4g}"), lambda s, r: r.loss if r.loss is not None else float("inf")),
-    ("gnorm", "GRAD NORM", lambda s, r, n, l: _num(r.grad_norm, "{:.3g}"), lambda s, r: r.grad_norm or 0.0),
-    ("gpu", "GPU %", lambda s, r, n, l: _num(s.gpus[r.gpu].util if r.gpu in s.gpus else None, "{:.0f}"), lambda s, r: s.gpus[r.gpu].util or 0.0 if r.gpu in s.gpus else 0.0),
-    ("gmem", "GPU MEM used pk/total", lambda s, r, n, l: _gpu_memory(s, r), lambda s, r: r.gpu_mem or r.mem_reserved or 0),
-    ("cpu", "CPU %", lambda s, r, n, l: _num(r.cpu_percent, "{:.0f}"), lambda s, r: r.cpu_percent or 0.0),
-    ("rss", "RSS", lambda s, r, n, l: nbytes(r.rss), lambda s, r: r.rss or 0),
+
+def _metric_column(header: str, metrics: list[Metric]) -> Column:
+    """One column of the metric table: its metrics' texts joined by "/", sorted by the first."""
+    first = metrics[0]
+
+    def sort_of(rank: RankState) -> tuple[bool, float]:
+        value = first.read(rank)
+        return value is None, value or 0.0
+
+    return Column(first.key, header, lambda r, n, l: "/".join(m.format(r) for m in metrics), sort_of)
+
+
+IDENTITY = [
+    Column("node", "NODE", lambda r, n, l: str(r.node), lambda r: (r.node, r.rank)),
+    Column("rank", "RANK", lambda r, n, l: str(r.rank), lambda r: r.rank),
+    Column("pid", "PID", lambda r, n, l: str(r.pid or "-"), lambda r: r.pid),
+    Column("state", "STATE", lambda r, n, l: rank_status(r, n, l), lambda r: r.phase),
+    Column("step", "STEP", lambda r, n, l: "-" if r.step < 0 else str(r.step), lambda r: r.step),
 ]
-SORTABLE = [key for key, *_ in COLUMNS if key not in ("pid", "state")]
+COLUMNS = IDENTITY + [_metric_column(header, metrics) for header, metrics in grouped("column")]
+SORTABLE = [c.key for c in COLUMNS if c.key not in ("pid", "state")]
 HIGHLIGHTED = ("rank", "state")
-_KEYS = [key for key, *_ in COLUMNS]
+_KEYS = [c.key for c in COLUMNS]
 _INDEX = {key: i for i, key in enumerate(_KEYS)}
-_SORT = {key: sort_of for key, _, _, sort_of in COLUMNS}
-
+_SORT = {c.key: c.sort_of for c in COLUMNS}
 
 
 class RankTable(LineTable):
@@ -88,7 +83,7 @@ class RankTable(LineTable):
     }
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__([label for _, label, *_ in COLUMNS], **kwargs)
+        super().__init__([c.header for c in COLUMNS], **kwargs)
         self.sort_key = "rank"
         self.sort_reverse = False
         self.filter_text = ""
@@ -118,11 +113,11 @@ class RankTable(LineTable):
         sort_values: dict[int, Any] = {}
         sort_of = _SORT[self.sort_key]
         for rank in shown:
-            row = [render(state, rank, now, live) for _, _, render, _ in COLUMNS]
+            row = [c.render(rank, now, live) for c in COLUMNS]
             cells[rank.rank] = row
             ratio = ratios.get(rank.rank)
             marks[rank.rank] = "alerting" if rank.alerts or rank.data_problems else "straggler" if ratio and ratio > STRAGGLER_RATIO else ""
-            sort_values[rank.rank] = sort_of(state, rank)
+            sort_values[rank.rank] = sort_of(rank)
             self._widen(row)
         order = sorted(sort_values, key=lambda r: (sort_values[r], r), reverse=self.sort_reverse)
         if cells == self._cells and marks == self._marks and order == self._order:

@@ -1,0 +1,185 @@
+"""The table of per-rank metrics: the one place that says what a metric is
+and where it shows.
+
+Each row names a metric and says how a rank's value is read from its state,
+its unit, how it reads as text, how the job's figure is taken from the
+ranks' (sum, median or max), and where it appears: a column of the rank
+table, a Prometheus family, a plot, a part of the headless summary line.
+The rank table, the exporter, the plots and the summary line iterate this
+table; none of them names a metric. Adding one is a row here plus the place
+it is measured (a field of the step record, kept by RankState or its
+rolling window).
+
+Rows that share a column header, a plot title or a summary template are
+shown together, in table order: a column joins its metrics' texts with "/"
+(step time p50/p95), a plot draws the first of its metrics that has values
+(GPU memory, else the processes' RSS), a summary template takes one "{}"
+per metric (comm ms and its share of the step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ddptop.core.format import count, ms, nbytes
+from ddptop.core.model.rank import RankState
+from ddptop.core.model.stats import median
+
+
+def number(fmt: str) -> Callable[[float | None], str]:
+    """A format for a plain number, "-" when not measured."""
+    return lambda value: "-" if value is None else fmt.format(value)
+
+
+def total(values: Sequence[float]) -> float | None:
+    return sum(values) if values else None
+
+
+def highest(values: Sequence[float]) -> float | None:
+    return max(values) if values else None
+
+
+def middle(values: Sequence[float]) -> float | None:
+    return median(list(values))
+
+
+@dataclass(frozen=True)
+class Prometheus:
+    """A metric's Prometheus family: its name after `ddptop_rank_`, in base units."""
+
+    name: str
+    doc: str
+    scale: float = 1.0
+    """Multiplies the value into the family's base unit (ms to seconds: 0.001)."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """Labels beyond rank, node and host that tell rows of one family apart."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    """The metric's name in summary records and exports; the rank table's sort key."""
+    unit: str
+    read: Callable[[RankState], float | None]
+    text: Callable[[float | None], str]
+    job: Callable[[Sequence[float]], float | None] | None = None
+    """How the ranks' values make the job's; None: no job figure."""
+    column: str | None = None
+    cell: Callable[[RankState], str] | None = None
+    """The column's text when it says more than the value (a memory bar)."""
+    prometheus: Prometheus | None = None
+    plot: str | None = None
+    summary: str | None = None
+
+    def format(self, rank: RankState) -> str:
+        return self.cell(rank) if self.cell is not None else self.text(self.read(rank))
+
+
+def _mean(attr: str) -> Callable[[RankState], float | None]:
+    return lambda rank: rank.window.mean(attr)
+
+
+def _gpu_used(rank: RankState) -> float | None:
+    """What the rank holds on its GPU: NVML's per-process figure, else the allocator's reserve."""
+    return rank.gpu_mem if rank.gpu_mem is not None else rank.mem_reserved
+
+
+def _gpu_memory_bar(rank: RankState) -> str:
+    used = _gpu_used(rank)
+    total_bytes = rank.gpu_reading.mem_total if rank.gpu_reading is not None else None
+    if not total_bytes or used is None:
+        return nbytes(used)
+    filled = round(8 * used / total_bytes)
+    return f"{'█' * filled}{'░' * (8 - filled)} {nbytes(used)} pk {nbytes(rank.mem_peak)}/{nbytes(total_bytes)}"
+
+
+def _gpu_util(rank: RankState) -> float | None:
+    return rank.gpu_reading.util if rank.gpu_reading is not None else None
+
+
+STEP_COLUMN = "STEP MS p50/95"
+STEP_SUMMARY = "step {}/{} ms p50/p95"
+COMM_SUMMARY = "comm {} ms ({})"
+
+SAMPLES_PER_S = Metric(
+    "samples_per_s", "samples/s", lambda r: r.window.rate("samples"), count, job=total, column="SAMPLES/S",
+    prometheus=Prometheus("samples_per_second", "samples per second over the recent steps"),
+    plot="throughput", summary="{} samples/s",
+)
+TOKENS_PER_S = Metric(
+    "tokens_per_s", "tokens/s", lambda r: r.window.rate("tokens"), count, job=total,
+    prometheus=Prometheus("tokens_per_second", "tokens per second over the recent steps"), summary="{} tokens/s",
+)
+STEP_MS_P50 = Metric(
+    "step_ms_p50", "ms", lambda r: r.window.step_ms(50), ms, job=middle, column=STEP_COLUMN,
+    prometheus=Prometheus("step_seconds", "step time over the recent steps, by quantile", 1e-3, (("quantile", "0.5"),)),
+    summary=STEP_SUMMARY,
+)
+STEP_MS_P95 = Metric(
+    "step_ms_p95", "ms", lambda r: r.window.step_ms(95), ms, job=highest, column=STEP_COLUMN,
+    prometheus=Prometheus("step_seconds", "step time over the recent steps, by quantile", 1e-3, (("quantile", "0.95"),)),
+    summary=STEP_SUMMARY,
+)
+COMM_MS = Metric(
+    "comm_ms", "ms", _mean("comm_ms"), ms, job=middle, column="COMM MS",
+    prometheus=Prometheus("comm_seconds", "mean time per step in gradient all-reduce", 1e-3),
+    plot="comm latency", summary=COMM_SUMMARY,
+)
+COMM_SHARE = Metric(
+    "comm_share", "ratio", RankState.comm_share, number("{:.0%}"), job=middle, column="COMM %",
+    prometheus=Prometheus("comm_share_ratio", "share of the step time spent in communication"), summary=COMM_SUMMARY,
+)
+DATA_MS = Metric(
+    "data_ms", "ms", _mean("data_ms"), ms, column="DATA MS",
+    prometheus=Prometheus("data_wait_seconds", "mean wait for data before a step's forward", 1e-3),
+)
+LOSS = Metric(
+    "loss", "", lambda r: r.loss, number("{:.4g}"), job=middle, column="LOSS",
+    prometheus=Prometheus("loss", "the last loss the script reported"), plot="loss",
+)
+GRAD_NORM = Metric(
+    "grad_norm", "", lambda r: r.grad_norm, number("{:.3g}"), column="GRAD NORM",
+    prometheus=Prometheus("grad_norm", "the last global gradient norm before clipping"),
+)
+GPU_UTIL = Metric("gpu_util", "percent", _gpu_util, number("{:.0f}"), column="GPU %")
+GPU_USED = Metric("gpu_used", "bytes", _gpu_used, nbytes, column="GPU MEM used pk/total", cell=_gpu_memory_bar)
+GPU_ALLOCATED = Metric(
+    "gpu_mem", "bytes", lambda r: r.mem_alloc, nbytes, job=highest,
+    prometheus=Prometheus("gpu_memory_allocated_bytes", "GPU memory allocated by the rank's tensors"),
+    plot="memory", summary="gpu mem {}",
+)
+GPU_RESERVED = Metric(
+    "gpu_reserved", "bytes", lambda r: r.mem_reserved, nbytes,
+    prometheus=Prometheus("gpu_memory_reserved_bytes", "GPU memory reserved by the rank's caching allocator"),
+)
+GPU_PEAK = Metric(
+    "gpu_peak", "bytes", lambda r: r.mem_peak, nbytes,
+    prometheus=Prometheus("gpu_memory_peak_bytes", "peak GPU memory allocated by the rank"),
+)
+CPU_PERCENT = Metric(
+    "cpu_percent", "percent", lambda r: r.cpu_percent, number("{:.0f}"), column="CPU %",
+    prometheus=Prometheus("cpu_percent", "CPU use of the rank's process, percent of one core"),
+)
+RSS = Metric(
+    "rss", "bytes", lambda r: r.rss, nbytes, job=total, column="RSS",
+    prometheus=Prometheus("resident_memory_bytes", "resident memory of the rank's process"),
+    plot="memory", summary="rss {}",
+)
+
+METRICS: tuple[Metric, ...] = (
+    SAMPLES_PER_S, TOKENS_PER_S, STEP_MS_P50, STEP_MS_P95, COMM_MS, COMM_SHARE, DATA_MS, LOSS, GRAD_NORM,
+    GPU_UTIL, GPU_USED, GPU_ALLOCATED, GPU_RESERVED, GPU_PEAK, CPU_PERCENT, RSS,
+)
+"""In the order columns, plots and summary parts appear."""
+
+JOB_METRICS: tuple[Metric, ...] = tuple(m for m in METRICS if m.job is not None)
+
+
+def grouped(attr: str) -> list[tuple[str, list[Metric]]]:
+    """The metrics that share each column, plot or summary template (attr), in table order."""
+    groups: dict[str, list[Metric]] = {}
+    for metric in METRICS:
+        if (name := getattr(metric, attr)) is not None:
+            groups.setdefault(name, []).append(metric)
+    return list(groups.items())

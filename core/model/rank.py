@@ -1,0 +1,76 @@
+"""One rank as the job model keeps it, and the GPU it runs on.
+
+The per-rank figures the dashboard, the summary line and Prometheus show are
+read from these by the metric table (metrics.py), not by each of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddptop.core.model.stats import RollingWindow
+
+
+@dataclass
+class GpuState:
+    index: int
+    name: str = ""
+    util: float | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+    temperature: float | None = None
+    power_w: float | None = None
+
+
+@dataclass
+class RankState:
+    rank: int
+    local_rank: int = 0
+    node: int = 0
+    host: str = ""
+    pid: int = 0
+    restart: int = 0
+    step: int = -1
+    phase: str = "startup"
+    dropped: int = 0
+    last_wall: float = 0.0
+    loss: float | None = None
+    grad_norm: float | None = None
+    mem_alloc: int | None = None
+    mem_reserved: int | None = None
+    mem_peak: int | None = None
+    cpu_percent: float | None = None
+    rss: int | None = None
+    gpu: tuple[int, int] | None = None
+    """(node, index) of its GPU: GPU indices repeat on every node."""
+    gpu_reading: GpuState | None = None
+    """That GPU's last NVML reading, shared with the job's view of the GPU."""
+    gpu_mem: int | None = None
+    steps_seen: int = 0
+    nan_skips: int = 0
+    scaler_skips: int = 0
+    clipped: int = 0
+    clip_checked: int = 0
+    alerts: int = 0
+    data_problems: int = 0
+    """Frames refused from this rank, and records that contradict its earlier ones."""
+    exited: bool = False
+    stack: str | None = None
+    window: RollingWindow = field(default_factory=RollingWindow)
+
+    def comm_share(self) -> float | None:
+        comm, step = self.window.mean("comm_ms"), self.window.mean("step_ms")
+        return comm / step if comm is not None and step else None
+
+    def busy_ms(self) -> float | None:
+        """Mean step time less time in communication: the rank's own work.
+
+        In DDP every rank's step takes as long as the slowest one's, because
+        the fast ones wait for it in the all-reduce; what sets a straggler
+        apart is that its time is its own, not waiting.
+        """
+        step = self.window.mean("step_ms")
+        return None if step is None else step - (self.window.mean("comm_ms") or 0.0)
+
+    def clip_rate(self) -> float | None:
+        return self.clipped / self.clip_checked if self.clip_checked else None
