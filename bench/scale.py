@@ -41,9 +41,11 @@ from synthetic import synthetic_job
 
 from ddptop.core import rundir, wire
 from ddptop.core.wire import unixpath
+from ddptop.core.wire.stream import frames
 from ddptop.supervisor import heap
 from ddptop.supervisor.serving.hub import Hub
-from ddptop.supervisor.watching.watchdog import Watchdog, WatchPolicy
+from ddptop.supervisor.watching.policy import WatchPolicy
+from ddptop.supervisor.watching.watchdog import Watchdog
 
 WATCH_S = 0.25
 
@@ -95,15 +97,13 @@ async def watch_latency(socket_path: Path, ranks: int, window: tuple[float, floa
     with unixpath.usable(str(socket_path)) as short:
         reader, writer = await asyncio.open_unix_connection(short, limit=1 << 20)
     writer.write(wire.encode({"type": "viewer_hello", "history": False}))
-    decoder = wire.FrameDecoder()
     start, end = window
-    while data := await reader.read(1 << 20):
+    async for frame in frames(reader):
         now = time.time()
         if now > end:
             break
-        for frame in decoder.feed(data):
-            if frame.get("type") == "step" and now >= start:
-                out.append(now - frame["wall"])
+        if frame.get("type") == "step" and now >= start:
+            out.append(now - frame["wall"])
     writer.close()
 
 

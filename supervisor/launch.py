@@ -28,7 +28,7 @@ from ddptop.supervisor.launching.plan import check_script, cluster_notices, plan
 from ddptop.supervisor.launching.torchrun import Torchrun
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
 from ddptop.supervisor.supervise import Supervisor
-from ddptop.supervisor.watching.watchdog import WatchPolicy
+from ddptop.supervisor.watching.policy import WatchPolicy
 
 Dashboard = Callable[[rundir.RunDir], int]
 """Runs the dashboard on the run whose supervisor this process forked; returns the exit status."""

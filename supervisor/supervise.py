@@ -28,15 +28,17 @@ from ddptop.core.model.events import restart_text
 from ddptop.core.rundir import RunDir, rank_log_tail
 from ddptop.supervisor import heap
 from ddptop.supervisor.cluster import endpoints
-from ddptop.supervisor.cluster.aggregator import Aggregator
 from ddptop.supervisor.cluster.placement import Cluster
-from ddptop.supervisor.cluster.uplink import Uplink
+from ddptop.supervisor.cluster.role import role_of
 from ddptop.supervisor.launching.torchrun import Torchrun
 from ddptop.supervisor.sampler import Sampler
 from ddptop.supervisor.serving.hub import Hub
 from ddptop.supervisor.serving.prometheus import PrometheusExporter
 from ddptop.supervisor.watching import stacks
-from ddptop.supervisor.watching.watchdog import Verdict, Watchdog, WatchPolicy, crash_excerpt
+from ddptop.supervisor.watching.failures import crash_excerpt
+from ddptop.supervisor.watching.policy import WatchPolicy
+from ddptop.supervisor.watching.verdict import Verdict
+from ddptop.supervisor.watching.watchdog import Watchdog
 
 WATCH_S = 0.25
 """Period of the watchdog's tick: how late a verdict may be carried out."""
@@ -76,16 +78,7 @@ class Supervisor:
         self.state = self.hub.state
         self.record = self.hub.record
         self.watchdog = Watchdog(watch or WatchPolicy(), self.state, self._crash_log)
-        self.judges = self.cluster.uplink is None
-        """Node 0's supervisor (or a single node's) judges; the others forward and obey."""
-        self.aggregator: Aggregator | None = None
-        if self.cluster.aggregates:
-            self.aggregator = Aggregator(self.record, self.cluster.node, self.cluster.nnodes, run.id)
-            self.hub.collector.aggregator = self.aggregator
-        self.uplink: Uplink | None = None
-        if self.cluster.uplink is not None:
-            self.uplink = Uplink(self.cluster.uplink, self.on_command, self._lost_aggregator)
-            self.hub.taps.append(self.uplink.forward)
+        self.role = role_of(self.cluster, self.hub, self.on_command, self._lost_aggregator)
         self._stack_waiters: dict[int, asyncio.Future[None]] = {}
         self.exporter: PrometheusExporter | None = None
         self._verdicts: list[Verdict] = []
@@ -102,7 +95,7 @@ class Supervisor:
         whole worker group while its --max-restarts budget lasts.
         """
         action = command["action"]
-        source = "from a dashboard" if self.judges else "by node 0's supervisor"
+        source = self.role.commander
         if action == "stacks":
             ours = self.torchrun.descendants()
             for rank in command.get("ranks") or []:
@@ -126,9 +119,9 @@ class Supervisor:
         a frame names.
         """
         self.watchdog.expect_group_restart()
-        owner = None if only is None or self.aggregator is None else self.aggregator.owner(only)
+        owner = None if only is None else self.role.owner(only)
         if owner is not None:
-            self.aggregator.command(owner, {"type": "command", "action": "kill_rank", "rank": only})
+            self.role.command(owner, {"type": "command", "action": "kill_rank", "rank": only})
             return
         ours = self.torchrun.descendants()
         pids = {r.pid for r in self.state.ranks.values() if not r.exited and (only is None or r.rank == only)} & ours
@@ -150,7 +143,7 @@ class Supervisor:
         elif kind == "stack" and (waiter := self._stack_waiters.pop(record["rank"], None)) is not None:
             if not waiter.done():
                 waiter.set_result(None)
-        if self.judges:
+        if self.role.judges:
             self._verdicts += self.watchdog.observe(record)
 
     def _crash_log(self, failure: wire.Frame) -> list[str]:
@@ -158,13 +151,13 @@ class Supervisor:
         failure names: the rank's own hello of that attempt may not have been
         read yet, or ever (a rank that dies at once). Another node's rank: its
         exception record only."""
-        if self.aggregator is not None and self.aggregator.owner(failure["rank"]) is not None:
+        if self.role.owner(failure["rank"]) is not None:
             return []
         tail = rank_log_tail(self.run.path, failure["local_rank"], failure["restart"], CRASH_READ_LINES, streams=("stderr",))
         return crash_excerpt(tail, CRASH_LOG_LINES)
 
     async def _watch(self) -> None:
-        verdicts, self._verdicts = self._verdicts + (self.watchdog.tick() if self.judges else []), []
+        verdicts, self._verdicts = self._verdicts + (self.watchdog.tick() if self.role.judges else []), []
         for verdict in verdicts:
             await self._carry_out(verdict)
         if self._restarts_held and not self.watchdog.judging() and self._stopping is None:
@@ -190,17 +183,15 @@ class Supervisor:
 
     async def _remote_stacks(self, ranks: list[int]) -> None:
         """Ask other nodes' supervisors for their ranks' stacks; wait (bounded) for them to arrive."""
-        if self.aggregator is None:
-            return
         loop = asyncio.get_running_loop()
         waiting = []
         by_node: dict[int, list[int]] = {}
         for rank in ranks:
-            if (node := self.aggregator.owner(rank)) is not None:
+            if (node := self.role.owner(rank)) is not None:
                 by_node.setdefault(node, []).append(rank)
                 waiting.append(self._stack_waiters.setdefault(rank, loop.create_future()))
         for node, node_ranks in by_node.items():
-            self.aggregator.command(node, {"type": "command", "action": "stacks", "ranks": node_ranks})
+            self.role.command(node, {"type": "command", "action": "stacks", "ranks": node_ranks})
         if waiting:
             await asyncio.wait(waiting, timeout=stacks.PY_SPY_TIMEOUT_S + 1.0)
 
@@ -226,10 +217,7 @@ class Supervisor:
         await self.hub.start()
         if self.cluster.listener is not None:
             await self.hub.collector.start_tcp(self.cluster.listener, self.cluster.token)
-        background = []
-        if self.uplink is not None:
-            await self.uplink.start()
-            background.append(asyncio.create_task(self.uplink.run()))
+        background = await self.role.start()
         if self.prometheus_address is not None:
             self._start_exporter(*self.prometheus_address)
         self.record({"type": "run", **meta})
@@ -257,10 +245,7 @@ class Supervisor:
             code = self._stop_code
         elif self._stop_signal is not None:
             code = 128 + self._stop_signal
-        if self.aggregator is not None:
-            self.aggregator.closing = True
-        if self.uplink is not None:
-            self.uplink.close()
+        self.role.close()
         await self.hub.finish(code, None if self._stop_code is not None else self._stop_signal)
         if self.exporter is not None:
             self.exporter.stop()
@@ -280,15 +265,13 @@ class Supervisor:
         if self._stopping is None:
             self._stop_signal = signum
             self._stopping = asyncio.create_task(self.torchrun.stop())
-            if self.aggregator is not None:
-                self.aggregator.command_all({"type": "command", "action": "stop"})
+            self.role.command_all({"type": "command", "action": "stop"})
         elif self.torchrun.proc is not None and self.torchrun.proc.returncode is None:
             self.torchrun.proc.kill()
 
     async def _sample(self) -> None:
         """This node's rank processes and GPUs (another node's ranks are sampled there)."""
-        remote = self.aggregator.owner if self.aggregator is not None else lambda rank: None
-        pids = {rank: state.pid for rank, state in self.state.ranks.items() if state.pid and remote(rank) is None}
+        pids = {rank: state.pid for rank, state in self.state.ranks.items() if state.pid and self.role.owner(rank) is None}
         record = await asyncio.to_thread(self.sampler.sample, pids)
         self.record({**record, "node": self.cluster.node})
 

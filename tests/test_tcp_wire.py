@@ -24,13 +24,14 @@ def node_hello(node: int, nnodes: int = 3) -> dict:
 
 @pytest.fixture
 async def aggregator():
-    """Node 0's collector with an aggregator, listening on a free loopback port."""
+    """Node 0's collector with an aggregator as its node handler, listening on a free loopback port."""
     records: list = []
     coll = Collector(records.append)
-    coll.aggregator = Aggregator(records.append, node=0, nnodes=3, run_id="run0")
+    agg = Aggregator(records.append, node=0, nnodes=3, run_id="run0")
+    coll.node_handler = agg.serve
     sock = endpoints.listen("127.0.0.1", 0, "test")
     await coll.start_tcp(sock, TOKEN)
-    yield coll, sock.getsockname()[1], records
+    yield coll, sock.getsockname()[1], records, agg
     await coll.close(drain_s=0.1)
 
 
@@ -61,16 +62,16 @@ def errors(records: list) -> list[str]:
     ],
 )
 async def test_a_connection_without_the_token_is_refused_told_and_logged(aggregator, first, reason):
-    coll, port, records = aggregator
+    coll, port, records, agg = aggregator
     frames = await exchange(port, wire.encode(first) + wire.encode(node_hello(1)))
     assert frames == [{"type": "refused", "reason": reason}]
     await eventually(lambda: errors(records))
     assert errors(records)[0].startswith("refused a TCP connection from 127.0.0.1:") and errors(records)[0].endswith(reason)
-    assert coll.bad_frames == 1 and coll.aggregator.remote_ranks(1) == set()
+    assert coll.bad_frames == 1 and agg.remote_ranks(1) == set()
 
 
 async def test_ranks_do_not_connect_over_tcp(aggregator):
-    _, port, records = aggregator
+    _, port, records, _ = aggregator
     await exchange(port, wire.encode({"type": "auth", "token": TOKEN}) + wire.encode(HELLO))
     await eventually(lambda: errors(records))
     assert errors(records) == ["over TCP only dashboards and nodes connect, not 'rank_hello'"]
@@ -78,27 +79,27 @@ async def test_ranks_do_not_connect_over_tcp(aggregator):
 
 
 async def test_nodes_join_once_each_and_forward_their_ranks_records(aggregator):
-    coll, port, records = aggregator
+    coll, port, records, agg = aggregator
     auth = wire.encode({"type": "auth", "token": TOKEN})
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(auth + wire.encode(node_hello(1)) + wire.encode(HELLO) + wire.encode(STEP))
     decoder = wire.FrameDecoder()
     assert decoder.feed(await reader.read(1 << 16)) == [{"type": "node_welcome", "node": 1, "run": "run0"}]
     await eventually(lambda: STEP in records)
-    assert coll.aggregator.owner(2) == 1 and coll.aggregator.owner(0) is None
+    assert agg.owner(2) == 1 and agg.owner(0) is None
     for node, reason in ((1, "node rank 1 is already taken by h"), (0, "node rank 0 is the aggregator's own"), (5, "node rank 5 is outside --nnodes 3")):
         assert await exchange(port, auth + wire.encode(node_hello(node, nnodes=3))) == [{"type": "refused", "reason": reason}]
     assert await exchange(port, auth + wire.encode(node_hello(2, nnodes=2))) == [
         {"type": "refused", "reason": "node 2 says --nnodes 2, the job has 3"}]
     # A command for that node's rank goes back over its connection.
-    assert coll.aggregator.command(1, {"type": "command", "action": "kill_rank", "rank": 2})
+    assert agg.command(1, {"type": "command", "action": "kill_rank", "rank": 2})
     assert decoder.feed(await reader.read(1 << 16)) == [{"type": "command", "action": "kill_rank", "rank": 2}]
     writer.close()
     await eventually(lambda: {"type": "rank_gone", "rank": 2} in [{k: r[k] for k in ("type", "rank")} for r in records if r["type"] == "rank_gone"])
 
 
 async def test_a_node_forwards_records_only_not_commands(aggregator):
-    _, port, records = aggregator
+    _, port, records, _ = aggregator
     stop = {"type": "command", "action": "stop"}
     await exchange(port, wire.encode({"type": "auth", "token": TOKEN}) + wire.encode(node_hello(1)) + wire.encode(stop))
     await eventually(lambda: errors(records))
@@ -106,7 +107,7 @@ async def test_a_node_forwards_records_only_not_commands(aggregator):
 
 
 async def test_join_is_welcomed_or_refused_in_one_line(aggregator):
-    _, port, _ = aggregator
+    _, port, _, _ = aggregator
     sock = await asyncio.to_thread(uplink.join, "127.0.0.1", port, TOKEN, node_hello(1, nnodes=3), 5.0)
     try:
         with pytest.raises(UsageError, match="refused node 1: node rank 1 is already taken by h"):

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from ddptop.core.model.job import JobState
-from ddptop.supervisor.watching.watchdog import GATHER_S, STARTUP_GRACE_S, Watchdog, WatchPolicy, crash_excerpt, last_error_line
+from ddptop.supervisor.watching.failures import crash_excerpt, last_error_line
+from ddptop.supervisor.watching.policy import WatchPolicy
+from ddptop.supervisor.watching.rules.hang import STARTUP_GRACE_S
+from ddptop.supervisor.watching.rules.per_step import GATHER_S
+from ddptop.supervisor.watching.watchdog import Watchdog
 
 
 class Clock:

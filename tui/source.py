@@ -16,6 +16,7 @@ from pathlib import Path
 from ddptop.core import wire
 from ddptop.core.rundir import RunDir, read_events
 from ddptop.core.wire import unixpath
+from ddptop.core.wire.stream import frames
 
 
 class LiveSource:
@@ -43,10 +44,8 @@ class LiveSource:
         reader, self._writer = await self._open()
         self._writer.write(wire.encode({"type": "viewer_hello", "history": True}))
         await self._writer.drain()
-        decoder = wire.FrameDecoder()
-        while data := await reader.read(1 << 16):
-            for frame in decoder.feed(data):
-                yield frame
+        async for frame in frames(reader):
+            yield frame
 
     async def command(self, action: str, rank: int | None = None) -> None:
         """Ask the supervisor to act (stop, restart, kill_rank)."""

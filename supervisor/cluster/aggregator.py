@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from ddptop.core import wire
-
-READ_SIZE = 1 << 16
 
 
 @dataclass
@@ -77,11 +75,8 @@ class Aggregator:
             return f"node rank {node} is already taken by {self._nodes[node].host}"
         return None
 
-    async def serve(
-        self, hello: wire.Frame, early: list[wire.Frame], reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter, decoder: wire.FrameDecoder,
-    ) -> None:
-        """One node's supervisor, from its hello until it leaves."""
+    async def serve(self, hello: wire.Frame, stream: AsyncIterator[wire.Frame], writer: asyncio.StreamWriter) -> None:
+        """One node's supervisor, from its hello until it leaves (the collector's node handler)."""
         node, host = hello["node"], hello["host"]
         reason = self._refusal(hello)
         if reason is not None:
@@ -93,15 +88,8 @@ class Aggregator:
         writer.write(wire.encode({"type": "node_welcome", "node": node, "run": self.run_id}))
         self._note(f"node {node} ({host}, supervisor pid {hello['pid']}) joined the job")
         try:
-            frames = early
-            while True:
-                for frame in frames:
-                    self._forwarded(entry, node, frame)
-                decoder.raise_deferred()
-                data = await reader.read(READ_SIZE)
-                if not data:
-                    return
-                frames = decoder.feed(data)
+            async for frame in stream:
+                self._forwarded(entry, node, frame)
         finally:
             del self._nodes[node]
             if not self.closing:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ddptop.core import rundir, wire
 from ddptop.core.rundir import RunDirError
+from ddptop.core.wire.stream import socket_frames
 from ddptop.supervisor.cluster import endpoints
 
 PROBE_S = 5.0
@@ -67,17 +68,11 @@ def probe(host: str, port: int, token: str) -> dict[str, Any]:
     deadline = time.monotonic() + PROBE_S
     try:
         sock.sendall(wire.encode({"type": "auth", "token": token}) + wire.encode({"type": "viewer_hello", "history": True}))
-        decoder = wire.FrameDecoder()
-        while time.monotonic() < deadline:
-            sock.settimeout(max(0.01, deadline - time.monotonic()))
-            data = sock.recv(1 << 16)
-            if not data:
-                break
-            for frame in decoder.feed(data):
-                if frame["type"] == "refused":
-                    raise RunDirError(f"the supervisor at {where} refused: {frame.get('reason')}")
-                if frame["type"] == "run":
-                    return frame
+        for frame in socket_frames(sock, deadline):
+            if frame["type"] == "refused":
+                raise RunDirError(f"the supervisor at {where} refused: {frame.get('reason')}")
+            if frame["type"] == "run":
+                return frame
     except (OSError, wire.FrameError) as exc:
         raise RunDirError(f"the supervisor at {where} did not answer ({exc})") from None
     finally:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from ddptop.core import wire
 from ddptop.core.usage import UsageError
+from ddptop.core.wire.stream import frames, socket_frames
 from ddptop.supervisor.cluster import endpoints
 
 RETRY_S = 0.25
@@ -44,9 +45,8 @@ def join(host: str, port: int, token: str, hello: wire.Frame, timeout: float) ->
                 ) from None
             time.sleep(RETRY_S)
     try:
-        sock.settimeout(max(1.0, deadline - time.monotonic()))
         sock.sendall(wire.encode({"type": "auth", "token": token}) + wire.encode(hello))
-        answer = _first_frame(sock)
+        answer = next(socket_frames(sock, max(deadline, time.monotonic() + 1.0)), None)
     except (OSError, wire.FrameError) as exc:
         sock.close()
         raise UsageError(f"node 0's supervisor at {where} did not answer ({exc})") from None
@@ -54,17 +54,10 @@ def join(host: str, port: int, token: str, hello: wire.Frame, timeout: float) ->
         sock.settimeout(None)
         return sock
     sock.close()
-    reason = answer.get("reason") if answer is not None and answer.get("type") == "refused" else "it closed the connection"
+    if answer is None:
+        raise UsageError(f"node 0's supervisor at {where} did not answer within {timeout:.0f} s")
+    reason = answer.get("reason") if answer.get("type") == "refused" else f"it answered {answer.get('type')!r}"
     raise UsageError(f"node 0's supervisor at {where} refused node {hello['node']}: {reason}")
-
-
-def _first_frame(sock: socket.socket) -> wire.Frame | None:
-    decoder = wire.FrameDecoder()
-    while data := sock.recv(1 << 16):
-        frames = decoder.feed(data)
-        if frames:
-            return frames[0]
-    return None
 
 
 class Uplink:
@@ -93,14 +86,11 @@ class Uplink:
     async def run(self) -> None:
         """Carry the aggregator's commands until it goes away."""
         assert self._reader is not None and self._writer is not None
-        reader = self._reader
-        decoder = wire.FrameDecoder()
         try:
-            while data := await reader.read(1 << 16):
-                for frame in decoder.feed(data):
-                    wire.validate(frame)
-                    if frame["type"] == "command":
-                        self._on_command(frame)
+            async for frame in frames(self._reader):
+                wire.validate(frame)
+                if frame["type"] == "command":
+                    self._on_command(frame)
         except (wire.FrameError, ConnectionError):
             pass
         finally:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddptop.core.usage import OneLineParser, UsageError
-from ddptop.supervisor.watching.watchdog import CRASH_LOOP, CRASH_LOOP_WINDOW_S, HANG_TIMEOUT_S
+from ddptop.supervisor.watching.policy import CRASH_LOOP, CRASH_LOOP_WINDOW_S, HANG_TIMEOUT_S
 from ddptop.trainer.policy import DESYNC_EVERY, ON_DESYNC, ON_HANG, ON_NAN
 
 

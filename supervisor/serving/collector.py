@@ -23,24 +23,23 @@ import os
 import resource
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ddptop.core import wire
 from ddptop.core.wire import unixpath
+from ddptop.core.wire.stream import frames
 from ddptop.supervisor.serving.viewers import CommandHandler, Viewers
 
-READ_SIZE = 1 << 16
 BACKLOG = 4096
 """Connections the socket queues before accepting: every rank of a large
 job connects at once (the default of 100 refuses the rest)."""
 
 Sink = Callable[[wire.Frame], None]
 
-if TYPE_CHECKING:
-    from ddptop.supervisor.cluster.aggregator import Aggregator
+PeerHandler = Callable[[wire.Frame, AsyncIterator[wire.Frame], asyncio.StreamWriter], Awaitable[None]]
+"""Serves a connection from its hello on: the hello, the rest of its frames, its writer."""
 
 
 @dataclass
@@ -65,8 +64,8 @@ class Collector:
         self._sink = sink
         self._viewers = viewers
         self._on_command = on_command
-        self.aggregator: Aggregator | None = None
-        """Set on node 0's supervisor of a multi-node job: the other nodes join it."""
+        self.node_handler: PeerHandler | None = None
+        """Set on node 0's supervisor of a multi-node job: the other nodes' supervisors join it."""
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[asyncio.Task] = set()
         self._job_connections: set[asyncio.Task] = set()
@@ -168,49 +167,46 @@ class Collector:
 
     async def _read_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: _Peer, token: str | None) -> None:
         """peer gets the rank a connection's hello claims, for the error report."""
-        decoder = wire.FrameDecoder()
+        stream = frames(reader)
         hello: wire.Frame | None = None
-        while data := await reader.read(READ_SIZE):
-            frames = decoder.feed(data)
-            for index, frame in enumerate(frames):
-                if not peer.authenticated:
-                    assert token is not None
-                    _authenticate(frame, token, writer)
-                    peer.authenticated = True
-                    continue
-                wire.validate(frame)
-                if hello is None and frame["type"] == "viewer_hello" and self._viewers is not None:
-                    assert self._on_command is not None
-                    await self._viewers.serve(frame, frames[index + 1 :], reader, writer, decoder, self._on_command)
-                    return
-                if hello is None and frame["type"] == "node_hello" and self.aggregator is not None:
-                    await self.aggregator.serve(frame, frames[index + 1 :], reader, writer, decoder)
-                    return
-                if hello is None:
-                    if token is not None:
-                        raise wire.FrameError(f"over TCP only dashboards and nodes connect, not {frame['type']!r}")
-                    if frame["type"] not in ("rank_hello", "agent_hello"):
-                        raise wire.FrameError(f"expected a hello, got {frame['type']!r}")
-                    if frame["type"] == "rank_hello":
-                        peer.rank = frame["rank"]
-                        self._claim(frame)  # before tracking: a refused twin must not report the rank gone
-                        self._sink(frame)
-                    else:
-                        self._hold_agent(frame["node"], writer)
-                    hello = frame
-                    self._track_job_connection(frame.get("rank"))
-                elif hello["type"] == "agent_hello":
-                    if frame["type"] not in wire.AGENT_RECORD_TYPES:
-                        raise wire.FrameError(f"unexpected {frame['type']!r} from torchrun's probe")
+        async for frame in stream:
+            if not peer.authenticated:
+                assert token is not None
+                _authenticate(frame, token, writer)
+                peer.authenticated = True
+                continue
+            wire.validate(frame)
+            if hello is None and frame["type"] == "viewer_hello" and self._viewers is not None:
+                assert self._on_command is not None
+                await self._viewers.serve(frame, stream, writer, self._on_command)
+                return
+            if hello is None and frame["type"] == "node_hello" and self.node_handler is not None:
+                await self.node_handler(frame, stream, writer)
+                return
+            if hello is None:
+                if token is not None:
+                    raise wire.FrameError(f"over TCP only dashboards and nodes connect, not {frame['type']!r}")
+                if frame["type"] not in ("rank_hello", "agent_hello"):
+                    raise wire.FrameError(f"expected a hello, got {frame['type']!r}")
+                if frame["type"] == "rank_hello":
+                    peer.rank = frame["rank"]
+                    self._claim(frame)  # before tracking: a refused twin must not report the rank gone
                     self._sink(frame)
-                elif frame["type"] == "batch":
-                    for item in frame["items"]:
-                        if item["rank"] != hello["rank"]:
-                            raise wire.FrameError(f"rank {hello['rank']} sent a record for rank {item['rank']}")
-                        self._sink(item)
                 else:
-                    raise wire.FrameError(f"unexpected {frame['type']!r} after hello")
-            decoder.raise_deferred()
+                    self._hold_agent(frame["node"], writer)
+                hello = frame
+                self._track_job_connection(frame.get("rank"))
+            elif hello["type"] == "agent_hello":
+                if frame["type"] not in wire.AGENT_RECORD_TYPES:
+                    raise wire.FrameError(f"unexpected {frame['type']!r} from torchrun's probe")
+                self._sink(frame)
+            elif frame["type"] == "batch":
+                for item in frame["items"]:
+                    if item["rank"] != hello["rank"]:
+                        raise wire.FrameError(f"rank {hello['rank']} sent a record for rank {item['rank']}")
+                    self._sink(item)
+            else:
+                raise wire.FrameError(f"unexpected {frame['type']!r} after hello")
 
 
 def _authenticate(frame: wire.Frame, token: str, writer: asyncio.StreamWriter) -> None:

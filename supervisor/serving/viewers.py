@@ -11,7 +11,7 @@ supervisor's loop must not stall on a dashboard.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import BinaryIO
 
 from ddptop.core import wire
@@ -48,12 +48,11 @@ class Viewers:
         self._queues.clear()
 
     async def serve(
-        self, hello: wire.Frame, early: list[wire.Frame], reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter, decoder: wire.FrameDecoder, on_command: CommandHandler,
+        self, hello: wire.Frame, stream: AsyncIterator[wire.Frame], writer: asyncio.StreamWriter, on_command: CommandHandler
     ) -> None:
         """Stream to one viewer until the job ends or it leaves.
 
-        early holds frames that arrived with the hello. A bad frame from the
+        stream is the viewer's frames after its hello. A bad frame from the
         viewer raises wire.FrameError, for the collector to count and log.
         """
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUE_MAX)
@@ -61,7 +60,7 @@ class Viewers:
         history_end = self._log.bytes_written  # of the current segment, the last of history
         self._queues.add(queue)
         sender = asyncio.create_task(self._send(writer, queue, history, history_end))
-        commands = asyncio.create_task(_read_commands(early, reader, decoder, on_command))
+        commands = asyncio.create_task(_read_commands(stream, on_command))
         try:
             done, _ = await asyncio.wait({sender, commands}, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -101,19 +100,10 @@ class Viewers:
                 return
 
 
-async def _read_commands(
-    early: list[wire.Frame], reader: asyncio.StreamReader, decoder: wire.FrameDecoder, on_command: CommandHandler
-) -> None:
+async def _read_commands(stream: AsyncIterator[wire.Frame], on_command: CommandHandler) -> None:
     """Commands from a dashboard, until it disconnects."""
-    frames = early
-    while True:
-        for frame in frames:
-            wire.validate(frame)
-            if frame["type"] != "command":
-                raise wire.FrameError(f"a viewer may send commands only, not {frame['type']!r}")
-            on_command(frame)
-        decoder.raise_deferred()
-        data = await reader.read(1 << 16)
-        if not data:
-            return
-        frames = decoder.feed(data)
+    async for frame in stream:
+        wire.validate(frame)
+        if frame["type"] != "command":
+            raise wire.FrameError(f"a viewer may send commands only, not {frame['type']!r}")
+        on_command(frame)

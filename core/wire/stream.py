@@ -1,0 +1,48 @@
+"""Reading frames from a connection: the one read-and-decode loop.
+
+`frames` turns an asyncio stream into its frames, as they arrive, until the
+peer closes; whoever serves a connection iterates it, and may hand the same
+iterator on (the collector hands a dashboard's connection to the viewers'
+code after its hello), so nothing read is lost between owners. A bad frame
+raises FrameError after the good frames before it have been yielded, so a
+hello that says who sent the garbage is not lost with it. `socket_frames`
+is the same for a blocking socket, with a deadline.
+
+Not imported by the wire package itself: ranks only send, and do not need
+asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+
+from ddptop.core.wire.frames import Frame, FrameDecoder
+
+READ_SIZE = 1 << 16
+
+
+async def frames(reader: asyncio.StreamReader) -> AsyncIterator[Frame]:
+    """Every frame of the stream, until the peer closes it."""
+    decoder = FrameDecoder()
+    while data := await reader.read(READ_SIZE):
+        for frame in decoder.feed(data):
+            yield frame
+        decoder.raise_deferred()
+
+
+def socket_frames(sock: socket.socket, deadline: float) -> Iterator[Frame]:
+    """Frames from a blocking socket until it closes or time.monotonic() passes deadline."""
+    decoder = FrameDecoder()
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            data = sock.recv(READ_SIZE)
+        except TimeoutError:
+            return
+        if not data:
+            return
+        yield from decoder.feed(data)
+        decoder.raise_deferred()

@@ -1,0 +1,42 @@
+"""Reading a failed rank's stderr: what of it a crash verdict shows, and the line that says how it died."""
+
+from __future__ import annotations
+
+
+def crash_excerpt(log: list[str], lines: int) -> list[str]:
+    """What of a failed rank's stderr tail a crash verdict carries.
+
+    A faulthandler report (a fatal signal) is kept from its first line on,
+    less the threads that were in no Python code (gloo's and other native
+    threads, which ddptop gives a Python thread state), so that the error
+    and the Python stacks fit; any other log gives its last lines.
+    """
+    start = next((i for i, line in enumerate(log) if line.startswith("Fatal Python error")), None)
+    if start is None:
+        return log[-lines:]
+    kept: list[str] = []
+    report = log[start:]
+    index = 0
+    while index < len(report):
+        if report[index].startswith("Thread 0x") and index + 1 < len(report) and "<no Python frame>" in report[index + 1]:
+            index += 3 if index + 2 < len(report) and not report[index + 2].strip() else 2
+            continue
+        kept.append(report[index])
+        index += 1
+    return kept[: 3 * lines]
+
+
+def last_error_line(log: list[str]) -> str | None:
+    """The line of a rank's stderr that best says how it died.
+
+    faulthandler's report of a fatal signal ends with a list of extension
+    modules; the telling part is the error and the innermost Python frame of
+    the thread that took the signal (listed after the other threads).
+    """
+    for index, line in enumerate(log):
+        if line.startswith("Fatal Python error"):
+            report = log[index:]
+            current = next((i for i, f in enumerate(report) if f.startswith("Current thread")), 0)
+            frame = next((f.strip() for f in report[current:] if f.strip().startswith("File ")), None)
+            return line.strip() + (f" in {frame}" if frame else "")
+    return next((line.strip() for line in reversed(log) if line.strip()), None)

@@ -1,0 +1,43 @@
+"""What the watchdog does about each kind of verdict: the user's policy, mapped
+to actions in one place.
+
+The rules (rules/) only say what they saw; `action_for` decides, from the
+options `ddptop launch` was given, whether a verdict restarts the worker
+group, stops the job or is an alert alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HANG_TIMEOUT_S = 300.0
+"""Default: generous for a first step that compiles, well under NCCL's 10 min."""
+
+CRASH_LOOP = 3
+CRASH_LOOP_WINDOW_S = 600.0
+"""Default: three alike failures in ten minutes are a loop, not bad luck."""
+
+NONE, RESTART, STOP = "none", "restart", "stop"
+"""Actions: alert only, restart the worker group, stop the job."""
+
+
+@dataclass(frozen=True)
+class WatchPolicy:
+    on_nan: str = "auto"
+    on_desync: str = "warn"
+    on_hang: str = RESTART
+    hang_timeout: float = HANG_TIMEOUT_S
+    crash_loop: int = CRASH_LOOP
+    crash_loop_window: float = CRASH_LOOP_WINDOW_S
+
+    def action_for(self, kind: str) -> str:
+        """The action a verdict of this kind calls for."""
+        if kind == "nan":
+            return self.on_nan if self.on_nan in (RESTART, STOP) else NONE
+        if kind == "desync":
+            return self.on_desync if self.on_desync in (RESTART, STOP) else NONE
+        if kind == "hang":
+            return self.on_hang
+        if kind == "crash-loop":
+            return STOP
+        return NONE

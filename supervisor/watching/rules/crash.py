@@ -1,0 +1,123 @@
+"""Crash: a worker that torchrun saw fail, named as the cause of its attempt's failures.
+
+torchrun's probe reports each failed worker (worker_failure). The failures
+of one poll, and the ones a first failure causes, arrive within a moment;
+they are gathered for FAILURE_GATHER_S and make one verdict, naming the
+rank that failed first, how, where it was, and the last words it left
+(its uncaught exception, or the end of its stderr). Deaths the supervisor
+caused, and failures in an attempt already judged or ended on purpose, are
+consequences, not crashes.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+
+from ddptop.core import wire
+from ddptop.core.model.events import exit_reason
+from ddptop.core.model.job import JobState
+from ddptop.supervisor.watching.failures import last_error_line
+from ddptop.supervisor.watching.liveness import Liveness
+from ddptop.supervisor.watching.policy import WatchPolicy
+from ddptop.supervisor.watching.rules.crash_loop import CrashLoop
+from ddptop.supervisor.watching.verdict import Verdict, ranks_text
+
+FAILURE_GATHER_S = 0.3
+"""torchrun reports the failures of one poll together; the ones a first
+failure causes follow within a moment. They make one verdict."""
+
+STOPPED = {0, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP}
+"""Exit codes of a rank that torchrun (or the user) stopped, rather than one that failed."""
+
+
+class CrashRule:
+    def __init__(
+        self,
+        policy: WatchPolicy,
+        state: JobState,
+        liveness: Liveness,
+        log_tail: Callable[[wire.Frame], list[str]],
+        clock: Callable[[], float],
+    ) -> None:
+        self.state = state
+        self.clock = clock
+        self.liveness = liveness
+        self.log_tail = log_tail
+        self.loop = CrashLoop(policy)
+        self._failures: list[wire.Frame] = []
+        self._failures_since = 0.0
+        self._expected_deaths: set[int] = set()
+        self._ended = -1
+        """The newest attempt ended on purpose or already judged: its failures are consequences."""
+
+    def expect_deaths(self, pids: set[int]) -> None:
+        self._expected_deaths |= pids
+
+    def end_attempt(self, attempt: int) -> None:
+        self._ended = max(self._ended, attempt)
+
+    def judging(self) -> bool:
+        return bool(self._failures)
+
+    def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
+        if record.get("type") == "worker_failure" and record["pid"] not in self._expected_deaths and record["restart"] > self._ended:
+            if not self._failures:
+                self._failures_since = now
+            self._failures.append(record)
+        return []
+
+    def final(self) -> list[Verdict]:
+        return self.tick(float("inf"))
+
+    def tick(self, now: float) -> list[Verdict]:
+        if not self._failures or now - self._failures_since < FAILURE_GATHER_S:
+            return []
+        failures, self._failures = self._failures, []
+        failures.sort(key=self._cause_first)
+        first = failures[0]
+        rank = first["rank"]
+        # What fails later in this attempt failed of this: on other nodes the
+        # broken collective surfaces a moment after, in a gather of its own.
+        self.end_attempt(first["restart"])
+        state = self.state.ranks.get(rank)
+        where = "" if state is None else (" before its first step" if state.step < 0 else f" after step {state.step} (in {state.phase})")
+        tail = self.log_tail(first)
+        error = self._error_line(first, tail)
+        exceptions = self.liveness.exceptions
+        text = f"rank {rank} {'failed with ' if first['exitcode'] >= 0 else 'was '}{exit_reason(first['exitcode'])}{where}"
+        if error is not None:
+            text += f": {error}" if exceptions.get(rank) or first.get("message") else f"; its log ends: {error}"
+        others = sorted({f["rank"] for f in failures} - {rank})
+        if others:
+            text += f" ({ranks_text(others)} failed after it)"
+        crash = Verdict(
+            "crash",
+            text,
+            ranks=[rank],
+            step=None if state is None or state.step < 0 else state.step,
+            details={"exitcode": first["exitcode"], "log": tail, "traceback": exceptions.get(rank) or first.get("message")},
+        )
+        # Ranks that fail alike at once come first in any order, and only one
+        # may have said why (rank 0 printing a usage error): the loop check
+        # takes the first words any of them left.
+        said = error if error is not None else next((line for f in failures[1:] if (line := self._error_line(f)) is not None), None)
+        return [crash, *self.loop.after(crash, said, self.clock())]
+
+    def _cause_first(self, failure: wire.Frame) -> tuple[int, float, float]:
+        """A rank killed by a hard signal (SIGKILL, SIGSEGV...) is a cause, never
+        a consequence: the others die of a collective's error or of torchrun's
+        SIGTERM. A rank that exited with a status of its own comes before one
+        that torchrun stopped (it may have closed its connection first, and
+        may even have said why: its words still count). Among the rest, the
+        first connection to close goes first."""
+        code = failure["exitcode"]
+        order = 2 if code in STOPPED else 1 if code > 0 else 0
+        return order, self.liveness.gone.get(failure["rank"], float("inf")), failure["wall"]
+
+    def _error_line(self, failure: wire.Frame, tail: list[str] | None = None) -> str | None:
+        """The last line of a failed rank's own exception, or of its stderr (tail, if already read)."""
+        error = self.liveness.exceptions.get(failure["rank"]) or failure.get("message")
+        if error and error.strip():
+            return error.strip().splitlines()[-1]
+        return last_error_line(self.log_tail(failure) if tail is None else tail)

@@ -1,0 +1,45 @@
+"""Crash loop: the same failure --crash-loop times within --crash-loop-window.
+
+"The same" is the exit status and the error's last line with numbers
+blanked (addresses, sizes and step numbers vary between attempts); which
+rank fails first may change, so it is not part of it. A failure that left
+no words is alike to any of its exit status: whether the rank that would
+have said why did so before torchrun stopped it (another rank failing
+first, silently) varies between attempts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+from ddptop.core.model.events import exit_status
+from ddptop.supervisor.watching.policy import WatchPolicy
+from ddptop.supervisor.watching.verdict import Verdict
+
+
+class CrashLoop:
+    def __init__(self, policy: WatchPolicy) -> None:
+        self.policy = policy
+        self._crashes: deque[tuple[float, tuple[int, str]]] = deque()
+
+    def after(self, crash: Verdict, said: str | None, now: float) -> list[Verdict]:
+        """A crash verdict was given; said: the words the failure left, if any."""
+        exitcode = crash.details["exitcode"]
+        words = re.sub(r"0x[0-9a-fA-F]+|\d+", "#", said or "")
+        self._crashes.append((now, (exitcode, words)))
+        while self._crashes and now - self._crashes[0][0] > self.policy.crash_loop_window:
+            self._crashes.popleft()
+        alike = [t for t, (code, said_then) in self._crashes if code == exitcode and (said_then == words or not said_then or not words)]
+        if len(alike) < self.policy.crash_loop:
+            return []
+        self._crashes.clear()
+        return [
+            Verdict(
+                "crash-loop",
+                f"the same failure {len(alike)} times in {now - alike[0]:.0f} s, stopping the job: {crash.text}",
+                ranks=crash.ranks,
+                step=crash.step,
+                details={"exitcode": exitcode, "exit_status": exit_status(exitcode)},
+            )
+        ]

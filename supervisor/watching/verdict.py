@@ -1,0 +1,40 @@
+"""A watchdog verdict, and how it is recorded as an `alert`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddptop.core import wire
+
+
+@dataclass
+class Verdict:
+    kind: str
+    text: str
+    action: str = "none"
+    """none, restart (the group) or stop (the job): set from the policy (policy.py)."""
+    ranks: list[int] = field(default_factory=list)
+    step: int | None = None
+    stacks: list[int] = field(default_factory=list)
+    """Ranks whose Python stacks to collect before acting."""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def record(self) -> wire.Frame:
+        return {
+            "type": "alert",
+            "wall": time.time(),
+            "kind": self.kind,
+            "rank": self.ranks[0] if len(self.ranks) == 1 else None,
+            "ranks": self.ranks,
+            "step": self.step,
+            "text": self.text,
+            "action": self.action,
+            **self.details,
+        }
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """"rank 3" or "ranks 0,1,2", as verdicts name them."""
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, sorted(ranks)))
