@@ -86,7 +86,7 @@ def supervise(run_path: str, results: multiprocessing.Queue, stop: Connection) -
 
 
 def generate(socket_path: str, ranks: int, rate: float, seconds: float, results: multiprocessing.Queue) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a connection per synthetic rank
     sent = asyncio.run(synthetic_job(Path(socket_path), ranks, rate, steps=int(seconds * rate), nan_every=500, checksum_every=100))
     results.put(sum(sent))

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ddptop
 from ddptop.core import rundir
@@ -147,7 +147,7 @@ def list_runs(argv: list[str]) -> int:
     parser = OneLineParser(prog="ddptop ls")
     parser.add_argument("--json", action="store_true", help="one JSON array, for scripts")
     opts = parser.parse_args(argv)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for run in rundir.all_runs():
         meta = run.read_meta()
         rows.append(

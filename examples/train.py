@@ -113,7 +113,7 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
-    if args.checkpoint_every < 0 or args.checkpoint_every and args.checkpoint_dir is None:
+    if args.checkpoint_every < 0 or (args.checkpoint_every and args.checkpoint_dir is None):
         parser.error("--checkpoint-every takes a positive N and needs --checkpoint-dir")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.samples < world * args.batch_size:

@@ -70,8 +70,8 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
         "version": ddptop.__version__,
     }
     run.write_meta(meta)
-    dashboard = not args.options.headless and sys.stdout.isatty()
-    if dashboard:
+    with_dashboard = not args.options.headless and sys.stdout.isatty()
+    if with_dashboard:
         release_nvml(nvml)  # NVML is not fork-safe: the supervisor child opens its own
         if os.fork() != 0:
             place.close()  # the supervisor child holds the sockets now
@@ -89,7 +89,7 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
     for notice in notices:
         supervisor.record({"type": "notice", "wall": time.time(), "text": notice})
     code = asyncio.run(supervisor.main({**meta, "wall": meta["started"]}))
-    if dashboard:
+    if with_dashboard:
         os._exit(code)
     return code
 

@@ -26,7 +26,7 @@ def load_nvml() -> ModuleType | None:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:
+    except Exception:  # noqa: BLE001 - NVML raises its own error types, and a driver may lack any call
         return None
     return pynvml
 
@@ -36,7 +36,7 @@ def release_nvml(nvml: ModuleType | None) -> None:
     if nvml is not None:
         try:
             nvml.nvmlShutdown()
-        except Exception:
+        except Exception:  # noqa: BLE001 - NVML raises its own error types, and a driver may lack any call
             return
 
 
@@ -45,7 +45,7 @@ def gpu_count(nvml: ModuleType | None) -> int:
         return 0
     try:
         return int(nvml.nvmlDeviceGetCount())
-    except Exception:
+    except Exception:  # noqa: BLE001 - NVML raises its own error types, and a driver may lack any call
         return 0
 
 
@@ -58,11 +58,12 @@ class NvmlReader:
         self._unsupported: set[str] = set()
         self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(gpu_count(nvml))]
 
-    def _read(self, field: str, call: Callable[[], Any]) -> Any:
+    def _read(self, field: str, call: Callable[..., Any], *args: Any) -> Any:
+        """call(*args), or None once NVML has said this driver cannot read field."""
         if field in self._unsupported:
             return None
         try:
-            return call()
+            return call(*args)
         except self._nvml.NVMLError as exc:
             self._unsupported.add(field)
             self._warn(f"NVML cannot read {field} ({exc}); shown as N/A")
@@ -71,11 +72,11 @@ class NvmlReader:
     def gpus(self) -> list[dict[str, Any]]:
         nvml, out = self._nvml, []
         for index, handle in enumerate(self._handles):
-            name = self._read("name", lambda: nvml.nvmlDeviceGetName(handle))
-            util = self._read("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
-            mem = self._read("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
-            temp = self._read("temperature", lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
-            power = self._read("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+            name = self._read("name", nvml.nvmlDeviceGetName, handle)
+            util = self._read("utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
+            mem = self._read("memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+            temp = self._read("temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
+            power = self._read("power", nvml.nvmlDeviceGetPowerUsage, handle)
             out.append(
                 {
                     "index": index,
@@ -93,7 +94,7 @@ class NvmlReader:
         """pid -> (GPU index, bytes used) for every compute process NVML sees."""
         found: dict[int, tuple[int, int | None]] = {}
         for index, handle in enumerate(self._handles):
-            procs = self._read("processes", lambda: self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)) or []
+            procs = self._read("processes", self._nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
             for proc in procs:
                 found[int(proc.pid)] = (index, proc.usedGpuMemory)
         return found

@@ -80,6 +80,7 @@ class Supervisor:
         self.watchdog = Watchdog(watch or WatchPolicy(), self.state, self._crash_log)
         self.role = role_of(self.cluster, self.hub, self.on_command, self._lost_aggregator)
         self._stack_waiters: dict[int, asyncio.Future[None]] = {}
+        self._tasks: set[asyncio.Future[None]] = set()
         self.exporter: PrometheusExporter | None = None
         self._verdicts: list[Verdict] = []
         self._stop_signal: int | None = None
@@ -99,7 +100,9 @@ class Supervisor:
         if action == "stacks":
             ours = self.torchrun.descendants()
             for rank in command.get("ranks") or []:
-                asyncio.ensure_future(self._collect_stack(rank, ours))
+                task = asyncio.ensure_future(self._collect_stack(rank, ours))
+                self._tasks.add(task)  # the loop holds tasks weakly: keep each until it is done
+                task.add_done_callback(self._tasks.discard)
             return
         if action == "stop":
             self._note(None, f"stop requested {source}")
@@ -140,9 +143,8 @@ class Supervisor:
             # Another node's restart too (its node field is torchrun's group
             # rank, not ours): a probe lets through only its own number's go.
             self._restarts_held.append(record["restart"])
-        elif kind == "stack" and (waiter := self._stack_waiters.pop(record["rank"], None)) is not None:
-            if not waiter.done():
-                waiter.set_result(None)
+        elif kind == "stack" and (waiter := self._stack_waiters.pop(record["rank"], None)) is not None and not waiter.done():
+            waiter.set_result(None)
         if self.role.judges:
             self._verdicts += self.watchdog.observe(record)
 
@@ -225,14 +227,7 @@ class Supervisor:
         self.run.update_meta(torchrun_pid=self.torchrun.pid)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(signum, self._on_signal, signum)
-        periodic = background + [
-            asyncio.create_task(_every(SAMPLE_S, self._sample)),
-            asyncio.create_task(_every(STATE_S, self._record_totals)),
-            asyncio.create_task(_every(self.summary_every, self._print_summary)),
-            asyncio.create_task(_every(FLUSH_S, self._flush)),
-            asyncio.create_task(_every(WATCH_S, self._watch)),
-            asyncio.create_task(_every(heap.TRIM_S, self._trim_heap)),
-        ]
+        periodic = [*background, asyncio.create_task(_every(SAMPLE_S, self._sample)), asyncio.create_task(_every(STATE_S, self._record_totals)), asyncio.create_task(_every(self.summary_every, self._print_summary)), asyncio.create_task(_every(FLUSH_S, self._flush)), asyncio.create_task(_every(WATCH_S, self._watch)), asyncio.create_task(_every(heap.TRIM_S, self._trim_heap))]
         code = await self.torchrun.wait()
         for task in periodic:
             task.cancel()

@@ -107,7 +107,7 @@ def test_a_checkpoint_of_another_shape_is_refused_in_one_line(tmp_path):
 def test_an_unwritable_directory_is_refused_at_resume_and_at_checkpoint(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    model, optimizer, scheduler = make()
+    model, optimizer, _scheduler = make()
     with pytest.raises(CheckpointError, match=f"checkpoint directory {blocker / 'ckpt'} is not writable"):
         monitor.resume(model, optimizer, directory=blocker / "ckpt")
     with pytest.raises(CheckpointError, match=f"cannot write a checkpoint in {blocker / 'ckpt'}"):

@@ -36,7 +36,7 @@ async def test_socket_is_private(collector):
 
 
 async def test_hello_and_batched_records_reach_the_sink(collector):
-    coll, path, records = collector
+    _coll, path, records = collector
     _, writer = await asyncio.open_unix_connection(str(path))
     writer.write(wire.encode(HELLO) + wire.encode({"type": "batch", "items": [STEP, {**STEP, "step": 1}]}))
     await writer.drain()

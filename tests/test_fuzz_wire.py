@@ -49,7 +49,7 @@ def type_confused(draw: st.DrawFn) -> bytes:
     frame = dict(draw(st.sampled_from(VALID)))
     key = draw(st.sampled_from(sorted(k for k in frame if k != "type")))
     allowed = wire.SCHEMAS[frame["type"]][key][0]
-    frame[key] = draw(ANY.filter(lambda v: v is not None and (not isinstance(v, allowed) or isinstance(v, bool) and bool not in allowed)))
+    frame[key] = draw(ANY.filter(lambda v: v is not None and (not isinstance(v, allowed) or (isinstance(v, bool) and bool not in allowed))))
     return wire.encode(frame)
 
 
@@ -117,7 +117,7 @@ def test_bad_frames_never_hurt_the_supervisor_or_the_job(ddptop_home, tmp_path):
 
     throw()
     fuzz_s = time.monotonic() - started
-    out, err = job.communicate(timeout=300)
+    _out, err = job.communicate(timeout=300)
     assert job.returncode == 0, err[-3000:]
     records = list(rundir.read_events(run))
     refused = [r for r in records if r["type"] == "wire_error"]

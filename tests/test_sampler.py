@@ -24,7 +24,7 @@ def test_gpu_readings_and_per_process_memory():
     me = os.getpid()
     nvml = FakeNvml(gpus=2, processes={1: [(me, 3 * 2**30)]})
     record = Sampler(nvml).sample({5: me})
-    gpu0, gpu1 = record["gpus"]
+    _gpu0, gpu1 = record["gpus"]
     assert gpu1 == {
         "index": 1, "name": "NVIDIA H100 80GB HBM3", "util": 51.0, "mem_used": 2 * 2**30,
         "mem_total": 80 * 2**30, "temperature": 41.0, "power_w": 250.0,

@@ -55,11 +55,11 @@ def test_records_arrive_in_order_after_the_hello(listener):
 
 
 def test_a_stalled_listener_costs_drops_not_waiting(listener):
-    server, address = listener  # accepts (backlog) but never reads
+    _server, address = listener  # accepts (backlog) but never reads
     sender = Sender(address, HELLO, heartbeat, queue_max=1000)
     sender.start()
     big = {**step(0), "loss": 1.0}
-    for i in range(200_000):
+    for _i in range(200_000):
         sender.put(big)
     wait_for(lambda: sender.dropped > 0, 10, "drops to be counted while the listener stalls")
     sender.close(timeout=3)

@@ -111,7 +111,7 @@ def test_gpu_values_hold_a_record_until_readable_never_blocking():
 
 
 def test_a_value_that_never_becomes_readable_is_dropped_not_waited_for():
-    tracker, out, clock = make()
+    tracker, out, _clock = make()
     for _ in range(12):
         tracker.forward_begin(8)
         tracker.optimizer_begin({"grad_norm": NotYet(1.0)})
@@ -122,7 +122,7 @@ def test_a_value_that_never_becomes_readable_is_dropped_not_waited_for():
 
 
 def test_a_late_value_read_as_none_leaves_its_field_out():
-    tracker, out, clock = make()
+    tracker, out, _clock = make()
     tracker.forward_begin(8)
     tracker.optimizer_begin({"grad_norm": NotYet(None), "nonfinite": NotYet(True)})
     tracker.optimizer_end({})
@@ -131,7 +131,7 @@ def test_a_late_value_read_as_none_leaves_its_field_out():
 
 
 def test_phase_follows_the_hooks():
-    tracker, _, clock = make()
+    tracker, _, _clock = make()
     assert tracker.phase == "startup"
     tracker.forward_begin(1)
     assert tracker.phase == "forward"

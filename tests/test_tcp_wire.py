@@ -79,7 +79,7 @@ async def test_ranks_do_not_connect_over_tcp(aggregator):
 
 
 async def test_nodes_join_once_each_and_forward_their_ranks_records(aggregator):
-    coll, port, records, agg = aggregator
+    _coll, port, records, agg = aggregator
     auth = wire.encode({"type": "auth", "token": TOKEN})
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(auth + wire.encode(node_hello(1)) + wire.encode(HELLO) + wire.encode(STEP))
@@ -130,6 +130,5 @@ def test_listen_parses_ports_and_hosts():
     assert endpoints.parse("[::1]:9000") == ("::1", 9000)
     with pytest.raises(UsageError, match="out of range"):
         endpoints.parse("70000")
-    with socket.create_server(("127.0.0.1", 0)) as taken:
-        with pytest.raises(UsageError, match="Address already in use"):
-            endpoints.listen("127.0.0.1", taken.getsockname()[1], "x")
+    with socket.create_server(("127.0.0.1", 0)) as taken, pytest.raises(UsageError, match="Address already in use"):
+        endpoints.listen("127.0.0.1", taken.getsockname()[1], "x")

@@ -248,7 +248,7 @@ def test_the_same_failure_three_times_in_the_window_is_a_crash_loop():
     assert [v.kind for v in crash_once(dog, state, clock, 0, "RuntimeError: out of memory at 0x7f01")] == ["crash"]
     assert [v.kind for v in crash_once(dog, state, clock, 1, "ValueError: something else")] == ["crash"]
     assert [v.kind for v in crash_once(dog, state, clock, 2, "RuntimeError: out of memory at 0x7f99")] == ["crash"]
-    crash, loop = crash_once(dog, state, clock, 3, "RuntimeError: out of memory at 0x7faa")
+    _crash, loop = crash_once(dog, state, clock, 3, "RuntimeError: out of memory at 0x7faa")
     assert (loop.kind, loop.action, loop.details["exit_status"]) == ("crash-loop", "stop", 1)
     assert loop.text.startswith("the same failure 3 times in 3 s, stopping the job: rank 0 failed with exit code 1")
     assert loop.text.endswith("RuntimeError: out of memory at 0x7faa")

@@ -32,7 +32,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import torch
 import torch.distributed as dist
@@ -155,7 +155,7 @@ def _write(directory: Path, step: int, state: dict[str, Any]) -> Path:
     temp = directory / f".step-{step:08d}.{os.getpid()}.tmp"
     with open(temp, "wb") as stream:
         writer = _HashingWriter(stream)
-        torch.save(state, writer)
+        torch.save(state, cast(BinaryIO, writer))  # a file-like object that hashes what passes through
         stream.flush()
         os.fsync(stream.fileno())
     final = directory / f"step-{step:08d}.{writer.digest.hexdigest()[:DIGEST_CHARS]}.pt"
@@ -176,14 +176,21 @@ def _fsync_dir(directory: Path) -> None:
 def candidates(directory: Path) -> list[Path]:
     """Checkpoint files by name, newest step first."""
     found = [p for p in directory.iterdir() if NAME.match(p.name)] if directory.is_dir() else []
-    return sorted(found, key=lambda p: (int(NAME.match(p.name)[1]), p.stat().st_mtime), reverse=True)
+    return sorted(found, key=lambda p: (int(_step(p)), p.stat().st_mtime), reverse=True)
+
+
+def _step(path: Path) -> str:
+    """The step in a checkpoint's name; only names NAME matches are passed here."""
+    match = NAME.match(path.name)
+    assert match is not None, path
+    return match[1]
 
 
 def _prune(directory: Path, keep: int, written: Path) -> None:
     """Keep the newest `keep`; drop others of the same step and dead writers' temp files."""
-    step = NAME.match(written.name)[1]
+    step = _step(written)
     for path in candidates(directory):
-        if path != written and NAME.match(path.name)[1] == step:
+        if path != written and _step(path) == step:
             path.unlink(missing_ok=True)
     for path in candidates(directory)[keep:]:
         path.unlink(missing_ok=True)
@@ -199,7 +206,8 @@ def intact(path: Path) -> bool:
     with open(path, "rb") as stream:
         while chunk := stream.read(READ_CHUNK):
             digest.update(chunk)
-    return digest.hexdigest()[:DIGEST_CHARS] == NAME.match(path.name)[2]
+    match = NAME.match(path.name)
+    return match is not None and digest.hexdigest()[:DIGEST_CHARS] == match[2]
 
 
 def load_newest(directory: Path) -> tuple[dict[str, Any], Path, list[str]] | None:
@@ -235,8 +243,8 @@ def restore(
         if scheduler is not None and state["scheduler"] is not None:
             scheduler.load_state_dict(state["scheduler"])
     except (RuntimeError, ValueError, KeyError) as exc:
-        reason = str(exc).strip().splitlines()
-        reason = next((line.strip() for line in reason[1:] if line.strip()), reason[0] if reason else type(exc).__name__)
+        lines = str(exc).strip().splitlines()
+        reason = next((line.strip() for line in lines[1:] if line.strip()), lines[0] if lines else type(exc).__name__)
         raise CheckpointError(f"checkpoint {path} does not fit this model: {reason}") from None
     rngs = state["rng"]
     if len(rngs) == world:

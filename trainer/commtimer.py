@@ -16,18 +16,13 @@ from typing import Any
 
 def union_ms(intervals: list[tuple[float, float]]) -> float:
     """Total length covered by possibly overlapping [start, end] intervals."""
-    total = 0.0
-    cur_start = cur_end = None
+    merged: list[list[float]] = []
     for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
         else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
+            merged.append([start, end])
+    return sum(end - start for start, end in merged)
 
 
 class WallSpans:

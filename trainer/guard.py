@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -131,7 +131,7 @@ def grad_norm(grads: list[torch.Tensor]) -> float | None:
     return float(_total(torch._foreach_norm(grads)))
 
 
-def _total(norms: list[torch.Tensor]) -> torch.Tensor:
+def _total(norms: Sequence[torch.Tensor]) -> torch.Tensor:
     """The L2 norm of per-tensor norms, on the first one's device, unread."""
     if len(norms) == 1:
         return norms[0]
@@ -168,7 +168,11 @@ def verdict_late(grads: list[torch.Tensor], local_sums: list[Any], clip_grad: fl
         return fields(verdict.tolist())
     read = late.Derived(late.LateTensor(verdict), fields)
     keys = ("grad_norm", "clipped", "nonfinite", "local_nonfinite")
-    return {key: late.Derived(read, lambda values, key=key: values.get(key)) for key in keys}
+    return {key: late.Derived(read, _field(key)) for key in keys}
+
+
+def _field(key: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda values: values.get(key)
 
 
 def _by_device(tensors: list[torch.Tensor]) -> dict[torch.device, list[torch.Tensor]]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from importlib.machinery import ModuleSpec
 from types import ModuleType
 
 
@@ -22,7 +23,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         self._name = name
         self._callback = callback
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != self._name:
             return None
         sys.meta_path.remove(self)

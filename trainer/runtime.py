@@ -132,7 +132,7 @@ def activate() -> None:
             from ddptop.trainer import hooks
 
             hooks.install(tracker, GuardPolicy.from_env())
-        except Exception as exc:  # never break the user's `import torch`
+        except Exception as exc:  # noqa: BLE001 - never break the user's `import torch`
             print(f"ddptop: rank {tracker.rank}: instrumentation off: {exc}", file=sys.stderr)
 
     importwatch.after_import("torch", install_hooks)

@@ -42,7 +42,7 @@ def encode(frame: Frame) -> bytes:
 def _decode_body(body: bytes) -> Frame:
     try:
         frame = msgpack.unpackb(body, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
         raise FrameError(f"undecodable frame: {exc}") from None
     if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
         raise FrameError("frame is not a map with a string 'type'")

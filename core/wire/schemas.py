@@ -225,8 +225,7 @@ def validate(frame: Frame) -> Frame:
     per field.
     """
     kind = frame.get("type")
-    schema = SCHEMAS.get(kind) if isinstance(kind, str) else None
-    if schema is None:
+    if not isinstance(kind, str) or (schema := SCHEMAS.get(kind)) is None:
         raise FrameError(f"unknown frame type {kind!r}")
     _check_fields(kind, schema, frame, _REQUIRED[kind])
     if kind == "command":
@@ -244,7 +243,7 @@ def validate(frame: Frame) -> Frame:
             validate(item)
     elif kind == "summary":
         for key, value in frame["metrics"].items():
-            if not isinstance(key, str) or not (value is None or isinstance(value, _NUM) and value.__class__ is not bool):
+            if not isinstance(key, str) or not (value is None or (isinstance(value, _NUM) and value.__class__ is not bool)):
                 raise FrameError(f"summary: metric {key!r} is not a number")
     elif kind == "sample":
         for key, entry_schema, required in (("procs", _SAMPLE_PROC, _PROC_REQUIRED), ("gpus", _SAMPLE_GPU, _GPU_REQUIRED)):
@@ -263,7 +262,7 @@ def _check_fields(kind: str, schema: dict[str, tuple[tuple[type, ...], bool]], f
                 continue
             raise FrameError(f"{kind}: unknown field {key!r}")
         types = spec[0]
-        if not isinstance(value, types) or value.__class__ is bool and bool not in types:
+        if not isinstance(value, types) or (value.__class__ is bool and bool not in types):
             if value is None and not spec[1]:
                 continue
             raise FrameError(f"{kind}: field {key!r} has type {type(value).__name__}")

@@ -169,8 +169,9 @@ def install(reporter: Reporter, backoff_base: float) -> None:
         os.environ[ATTEMPT_ENV] = str(count)  # the new ranks inherit it
         restart(self, worker_group)
 
-    LocalElasticAgent._monitor_workers = _monitor_workers
-    LocalElasticAgent._restart_workers = _restart_workers
+    # Patching the agent's class is how the probe sees what torchrun alone knows.
+    LocalElasticAgent._monitor_workers = _monitor_workers  # type: ignore[method-assign]
+    LocalElasticAgent._restart_workers = _restart_workers  # type: ignore[method-assign]
 
 
 def main(argv: list[str]) -> int:

@@ -61,7 +61,7 @@ class PrometheusExporter:
         self.node = node
         self._families: list[Family] = []
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(self)  # type: ignore[arg-type]
+        self._registry.register(self)
         self._server: Any = None
 
     def start(self, host: str, port: int) -> None:
@@ -112,8 +112,8 @@ class PrometheusExporter:
                     family.add_metric([str(node), str(index), gpu.name], value / 100.0 if attr == "util" else float(value))
             families.append(family)
         alerts = CounterMetricFamily("ddptop_alerts", "watchdog verdicts, by kind", labels=["kind"])
-        for kind, count in sorted(self.state.alert_kinds.items()):
-            alerts.add_metric([kind], float(count))
+        for kind, n in sorted(self.state.alert_kinds.items()):
+            alerts.add_metric([kind], float(n))
         families.append(alerts)
         families.append(CounterMetricFamily("ddptop_restarts", "restarts of the worker group", value=float(self.state.restarts)))
         families.append(GaugeMetricFamily("ddptop_world_size", "ranks in the job", value=float(self.state.world_size)))

@@ -30,7 +30,7 @@ def see_applied(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> 
 
 
 optimizer.register_step_pre_hook(see_applied)
-for step in range(args.steps):
+for _step in range(args.steps):
     optimizer.zero_grad()
     (model(torch.randn(8, 16)).pow(2).sum() * 1e4).backward()
     optimizer.step()

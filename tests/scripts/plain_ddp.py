@@ -20,7 +20,7 @@ dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-for step in range(args.steps):
+for _step in range(args.steps):
     optimizer.zero_grad()
     for micro in range(2):
         x = torch.randn(args.batch_size, 32)

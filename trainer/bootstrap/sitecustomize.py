@@ -36,5 +36,5 @@ if _is_ddptop_rank():
         from ddptop.trainer import runtime
 
         runtime.activate()
-    except Exception as _exc:  # a broken monitor must never stop training
+    except Exception as _exc:  # noqa: BLE001 - a broken monitor must never stop training
         print(f"ddptop: instrumentation off: {_exc}", file=sys.stderr)

@@ -8,6 +8,7 @@ not per frame: the sparklines change slowly and redraws are not free.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Grid, Vertical
@@ -33,7 +34,7 @@ def _with_unit(metric: Metric) -> Callable[[float | None], str]:
 
 
 class Plot(Vertical):
-    def __init__(self, key: str, title: str, fmt, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, key: str, title: str, fmt: Callable[[float | None], str], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.key, self.title, self.fmt = key, title, fmt
         # Kept, not queried: a refresh may come before the children are mounted.

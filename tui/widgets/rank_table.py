@@ -50,15 +50,15 @@ def _metric_column(header: str, metrics: list[Metric]) -> Column:
         value = first.read(rank)
         return value is None, value or 0.0
 
-    return Column(first.key, header, lambda r, n, l: "/".join(m.format(r) for m in metrics), sort_of)
+    return Column(first.key, header, lambda r, now, live: "/".join(m.format(r) for m in metrics), sort_of)
 
 
 IDENTITY = [
-    Column("node", "NODE", lambda r, n, l: str(r.node), lambda r: (r.node, r.rank)),
-    Column("rank", "RANK", lambda r, n, l: str(r.rank), lambda r: r.rank),
-    Column("pid", "PID", lambda r, n, l: str(r.pid or "-"), lambda r: r.pid),
-    Column("state", "STATE", lambda r, n, l: rank_status(r, n, l), lambda r: r.phase),
-    Column("step", "STEP", lambda r, n, l: "-" if r.step < 0 else str(r.step), lambda r: r.step),
+    Column("node", "NODE", lambda r, now, live: str(r.node), lambda r: (r.node, r.rank)),
+    Column("rank", "RANK", lambda r, now, live: str(r.rank), lambda r: r.rank),
+    Column("pid", "PID", lambda r, now, live: str(r.pid or "-"), lambda r: r.pid),
+    Column("state", "STATE", lambda r, now, live: rank_status(r, now, live), lambda r: r.phase),
+    Column("step", "STEP", lambda r, now, live: "-" if r.step < 0 else str(r.step), lambda r: r.step),
 ]
 COLUMNS = IDENTITY + [_metric_column(header, metrics) for header, metrics in grouped("column")]
 SORTABLE = [c.key for c in COLUMNS if c.key not in ("pid", "state")]
