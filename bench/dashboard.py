@@ -87,8 +87,12 @@ async def measure(run: rundir.RunDir, ranks: int, seconds: float) -> dict:
         cpu_end, wall = me.cpu_times(), time.monotonic() - wall_start
         records = app.state.records - records_start
     used = (cpu_end.user - cpu_start.user) + (cpu_end.system - cpu_start.system)
-    return {"latencies": latencies, "cpu_share": used / wall, "records_per_s": records / wall,
-            "view": "node rollup, cursor keys" if app.showing_nodes() else "rank table, sort key"}
+    return {
+        "latencies": latencies,
+        "cpu_share": used / wall,
+        "records_per_s": records / wall,
+        "view": "node rollup, cursor keys" if app.showing_nodes() else "rank table, sort key",
+    }
 
 
 def main() -> None:
@@ -107,7 +111,9 @@ def main() -> None:
     child.terminate()
     child.join()
     lat = sorted(result["latencies"])
-    print(f"dashboard, {args.ranks} synthetic ranks at {args.rate:g} steps/s, {args.seconds:g} s measured, 200x50 headless, {result['view']}")
+    print(
+        f"dashboard, {args.ranks} synthetic ranks at {args.rate:g} steps/s, {args.seconds:g} s measured, 200x50 headless, {result['view']}"
+    )
     print(f"records ingested:      {result['records_per_s']:,.0f}/s")
     p95 = lat[max(0, round(0.95 * len(lat)) - 1)]
     print(f"keypress to effect:    p50 {statistics.median(lat):.1f} ms, p95 {p95:.1f} ms, max {lat[-1]:.1f} ms over {len(lat)} presses")

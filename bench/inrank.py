@@ -217,8 +217,10 @@ def profile(run: Callable[[], Any]) -> None:
 def report(args: argparse.Namespace, world: int, times: dict[str, list[tuple[float, float]]]) -> None:
     left_out = f"; without {', '.join(args.without)}" if args.without else ""
     ranks = "one rank" if world == 1 else f"rank 0 of {world}"
-    print(f"{ranks} on {device()} ({args.threads} CPU thread), width {args.width}, batch {args.batch_size}, --on-nan {args.on_nan}{left_out}; "
-          f"{args.blocks} alternating blocks of {args.block_steps} steps each")
+    print(
+        f"{ranks} on {device()} ({args.threads} CPU thread), width {args.width}, batch {args.batch_size}, --on-nan {args.on_nan}{left_out}; "
+        f"{args.blocks} alternating blocks of {args.block_steps} steps each"
+    )
     print(f"{'ms/step, median of blocks':<28}{'plain':>9}{'job':>9}{'cost µs':>9}{'ratio':>8}")
     plain = [statistics.median(t[index] for t in times["plain"]) for index in (0, 1)]
     for name in (name for name in times if name != "plain"):
@@ -228,8 +230,10 @@ def report(args: argparse.Namespace, world: int, times: dict[str, list[tuple[flo
             print(f"  {clock:<26}{plain[index]:>9.3f}{cost:>9.3f}{(cost - plain[index]) * 1e3:>9.0f}{plain[index] / cost:>8.3f}")
         paired = sorted(h[0] - p[0] for p, h in zip(times["plain"], times[name]))
         quartiles = statistics.quantiles(paired, n=4)
-        print(f"  wall cost of the same round's blocks, µs: median {statistics.median(paired) * 1e3:.0f}, "
-              f"quartiles {quartiles[0] * 1e3:.0f} to {quartiles[2] * 1e3:.0f}")
+        print(
+            f"  wall cost of the same round's blocks, µs: median {statistics.median(paired) * 1e3:.0f}, "
+            f"quartiles {quartiles[0] * 1e3:.0f} to {quartiles[2] * 1e3:.0f}"
+        )
     print(f"1% of the plain step: {plain[0] * 10:.0f} µs")
 
 
@@ -239,14 +243,19 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--blocks", type=int, default=300, help="blocks per job, alternating")
     parser.add_argument("--block-steps", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch's CPU threads (torchrun sets 1 per rank when a machine runs several)")
+    parser.add_argument("--threads", type=int, default=1, help="torch's CPU threads (torchrun sets 1 per rank when a machine runs several)")
     parser.add_argument("--on-nan", default="auto", help="the guard's policy (auto never waits on CUDA; skip does)")
-    parser.add_argument("--without", action="append", default=[], choices=("comm-hook", "guard"),
-                        help="leave this part of ddptop's instrumentation out (repeatable), to attribute its cost")
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        choices=("comm-hook", "guard"),
+        help="leave this part of ddptop's instrumentation out (repeatable), to attribute its cost",
+    )
     parser.add_argument("--profile", action="store_true", help="first print where the instrumented loop spends its time")
-    parser.add_argument("--floor", action="store_true",
-                        help="also run a bare Python comm hook, and one with a grad norm, beside ddptop (see above)")
+    parser.add_argument(
+        "--floor", action="store_true", help="also run a bare Python comm hook, and one with a grad norm, beside ddptop (see above)"
+    )
     parser.add_argument("--ranks", type=int, default=1, help="ranks, under torchrun when more than one")
     args = parser.parse_args()
     if args.ranks > 1 and "WORLD_SIZE" not in os.environ:

@@ -84,22 +84,26 @@ def main() -> None:
         checks += ["--on-nan", args.on_nan]
     with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *checks, *job]
 
-    results = alternating(args.rounds, {
-        "plain torchrun": lambda: steps_per_s(plain, env),
-        "ddptop": lambda: steps_per_s(with_ddptop, env),
-    })
+    results = alternating(
+        args.rounds,
+        {
+            "plain torchrun": lambda: steps_per_s(plain, env),
+            "ddptop": lambda: steps_per_s(with_ddptop, env),
+        },
+    )
 
     plain_med = statistics.median(results["plain torchrun"])
     ddptop_med = statistics.median(results["ddptop"])
     ratios = [d / p for d, p in zip(results["ddptop"], results["plain torchrun"])]
     print()
-    print(f"example job on {device()}, {args.ranks} ranks, {args.steps} steps, width {args.width}, batch {args.batch_size}, "
-          f"{args.rounds} alternating rounds; ddptop {' '.join(checks)}")
+    print(
+        f"example job on {device()}, {args.ranks} ranks, {args.steps} steps, width {args.width}, batch {args.batch_size}, "
+        f"{args.rounds} alternating rounds; ddptop {' '.join(checks)}"
+    )
     print(f"{'':<16}{'median steps/s':>16}{'min':>10}{'max':>10}")
     for name, values in results.items():
         print(f"{name:<16}{statistics.median(values):>16.1f}{min(values):>10.1f}{max(values):>10.1f}")
-    print(f"ratio ddptop/plain (of medians): {ddptop_med / plain_med:.3f}; per-round ratios: "
-          + " ".join(f"{r:.3f}" for r in ratios))
+    print(f"ratio ddptop/plain (of medians): {ddptop_med / plain_med:.3f}; per-round ratios: " + " ".join(f"{r:.3f}" for r in ratios))
 
 
 if __name__ == "__main__":

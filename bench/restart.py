@@ -51,26 +51,48 @@ def main() -> None:
     args = parser.parse_args()
 
     def job(name: str) -> list[str]:
-        return [str(EXAMPLE), "--steps", str(args.kill_at + 20), "--checkpoint-every", "10",
-                "--checkpoint-dir", tempfile.mkdtemp(prefix=f"ddptop-bench-{name}-"),
-                "--inject", f"kill@{args.kill_at}:{min(1, args.ranks - 1)}"]
+        return [
+            str(EXAMPLE),
+            "--steps",
+            str(args.kill_at + 20),
+            "--checkpoint-every",
+            "10",
+            "--checkpoint-dir",
+            tempfile.mkdtemp(prefix=f"ddptop-bench-{name}-"),
+            "--inject",
+            f"kill@{args.kill_at}:{min(1, args.ranks - 1)}",
+        ]
 
-    env = {**os.environ, "DDPTOP_HOME": tempfile.mkdtemp(prefix="ddptop-bench-"),
-           "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    commands = {
-        "plain torchrun": lambda: [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                   "--nproc-per-node", str(args.ranks), "--max-restarts", "1", *job("plain")],
-        "ddptop": lambda: [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks),
-                           "--max-restarts", "1", *job("ddptop")],
+    env = {
+        **os.environ,
+        "DDPTOP_HOME": tempfile.mkdtemp(prefix="ddptop-bench-"),
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
-    results = alternating(args.rounds, {name: lambda command=command: latency_s(command(), env)
-                                        for name, command in commands.items()}, " s")
+    commands = {
+        "plain torchrun": lambda: [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(args.ranks),
+            "--max-restarts",
+            "1",
+            *job("plain"),
+        ],
+        "ddptop": lambda: [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), "--max-restarts", "1", *job("ddptop")],
+    }
+    results = alternating(
+        args.rounds, {name: lambda command=command: latency_s(command(), env) for name, command in commands.items()}, " s"
+    )
 
     plain, ours = statistics.median(results["plain torchrun"]), statistics.median(results["ddptop"])
     print()
-    print(f"restart latency (death of rank 1 at step {args.kill_at} -> first step after resume), "
-          f"{args.ranks} ranks, {args.rounds} alternating rounds")
+    print(
+        f"restart latency (death of rank 1 at step {args.kill_at} -> first step after resume), "
+        f"{args.ranks} ranks, {args.rounds} alternating rounds"
+    )
     print(f"{'':<16}{'median s':>10}{'min':>8}{'max':>8}")
     for name, values in results.items():
         print(f"{name:<16}{statistics.median(values):>10.2f}{min(values):>8.2f}{max(values):>8.2f}")

@@ -71,8 +71,12 @@ def supervise(run_path: str, results: multiprocessing.Queue, stop: Connection) -
                 hub.record(verdict.record())
             verdicts.clear()
 
-        tasks = [asyncio.create_task(every(1.0, hub.record_totals)), asyncio.create_task(every(WATCH_S, watch)),
-                 asyncio.create_task(every(1.0, hub.log.flush)), asyncio.create_task(every(heap.TRIM_S, heap.trim))]
+        tasks = [
+            asyncio.create_task(every(1.0, hub.record_totals)),
+            asyncio.create_task(every(WATCH_S, watch)),
+            asyncio.create_task(every(1.0, hub.log.flush)),
+            asyncio.create_task(every(heap.TRIM_S, heap.trim)),
+        ]
         stopped = asyncio.Event()
         asyncio.get_running_loop().add_reader(stop.fileno(), stopped.set)
         await stopped.wait()
@@ -142,10 +146,18 @@ def one(ranks: int, rate: float, seconds: float, warmup: float) -> dict:
     used = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     lat = sorted(latencies)
     return {
-        "ranks": ranks, "cpu": used / (t1 - t0), "rss0": rss0, "rss1": rss1,
-        "ingest": len(lat) / (t1 - t0) if lat else 0.0, "sent": sent, "dropped": sent - outcome["steps"],
-        "seen_ranks": outcome["ranks"], "p50": statistics.median(lat) * 1e3, "p99": lat[int(0.99 * (len(lat) - 1))] * 1e3,
-        "bytes_per_rank_step": outcome["log_bytes"] / max(1, outcome["steps"]), "alerts": outcome["alerts"],
+        "ranks": ranks,
+        "cpu": used / (t1 - t0),
+        "rss0": rss0,
+        "rss1": rss1,
+        "ingest": len(lat) / (t1 - t0) if lat else 0.0,
+        "sent": sent,
+        "dropped": sent - outcome["steps"],
+        "seen_ranks": outcome["ranks"],
+        "p50": statistics.median(lat) * 1e3,
+        "p99": lat[int(0.99 * (len(lat) - 1))] * 1e3,
+        "bytes_per_rank_step": outcome["log_bytes"] / max(1, outcome["steps"]),
+        "alerts": outcome["alerts"],
         "rss_samples": rss,
     }
 
@@ -158,13 +170,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds for the ranks to connect first")
     args = parser.parse_args()
     print(f"{args.rate:g} steps/s per rank, {args.seconds:g} s measured after {args.warmup:g} s, one supervisor")
-    print(f"{'ranks':>6} {'sup CPU':>8} {'RSS start':>10} {'RSS end':>9} {'records/s':>10} {'dropped':>8} "
-          f"{'p50 ms':>7} {'p99 ms':>7} {'log B/rank-step':>16} {'alerts':>7}")
+    print(
+        f"{'ranks':>6} {'sup CPU':>8} {'RSS start':>10} {'RSS end':>9} {'records/s':>10} {'dropped':>8} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'log B/rank-step':>16} {'alerts':>7}"
+    )
     for ranks in args.ranks:
         r = one(ranks, args.rate, args.seconds, args.warmup)
-        print(f"{r['ranks']:>6} {r['cpu']:>8.0%} {r['rss0'] / 2**20:>8.0f}Mi {r['rss1'] / 2**20:>7.0f}Mi "
-              f"{r['ingest']:>10,.0f} {r['dropped']:>8} {r['p50']:>7.1f} {r['p99']:>7.1f} "
-              f"{r['bytes_per_rank_step']:>16.0f} {r['alerts']:>7}", flush=True)
+        print(
+            f"{r['ranks']:>6} {r['cpu']:>8.0%} {r['rss0'] / 2**20:>8.0f}Mi {r['rss1'] / 2**20:>7.0f}Mi "
+            f"{r['ingest']:>10,.0f} {r['dropped']:>8} {r['p50']:>7.1f} {r['p99']:>7.1f} "
+            f"{r['bytes_per_rank_step']:>16.0f} {r['alerts']:>7}",
+            flush=True,
+        )
         print(f"{'':>6} RSS every {args.seconds / 10:g} s: " + " ".join(f"{x / 2**20:.0f}" for x in r["rss_samples"]) + " MiB", flush=True)
 
 

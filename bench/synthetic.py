@@ -21,18 +21,40 @@ from ddptop.trainer.sender import flush_interval
 
 def hello(rank: int, world: int, ranks_per_node: int = 8) -> wire.Frame:
     return {
-        "type": "rank_hello", "rank": rank, "local_rank": rank % ranks_per_node, "world_size": world,
-        "node": rank // ranks_per_node, "host": f"node{rank // ranks_per_node}", "pid": 100_000 + rank, "restart": 0,
+        "type": "rank_hello",
+        "rank": rank,
+        "local_rank": rank % ranks_per_node,
+        "world_size": world,
+        "node": rank // ranks_per_node,
+        "host": f"node{rank // ranks_per_node}",
+        "pid": 100_000 + rank,
+        "restart": 0,
     }
 
 
-def step_record(rank: int, step: int, step_ms: float, rng: random.Random, total_steps: int | None = None,
-                nan_every: int | None = None, checksum_every: int | None = None, world: int = 1) -> wire.Frame:
+def step_record(
+    rank: int,
+    step: int,
+    step_ms: float,
+    rng: random.Random,
+    total_steps: int | None = None,
+    nan_every: int | None = None,
+    checksum_every: int | None = None,
+    world: int = 1,
+) -> wire.Frame:
     jitter = 1.0 + 0.05 * (rng.random() - 0.5)
     record: wire.Frame = {
-        "type": "step", "rank": rank, "step": step, "wall": time.time(), "step_ms": step_ms * jitter,
-        "data_ms": 0.5, "samples": 32, "loss": 2.0 * math.exp(-step / 200) + 0.1, "grad_norm": 1.0 + 0.1 * rng.random(),
-        "comm_ms": 0.3 * step_ms * jitter, "comm_bytes": 4 << 20,
+        "type": "step",
+        "rank": rank,
+        "step": step,
+        "wall": time.time(),
+        "step_ms": step_ms * jitter,
+        "data_ms": 0.5,
+        "samples": 32,
+        "loss": 2.0 * math.exp(-step / 200) + 0.1,
+        "grad_norm": 1.0 + 0.1 * rng.random(),
+        "comm_ms": 0.3 * step_ms * jitter,
+        "comm_bytes": 4 << 20,
     }
     if total_steps is not None:
         record["total_steps"] = total_steps
@@ -44,9 +66,16 @@ def step_record(rank: int, step: int, step_ms: float, rng: random.Random, total_
 
 
 async def synthetic_rank(
-    socket_path: Path, rank: int, world: int, rate_hz: float = 10.0, steps: int | None = None,
-    slow_factor: float = 1.0, total_steps: int | None = None, seed: int = 0,
-    nan_every: int | None = None, checksum_every: int | None = None,
+    socket_path: Path,
+    rank: int,
+    world: int,
+    rate_hz: float = 10.0,
+    steps: int | None = None,
+    slow_factor: float = 1.0,
+    total_steps: int | None = None,
+    seed: int = 0,
+    nan_every: int | None = None,
+    checksum_every: int | None = None,
 ) -> int:
     """Play one rank: `steps` steps (forever if None) at rate_hz; return steps sent.
 
@@ -82,12 +111,30 @@ async def synthetic_rank(
     return sent
 
 
-async def synthetic_job(socket_path: Path, world: int, rate_hz: float = 10.0, steps: int | None = None,
-                        slow_rank: int | None = None, total_steps: int | None = None,
-                        nan_every: int | None = None, checksum_every: int | None = None) -> list[int]:
+async def synthetic_job(
+    socket_path: Path,
+    world: int,
+    rate_hz: float = 10.0,
+    steps: int | None = None,
+    slow_rank: int | None = None,
+    total_steps: int | None = None,
+    nan_every: int | None = None,
+    checksum_every: int | None = None,
+) -> list[int]:
     """All ranks of a job; slow_rank, if given, steps at a third of the rate."""
-    return await asyncio.gather(*(
-        synthetic_rank(socket_path, r, world, rate_hz, steps, 3.0 if r == slow_rank else 1.0, total_steps,
-                       nan_every=nan_every, checksum_every=checksum_every)
-        for r in range(world)
-    ))
+    return await asyncio.gather(
+        *(
+            synthetic_rank(
+                socket_path,
+                r,
+                world,
+                rate_hz,
+                steps,
+                3.0 if r == slow_rank else 1.0,
+                total_steps,
+                nan_every=nan_every,
+                checksum_every=checksum_every,
+            )
+            for r in range(world)
+        )
+    )

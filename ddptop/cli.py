@@ -118,8 +118,12 @@ def _run_argument(prog: str, argv: list[str]) -> str:
 
 def attach(argv: list[str]) -> int:
     parser = OneLineParser(prog="ddptop attach")
-    parser.add_argument("target", nargs="?", help="run directory, run id or id prefix (default: your newest running job), "
-                        "or HOST:PORT[,HOST:PORT...] of supervisors that listen on TCP")
+    parser.add_argument(
+        "target",
+        nargs="?",
+        help="run directory, run id or id prefix (default: your newest running job), "
+        "or HOST:PORT[,HOST:PORT...] of supervisors that listen on TCP",
+    )
     parser.add_argument("--token-file", type=Path, help=f"the run's token for TCP (default: ${endpoints.TOKEN_ENV}, or your own run's)")
     opts = parser.parse_args(argv)
     if opts.target is None or not remote.is_address_list(opts.target):

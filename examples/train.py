@@ -109,7 +109,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=8192, help="size of the synthetic dataset")
     parser.add_argument("--checkpoint-dir", type=Path, help="checkpoint here, and resume from here when restarted")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="steps between checkpoints (needs --checkpoint-dir)")
-    parser.add_argument("--inject", type=parse_fault, action="append", default=[], metavar="KIND@STEP:RANK[/ATTEMPT]", help="break the job on purpose (see above)")
+    parser.add_argument(
+        "--inject",
+        type=parse_fault,
+        action="append",
+        default=[],
+        metavar="KIND@STEP:RANK[/ATTEMPT]",
+        help="break the job on purpose (see above)",
+    )
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
@@ -131,9 +138,7 @@ def is_checkpoint_step(args: argparse.Namespace, step: int) -> bool:
 
 
 def make_model(width: int) -> nn.Module:
-    return nn.Sequential(
-        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
-    )
+    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
 
 
 def make_loader(args: argparse.Namespace, rank: int, world: int) -> DataLoader:
@@ -168,8 +173,11 @@ def inject_before_step(faults: Faults, step: int, step_s: float, model: nn.Modul
         faults.slow_s = 5 * step_s
     if faults.slow_s:
         time.sleep(faults.slow_s)
-    for kind, die in (("crash", lambda: sys.exit(3)), ("segv", lambda: os.kill(os.getpid(), signal.SIGSEGV)),
-                      ("kill", lambda: os.kill(os.getpid(), signal.SIGKILL))):
+    for kind, die in (
+        ("crash", lambda: sys.exit(3)),
+        ("segv", lambda: os.kill(os.getpid(), signal.SIGSEGV)),
+        ("kill", lambda: os.kill(os.getpid(), signal.SIGKILL)),
+    ):
         if faults.at(step, kind):
             print(f"injected {kind} at step {step}, wall {time.time():.3f}", file=sys.stderr, flush=True)
             die()
@@ -185,8 +193,9 @@ def inject_before_step(faults: Faults, step: int, step_s: float, model: nn.Modul
         handle = param.register_hook(poison)
 
 
-def checkpoint(args: argparse.Namespace, faults: Faults, step: int, model: nn.Module,
-               optimizer: torch.optim.Optimizer, epoch: int, offset: int) -> None:
+def checkpoint(
+    args: argparse.Namespace, faults: Faults, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, offset: int
+) -> None:
     if faults.at(step, "ckpt-kill"):
         print(f"injected ckpt-kill at step {step}, wall {time.time():.3f}", file=sys.stderr, flush=True)
         os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)  # all bytes written, none durable

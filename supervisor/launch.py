@@ -82,8 +82,12 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
         run.write_meta(meta)
     opts = args.options
     watch = WatchPolicy(
-        on_nan=opts.on_nan, on_desync=opts.on_desync, on_hang=opts.on_hang, hang_timeout=opts.hang_timeout,
-        crash_loop=opts.crash_loop, crash_loop_window=opts.crash_loop_window,
+        on_nan=opts.on_nan,
+        on_desync=opts.on_desync,
+        on_hang=opts.on_hang,
+        hang_timeout=opts.hang_timeout,
+        crash_loop=opts.crash_loop,
+        crash_loop_window=opts.crash_loop_window,
     )
     supervisor = Supervisor(run, Torchrun(plan), Sampler(nvml), opts.summary_every, watch, place, prometheus)
     for notice in notices:

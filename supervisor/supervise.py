@@ -227,7 +227,15 @@ class Supervisor:
         self.run.update_meta(torchrun_pid=self.torchrun.pid)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(signum, self._on_signal, signum)
-        periodic = [*background, asyncio.create_task(_every(SAMPLE_S, self._sample)), asyncio.create_task(_every(STATE_S, self._record_totals)), asyncio.create_task(_every(self.summary_every, self._print_summary)), asyncio.create_task(_every(FLUSH_S, self._flush)), asyncio.create_task(_every(WATCH_S, self._watch)), asyncio.create_task(_every(heap.TRIM_S, self._trim_heap))]
+        periodic = [
+            *background,
+            asyncio.create_task(_every(SAMPLE_S, self._sample)),
+            asyncio.create_task(_every(STATE_S, self._record_totals)),
+            asyncio.create_task(_every(self.summary_every, self._print_summary)),
+            asyncio.create_task(_every(FLUSH_S, self._flush)),
+            asyncio.create_task(_every(WATCH_S, self._watch)),
+            asyncio.create_task(_every(heap.TRIM_S, self._trim_heap)),
+        ]
         code = await self.torchrun.wait()
         for task in periodic:
             task.cancel()
@@ -246,7 +254,9 @@ class Supervisor:
             self.exporter.stop()
         await self._print_summary()
         self.run.update_meta(state="finished" if code == 0 else "failed", ended=time.time(), exit_code=code)
-        print(f"ddptop: job {'finished' if code == 0 else 'failed'} (exit {code}); run directory {self.run.path}", file=self.out, flush=True)
+        print(
+            f"ddptop: job {'finished' if code == 0 else 'failed'} (exit {code}); run directory {self.run.path}", file=self.out, flush=True
+        )
         return code
 
     def _on_signal(self, signum: int) -> None:

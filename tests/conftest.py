@@ -40,6 +40,4 @@ def ddptop_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def run_ddptop(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the installed `ddptop` command as a user would."""
-    return subprocess.run(
-        [DDPTOP, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
-    )
+    return subprocess.run([DDPTOP, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})

@@ -43,7 +43,9 @@ def test_chains_to_the_sitecustomize_it_shadows(tmp_path):
 
 
 def test_monitor_api_is_a_no_op_without_a_supervisor():
-    code = "from ddptop.trainer import monitor; monitor.configure(total_steps=5); monitor.step(loss=1.0, samples=3); print(monitor.enabled())"
+    code = (
+        "from ddptop.trainer import monitor; monitor.configure(total_steps=5); monitor.step(loss=1.0, samples=3); print(monitor.enabled())"
+    )
     assert python(code, {}) == "False"
 
 
@@ -52,9 +54,11 @@ def test_a_rank_whose_torchrun_is_already_gone_ends_itself():
     code = "from ddptop.trainer.runtime import die_with_parent; die_with_parent(); print('alive')"
     gone = subprocess.Popen(["true"])
     gone.wait()
-    orphan = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DDPTOP_AGENT_PID": str(gone.pid)},
-                            capture_output=True, text=True, timeout=30)
+    orphan = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "DDPTOP_AGENT_PID": str(gone.pid)}, capture_output=True, text=True, timeout=30
+    )
     assert orphan.returncode == -9 and orphan.stdout == ""
-    parent_alive = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DDPTOP_AGENT_PID": str(os.getpid())},
-                                  capture_output=True, text=True, timeout=30)
+    parent_alive = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "DDPTOP_AGENT_PID": str(os.getpid())}, capture_output=True, text=True, timeout=30
+    )
     assert parent_alive.stdout == "alive\n"

@@ -54,14 +54,19 @@ def test_a_run_dir_that_cannot_be_written(ddptop_home, tmp_path):
     blocker.write_text("")
     result = run_ddptop("launch", "--run-dir", str(blocker / "run"), str(EXAMPLE), "--gpus", "2")
     assert_one_line_error(result, "cannot use run directory")
-    assert not any("torch.distributed.run" in " ".join(p.info["cmdline"] or []) and str(blocker) in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+    assert not any(
+        "torch.distributed.run" in " ".join(p.info["cmdline"] or []) and str(blocker) in " ".join(p.info["cmdline"] or [])
+        for p in psutil.process_iter(["cmdline"])
+    )
 
 
 def test_ls_and_export_read_run_directories(ddptop_home, tmp_path):
     script = tmp_path / "job.py"
     script.write_text("")
     run = rundir.create(script, None)
-    run.write_meta({"id": run.id, "script": str(script), "nproc_per_node": 4, "started": 1.0, "state": "running", "supervisor_pid": 2**22 + 7})
+    run.write_meta(
+        {"id": run.id, "script": str(script), "nproc_per_node": 4, "started": 1.0, "state": "running", "supervisor_pid": 2**22 + 7}
+    )
     log = EventLog(run.events_path)
     log.append({"type": "step", "rank": 0, "step": 0, "wall": 1.0, "step_ms": 2.0})
     log.close()
@@ -77,8 +82,17 @@ def _fake_run(tmp_path, state: str, supervisor_pid: int) -> rundir.RunDir:
     script = tmp_path / "job.py"
     script.write_text("")
     run = rundir.create(script, None)
-    run.write_meta({"id": run.id, "script": str(script), "nproc_per_node": 2, "started": 1.0, "state": state,
-                    "supervisor_pid": supervisor_pid, "supervisor_started": None})
+    run.write_meta(
+        {
+            "id": run.id,
+            "script": str(script),
+            "nproc_per_node": 2,
+            "started": 1.0,
+            "state": state,
+            "supervisor_pid": supervisor_pid,
+            "supervisor_started": None,
+        }
+    )
     EventLog(run.events_path).close()
     return run
 
@@ -142,7 +156,10 @@ def taken_port():
         (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--node-rank 2 is outside --nnodes 2"),
         (["--nnodes", "x", "--node-rank", "0"], "--nnodes 'x' is not N or MIN:MAX"),
         # The rendezvous endpoint is not this machine's: node 0 cannot serve the other nodes there.
-        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "203.0.113.9:29500"], "cannot listen on 203.0.113.9:29501 for the job's other nodes"),
+        (
+            ["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "203.0.113.9:29500"],
+            "cannot listen on 203.0.113.9:29501 for the job's other nodes",
+        ),
         (["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:1"], "node 1 needs the job's token"),
     ],
 )
@@ -155,8 +172,19 @@ def test_bad_tcp_and_multinode_input_is_one_line_and_starts_nothing(ddptop_home,
 
 def test_a_node_whose_rendezvous_nobody_serves_gives_up_in_one_line(ddptop_home, taken_port):
     result = run_ddptop(
-        "launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:9", "--join-timeout", "1",
-        str(EXAMPLE), "--gpus", "1", env={"DDPTOP_TOKEN": "t"},
+        "launch",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--rdzv-endpoint",
+        "127.0.0.1:9",
+        "--join-timeout",
+        "1",
+        str(EXAMPLE),
+        "--gpus",
+        "1",
+        env={"DDPTOP_TOKEN": "t"},
     )
     assert_one_line_error(result, "no ddptop supervisor of node 0 answered at 127.0.0.1:10 within 1 s (Connection refused)")
     assert not (ddptop_home / "runs").exists()

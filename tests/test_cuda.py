@@ -47,9 +47,12 @@ def busy_gpu() -> None:
     torch.cuda._sleep(SLEEP_CYCLES)
 
 
-@pytest.mark.xfail(strict=False, reason="seen failing on an H100 (torch 2.11, 2026-11-22) before the kernels were warmed "
-                   "up: the late value read as ready at once behind a torch.cuda._sleep. Likely CUDA's lazy module loading "
-                   "at a kernel's first use; not yet re-run on a GPU with the warm-up")
+@pytest.mark.xfail(
+    strict=False,
+    reason="seen failing on an H100 (torch 2.11, 2026-11-22) before the kernels were warmed "
+    "up: the late value read as ready at once behind a torch.cuda._sleep. Likely CUDA's lazy module loading "
+    "at a kernel's first use; not yet re-run on a GPU with the warm-up",
+)
 def test_a_late_value_is_not_ready_while_the_gpu_is_busy_and_exact_once_it_is():
     value = torch.full((), 3.5, device="cuda")
     late.scalar(value * 2).get()  # every kernel used below, loaded before the GPU is busy
@@ -61,9 +64,12 @@ def test_a_late_value_is_not_ready_while_the_gpu_is_busy_and_exact_once_it_is():
     assert loss.ready() and loss.get() == 7.0
 
 
-@pytest.mark.xfail(strict=False, reason="seen failing on an H100 (torch 2.11, 2026-11-22) before the kernels were warmed "
-                   "up: the late value read as ready at once behind a torch.cuda._sleep. Likely CUDA's lazy module loading "
-                   "at a kernel's first use; not yet re-run on a GPU with the warm-up")
+@pytest.mark.xfail(
+    strict=False,
+    reason="seen failing on an H100 (torch 2.11, 2026-11-22) before the kernels were warmed "
+    "up: the late value read as ready at once behind a torch.cuda._sleep. Likely CUDA's lazy module loading "
+    "at a kernel's first use; not yet re-run on a GPU with the warm-up",
+)
 def test_the_guard_decides_a_step_late_without_waiting_and_agrees_with_the_cpu():
     torch.manual_seed(0)
     grads = [torch.randn(1000, device="cuda") * 100, torch.randn(10, 10, device="cuda")]
@@ -138,8 +144,21 @@ def test_nvml_reads_this_gpu_and_this_process_memory():
 
 def nccl_job(tmp_path, *args: str) -> tuple[list[dict], list[dict], str]:
     run_path = tmp_path / "run"
-    result = run_ddptop("launch", "--headless", "--run-dir", str(run_path), "--desync-every", "50",
-                        str(EXAMPLE), "--gpus", "1", "--steps", "200", *args, timeout=300)
+    result = run_ddptop(
+        "launch",
+        "--headless",
+        "--run-dir",
+        str(run_path),
+        "--desync-every",
+        "50",
+        str(EXAMPLE),
+        "--gpus",
+        "1",
+        "--steps",
+        "200",
+        *args,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "on gloo" not in result.stderr
     records = list(rundir.read_events(rundir.RunDir(run_path)))

@@ -48,7 +48,9 @@ def test_four_ranks_report_every_step_and_survive_bad_frames(ddptop_home, tmp_pa
     run_path = tmp_path / "run"
     proc = subprocess.Popen(
         [DDPTOP, "launch", "--headless", "--run-dir", str(run_path), str(EXAMPLE), "--gpus", "4", "--steps", "80", "--summary-every", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     sock_path = run_path / "sock"
     wait_for(sock_path.exists, 60, "the supervisor's socket")
@@ -90,7 +92,15 @@ def test_four_ranks_report_every_step_and_survive_bad_frames(ddptop_home, tmp_pa
 def test_zero_code_instrumentation_of_a_plain_ddp_script(ddptop_home, tmp_path):
     run_path = tmp_path / "run"
     result = run_ddptop(
-        "launch", str(SCRIPTS / "plain_ddp.py"), "--nproc_per_node=2", "--headless", "--run-dir", str(run_path), "--", "--steps", "25",
+        "launch",
+        str(SCRIPTS / "plain_ddp.py"),
+        "--nproc_per_node=2",
+        "--headless",
+        "--run-dir",
+        str(run_path),
+        "--",
+        "--steps",
+        "25",
     )
     assert result.returncode == 0, result.stderr
     records = list(rundir.read_events(rundir.RunDir(run_path)))
@@ -121,7 +131,9 @@ def test_a_job_trains_bit_for_bit_as_under_plain_torchrun(ddptop_home, tmp_path)
     args = [str(EXAMPLE), "--steps", "30"]
     plain = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", *args],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert plain.returncode == 0, plain.stderr[-2000:]
     under = run_ddptop("launch", "--headless", "--run-dir", str(tmp_path / "run"), *args, "--gpus", "3")
@@ -133,7 +145,8 @@ def test_killing_the_supervisor_leaves_no_process_behind(ddptop_home, tmp_path):
     run_path = tmp_path / "run"
     proc = subprocess.Popen(
         [DDPTOP, "launch", "--headless", "--run-dir", str(run_path), str(EXAMPLE), "--gpus", "2", "--steps", "1000000"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     run = rundir.RunDir(run_path)
 
@@ -158,8 +171,14 @@ def rank_alone(script: Path, address: str, *args: str, timeout: float = 120) -> 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {
-        **os.environ, "PYTHONPATH": BOOTSTRAP_DIR, "DDPTOP_ADDRESS": address, "RANK": "0", "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        **os.environ,
+        "PYTHONPATH": BOOTSTRAP_DIR,
+        "DDPTOP_ADDRESS": address,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
     }
     env.pop("DDPTOP_RANK_PID", None)
     return subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout)
@@ -208,17 +227,44 @@ def test_a_dashboard_kill_touches_only_the_jobs_own_processes(ddptop_home, tmp_p
     bystander = subprocess.Popen(["sleep", "120"])
     run_path = tmp_path / "run"
     proc = subprocess.Popen(
-        [DDPTOP, "launch", "--headless", "--max-restarts", "0", "--run-dir", str(run_path), str(EXAMPLE), "--gpus", "2", "--steps", "1000000"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            DDPTOP,
+            "launch",
+            "--headless",
+            "--max-restarts",
+            "0",
+            "--run-dir",
+            str(run_path),
+            str(EXAMPLE),
+            "--gpus",
+            "2",
+            "--steps",
+            "1000000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     run = rundir.RunDir(run_path)
     try:
-        wait_for(lambda: run.events_path.exists() and sum(r["type"] == "rank_hello" for r in rundir.read_events(run)) == 2,
-                 90, "both ranks")
+        wait_for(
+            lambda: run.events_path.exists() and sum(r["type"] == "rank_hello" for r in rundir.read_events(run)) == 2, 90, "both ranks"
+        )
         with socket.socket(socket.AF_UNIX) as liar:
             liar.connect(str(run.socket_path))
-            liar.sendall(wire.encode({"type": "rank_hello", "rank": 7, "local_rank": 0, "world_size": 2, "node": 0,
-                                      "host": "x", "pid": bystander.pid, "restart": 0}))
+            liar.sendall(
+                wire.encode(
+                    {
+                        "type": "rank_hello",
+                        "rank": 7,
+                        "local_rank": 0,
+                        "world_size": 2,
+                        "node": 0,
+                        "host": "x",
+                        "pid": bystander.pid,
+                        "restart": 0,
+                    }
+                )
+            )
 
             async def kill(rank: int) -> None:
                 source = LiveSource(run.socket_path)

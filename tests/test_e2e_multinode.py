@@ -57,26 +57,54 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
     rdzv, prometheus = free_port(pair=True), free_port()
     monkeypatch.setenv("DDPTOP_TOKEN", TOKEN)
     env = {**os.environ}
-    job = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{rdzv}", "--desync-every", "10", "--max-restarts", "2",
-           str(EXAMPLE), "--gpus", "2", "--steps", "600", "--inject", "desync@25:3/0", "--inject", "kill@60:2/0"]
+    job = [
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{rdzv}",
+        "--desync-every",
+        "10",
+        "--max-restarts",
+        "2",
+        str(EXAMPLE),
+        "--gpus",
+        "2",
+        "--steps",
+        "600",
+        "--inject",
+        "desync@25:3/0",
+        "--inject",
+        "kill@60:2/0",
+    ]
 
     def node(rank: int, *extra: str) -> subprocess.Popen:
         return subprocess.Popen(
             [DDPTOP, "launch", "--headless", "--run-dir", str(tmp_path / f"node{rank}"), "--node-rank", str(rank), *extra, *job],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
 
     node1 = node(1, "--listen", "0")  # before node 0: it waits for node 0's supervisor to answer
     node0 = node(0, "--prometheus", f"127.0.0.1:{prometheus}")
     try:
-        wait_for(lambda: {(r["rank"], r["restart"]) for r in records(tmp_path / "node0") if r["type"] == "rank_hello"}
-                 >= {(rank, 1) for rank in range(4)}, 120, "all four ranks of both nodes in attempt 1, on node 0")
+        wait_for(
+            lambda: (
+                {(r["rank"], r["restart"]) for r in records(tmp_path / "node0") if r["type"] == "rank_hello"}
+                >= {(rank, 1) for rank in range(4)}
+            ),
+            120,
+            "all four ranks of both nodes in attempt 1, on node 0",
+        )
 
         # A third supervisor claiming node rank 1 is refused before it starts anything.
         intruder = subprocess.run(
-            [DDPTOP, "launch", "--headless", "--node-rank", "1", *job], capture_output=True, text=True, env=env, timeout=60)
+            [DDPTOP, "launch", "--headless", "--node-rank", "1", *job], capture_output=True, text=True, env=env, timeout=60
+        )
         assert intruder.returncode == 2 and intruder.stderr.strip().splitlines() == [
-            f"ddptop: error: node 0's supervisor at 127.0.0.1:{rdzv + 1} refused node 1: node rank 1 is already taken by {socket.gethostname()}"]
+            f"ddptop: error: node 0's supervisor at 127.0.0.1:{rdzv + 1} refused node 1: node rank 1 is already taken by {socket.gethostname()}"
+        ]
 
         # Prometheus on node 0 shows every rank of both nodes, live.
         def every_rank_up() -> list[str]:
@@ -87,7 +115,7 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
         lines = prometheus_lines(prometheus)
         assert 'ddptop_alerts_total{kind="desync"} 1.0' in lines and 'ddptop_alerts_total{kind="crash"} 1.0' in lines
         assert "ddptop_restarts_total 1.0" in lines and "ddptop_world_size 4.0" in lines
-        assert any(line.startswith('ddptop_rank_step_seconds{') and 'quantile="0.95"' in line for line in lines)
+        assert any(line.startswith("ddptop_rank_step_seconds{") and 'quantile="0.95"' in line for line in lines)
         print(f"prometheus: {len(lines)} lines, e.g. {up[0]}")
 
         # Of both nodes' supervisors, attach picks node 0's, which shows the whole job.
@@ -100,8 +128,12 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
         # One dashboard, attached over TCP with the token, shows both nodes' ranks.
         app = DdptopApp(LiveSource(tcp=("127.0.0.1", rdzv + 1), token=TOKEN), "attach")
         async with app.run_test(size=(180, 40)) as pilot:
-            await until(pilot, lambda: table(app).row_count == 4 and sorted(column(app, "node")) == ["0", "0", "1", "1"],
-                        "four rows, two per node", timeout=20)
+            await until(
+                pilot,
+                lambda: table(app).row_count == 4 and sorted(column(app, "node")) == ["0", "0", "1", "1"],
+                "four rows, two per node",
+                timeout=20,
+            )
     finally:
         outs = [proc.communicate(timeout=180) for proc in (node0, node1)]
     assert (node0.returncode, node1.returncode) == (0, 0), outs

@@ -29,10 +29,28 @@ def checkpoint_steps(low: int, high: int) -> list[int]:
 def run_example(tmp_path: Path, name: str, *extra: str) -> tuple[subprocess.CompletedProcess, rundir.RunDir]:
     run_path = tmp_path / f"run-{name}"
     proc = subprocess.run(
-        [DDPTOP, "launch", "--headless", "--restart-backoff", "0", "--run-dir", str(run_path), str(EXAMPLE),
-         "--gpus", "4", "--steps", str(STEPS), "--checkpoint-dir", str(tmp_path / f"ckpt-{name}"),
-         "--checkpoint-every", str(EVERY), *extra],
-        capture_output=True, text=True, timeout=400,
+        [
+            DDPTOP,
+            "launch",
+            "--headless",
+            "--restart-backoff",
+            "0",
+            "--run-dir",
+            str(run_path),
+            str(EXAMPLE),
+            "--gpus",
+            "4",
+            "--steps",
+            str(STEPS),
+            "--checkpoint-dir",
+            str(tmp_path / f"ckpt-{name}"),
+            "--checkpoint-every",
+            str(EVERY),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     return proc, rundir.RunDir(run_path)
 
@@ -73,6 +91,7 @@ def test_killed_three_times_ends_bitwise_equal_to_an_uninterrupted_run(ddptop_ho
 
 def job_processes(supervisor: subprocess.Popen, ranks: int) -> list[psutil.Process]:
     """torchrun and its ranks, once all have started: the processes that must not outlive the job."""
+
     def found() -> list[psutil.Process] | None:
         try:
             procs = psutil.Process(supervisor.pid).children(recursive=True)
@@ -110,9 +129,21 @@ END_WAYS = {
 @pytest.mark.parametrize("way", list(END_WAYS))
 def test_no_process_outlives_the_job(ddptop_home, tmp_path, way):
     supervisor = subprocess.Popen(
-        [DDPTOP, "launch", "--headless", "--on-nan", "stop", "--run-dir", str(tmp_path / "run"), str(EXAMPLE),
-         "--gpus", "2", *END_WAYS[way]],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            DDPTOP,
+            "launch",
+            "--headless",
+            "--on-nan",
+            "stop",
+            "--run-dir",
+            str(tmp_path / "run"),
+            str(EXAMPLE),
+            "--gpus",
+            "2",
+            *END_WAYS[way],
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own process group, as a shell gives a foreground job
     )
     try:
@@ -125,11 +156,19 @@ def test_no_process_outlives_the_job(ddptop_home, tmp_path, way):
             supervisor.kill()
         supervisor.wait(timeout=120)
         ended_at = time.monotonic()
-        wait_for(lambda: all(ended(p) for p in job), 10,
-                 f"every job process to end after {way}; left: {[describe(p) for p in job if not ended(p)]}")
+        wait_for(
+            lambda: all(ended(p) for p in job),
+            10,
+            f"every job process to end after {way}; left: {[describe(p) for p in job if not ended(p)]}",
+        )
         assert time.monotonic() - ended_at <= 10
-        expected = {"job done": 0, "Ctrl-C": 128 + signal.SIGINT, "SIGTERM": 128 + signal.SIGTERM,
-                    "SIGKILL of the supervisor": -signal.SIGKILL, "watchdog stop": 1}[way]
+        expected = {
+            "job done": 0,
+            "Ctrl-C": 128 + signal.SIGINT,
+            "SIGTERM": 128 + signal.SIGTERM,
+            "SIGKILL of the supervisor": -signal.SIGKILL,
+            "watchdog stop": 1,
+        }[way]
         assert supervisor.returncode == expected
     finally:
         if supervisor.poll() is None:

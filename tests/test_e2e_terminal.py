@@ -66,8 +66,17 @@ def run_path(tmp_path):
 
 def test_launch_dashboard_leave_running_then_attach(tmux, ddptop_home, run_path):
     env = f"DDPTOP_HOME={ddptop_home} TERM=xterm-256color"
-    tmux("new-session", "-d", "-s", "launch", "-x", "80", "-y", "24",
-         f"{env} {DDPTOP} launch {EXAMPLE} --gpus 2 --steps 1000000 --run-dir {run_path}; echo LAUNCH-EXITED $?; sleep 60")
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        "launch",
+        "-x",
+        "80",
+        "-y",
+        "24",
+        f"{env} {DDPTOP} launch {EXAMPLE} --gpus 2 --steps 1000000 --run-dir {run_path}; echo LAUNCH-EXITED $?; sleep 60",
+    )
     small = tmux.wait_screen("launch", "world 2", "NODE  RANK", "q quit")
     wait_for(lambda: _rank_rows(tmux.screen("launch")) == 2, 60, "both rank rows at 80x24")
     assert "running" in small and all(len(line) <= 80 for line in small.splitlines())
@@ -91,8 +100,9 @@ def test_launch_dashboard_leave_running_then_attach(tmux, ddptop_home, run_path)
     pids = hello_pids()
     assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids) and run.state() == "running"
 
-    tmux("new-session", "-d", "-s", "attach", "-x", "120", "-y", "30",
-         f"{env} {DDPTOP} attach; echo ATTACH-EXITED $?; sleep 60")  # no argument: the newest running job
+    tmux(
+        "new-session", "-d", "-s", "attach", "-x", "120", "-y", "30", f"{env} {DDPTOP} attach; echo ATTACH-EXITED $?; sleep 60"
+    )  # no argument: the newest running job
     attached = tmux.wait_screen("attach", "world 2", "running")
     wait_for(lambda: _rank_rows(tmux.screen("attach")) == 2, 30, "both rank rows in the attached dashboard")
     assert "up 00:00" not in attached  # attached late, it shows the run's history, not an empty start

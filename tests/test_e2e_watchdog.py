@@ -47,15 +47,33 @@ def launch(tmp_path: Path, *args: str, timeout: float = 240) -> Job:
     run_path = tmp_path / "run"
     proc = subprocess.run(
         [DDPTOP, "launch", "--headless", "--run-dir", str(run_path), *args],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     return Job(run_path, proc)
 
 
 def test_nan_inf_explosion_and_desync_on_four_ranks(ddptop_home, tmp_path):
     job = launch(
-        tmp_path, str(EXAMPLE), "--gpus", "4", "--steps", "80", "--clip-grad", "1.0", "--desync-every", "10",
-        "--inject", "nan@15:1", "--inject", "inf-grad@30:2", "--inject", "explode@45:0", "--inject", "desync@60:3",
+        tmp_path,
+        str(EXAMPLE),
+        "--gpus",
+        "4",
+        "--steps",
+        "80",
+        "--clip-grad",
+        "1.0",
+        "--desync-every",
+        "10",
+        "--inject",
+        "nan@15:1",
+        "--inject",
+        "inf-grad@30:2",
+        "--inject",
+        "explode@45:0",
+        "--inject",
+        "desync@60:3",
     )
     assert job.proc.returncode == 0, job.proc.stderr[-3000:]
     steps = job.steps()
@@ -96,8 +114,18 @@ def test_clipping_is_enforced_when_the_script_never_clips(ddptop_home, tmp_path)
 
 def test_hang_is_named_with_stacks_then_the_group_restarts(ddptop_home, tmp_path):
     job = launch(
-        tmp_path, str(EXAMPLE), "--gpus", "4", "--steps", "40", "--hang-timeout", "10", "--max-restarts", "1",
-        "--inject", "hang@20:2",
+        tmp_path,
+        str(EXAMPLE),
+        "--gpus",
+        "4",
+        "--steps",
+        "40",
+        "--hang-timeout",
+        "10",
+        "--max-restarts",
+        "1",
+        "--inject",
+        "hang@20:2",
     )
     assert job.proc.returncode == 0, job.proc.stderr[-3000:]
     [hang] = job.alerts("hang")
@@ -119,8 +147,20 @@ def test_hang_is_named_with_stacks_then_the_group_restarts(ddptop_home, tmp_path
 
 def test_crash_then_segv_then_a_straggler(ddptop_home, tmp_path):
     job = launch(
-        tmp_path, str(EXAMPLE), "--gpus", "4", "--steps", "80", "--max-restarts", "2",
-        "--inject", "crash@10:1", "--inject", "segv@10:2/1", "--inject", "slow@5:3/2",
+        tmp_path,
+        str(EXAMPLE),
+        "--gpus",
+        "4",
+        "--steps",
+        "80",
+        "--max-restarts",
+        "2",
+        "--inject",
+        "crash@10:1",
+        "--inject",
+        "segv@10:2/1",
+        "--inject",
+        "slow@5:3/2",
     )
     assert job.proc.returncode == 0, job.proc.stderr[-3000:]
     first, second = job.alerts("crash")

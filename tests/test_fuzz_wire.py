@@ -93,10 +93,14 @@ def test_bad_frames_never_hurt_the_supervisor_or_the_job(ddptop_home, tmp_path):
     run_path = tmp_path / "run"
     job = subprocess.Popen(
         [DDPTOP, "launch", "--headless", "--listen", "0", "--run-dir", str(run_path), str(EXAMPLE), "--gpus", "2", "--steps", str(STEPS)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     run = rundir.RunDir(run_path)
-    meta = wait_for(lambda: run.meta_path.exists() and run.socket_path.exists() and json.loads(run.meta_path.read_text()), 60, "the run's socket")
+    meta = wait_for(
+        lambda: run.meta_path.exists() and run.socket_path.exists() and json.loads(run.meta_path.read_text()), 60, "the run's socket"
+    )
     host, port = meta["listen"].rsplit(":", 1)
     token = (run_path / "token").read_text().strip()
     targets: dict[str, tuple[str, object]] = {"unix": ("unix", run.socket_path), "tcp": ("tcp", (host, int(port)))}
@@ -122,8 +126,10 @@ def test_bad_frames_never_hurt_the_supervisor_or_the_job(ddptop_home, tmp_path):
     records = list(rundir.read_events(run))
     refused = [r for r in records if r["type"] == "wire_error"]
     steps = {(r["rank"], r["step"]) for r in records if r["type"] == "step" and r["rank"] in (0, 1)}
-    print(f"\nfuzz: {tried['payloads']} bad payloads ({tried['bytes']:,} bytes) in {fuzz_s:.1f} s while the job ran; "
-          f"{len(refused)} refused as bad frames; the job's log holds {len(steps)} of {2 * STEPS} steps")
+    print(
+        f"\nfuzz: {tried['payloads']} bad payloads ({tried['bytes']:,} bytes) in {fuzz_s:.1f} s while the job ran; "
+        f"{len(refused)} refused as bad frames; the job's log holds {len(steps)} of {2 * STEPS} steps"
+    )
     assert steps == {(rank, step) for rank in (0, 1) for step in range(STEPS)}
     assert len(refused) >= tried["payloads"] // 3  # truncated and frameless payloads end without a complete frame to refuse
     assert "Traceback" not in err

@@ -104,9 +104,16 @@ def test_the_late_verdict_names_a_non_finite_step_and_its_source():
     assert guard.verdict_late(grads, [], None) == {"nonfinite": True, "local_nonfinite": None}
 
 
-@pytest.mark.parametrize("on_nan, cpu, cuda", [
-    ("auto", True, False), ("skip", True, True), ("restart", True, True), ("stop", True, True), ("warn", False, False),
-])
+@pytest.mark.parametrize(
+    "on_nan, cpu, cuda",
+    [
+        ("auto", True, False),
+        ("skip", True, True),
+        ("restart", True, True),
+        ("stop", True, True),
+        ("warn", False, False),
+    ],
+)
 def test_only_a_skip_makes_a_rank_wait_for_the_verdict(on_nan, cpu, cuda):
     policy = GuardPolicy(on_nan=on_nan)
     assert (policy.skips_now(cuda=False), policy.skips_now(cuda=True)) == (cpu, cuda)

@@ -26,8 +26,13 @@ def test_gpu_readings_and_per_process_memory():
     record = Sampler(nvml).sample({5: me})
     _gpu0, gpu1 = record["gpus"]
     assert gpu1 == {
-        "index": 1, "name": "NVIDIA H100 80GB HBM3", "util": 51.0, "mem_used": 2 * 2**30,
-        "mem_total": 80 * 2**30, "temperature": 41.0, "power_w": 250.0,
+        "index": 1,
+        "name": "NVIDIA H100 80GB HBM3",
+        "util": 51.0,
+        "mem_used": 2 * 2**30,
+        "mem_total": 80 * 2**30,
+        "temperature": 41.0,
+        "power_w": 250.0,
     }
     assert record["procs"][0]["gpu"] == 1 and record["procs"][0]["gpu_mem"] == 3 * 2**30
 

@@ -73,7 +73,10 @@ async def test_a_rank_that_lies_is_counted_and_the_others_go_on(tmp_path):
     assert state.ranks[9].step == 3
     assert all(state.ranks[r].step == STEPS - 1 and state.ranks[r].data_problems == 0 for r in range(4))
     errors = [e for e in state.events if e["type"] == "wire_error"]
-    assert {(e["rank"], e["error"].split(":")[0]) for e in errors} == {(9, "rank 9 (attempt 0) is already connected"), (10, "undecodable frame")}
+    assert {(e["rank"], e["error"].split(":")[0]) for e in errors} == {
+        (9, "rank 9 (attempt 0) is already connected"),
+        (10, "undecodable frame"),
+    }
     for writer in (liar, twin, garbage):
         writer.close()
     await hub.finish(0)

@@ -40,8 +40,10 @@ def test_window_is_bounded_and_rates_use_rank_wall_time():
     assert window.step_ms(50) == 100.0
 
 
-@given(st.lists(st.tuples(st.floats(0.1, 1e4), st.none() | st.floats(0, 1e3), st.integers(1, 64)), min_size=1, max_size=300),
-       st.integers(1, 50))
+@given(
+    st.lists(st.tuples(st.floats(0.1, 1e4), st.none() | st.floats(0, 1e3), st.integers(1, 64)), min_size=1, max_size=300),
+    st.integers(1, 50),
+)
 def test_incremental_window_matches_a_recomputation(steps, size):
     window = RollingWindow(size=size)
     for i, (step_ms, comm_ms, samples) in enumerate(steps):

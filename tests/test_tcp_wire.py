@@ -87,15 +87,22 @@ async def test_nodes_join_once_each_and_forward_their_ranks_records(aggregator):
     assert decoder.feed(await reader.read(1 << 16)) == [{"type": "node_welcome", "node": 1, "run": "run0"}]
     await eventually(lambda: STEP in records)
     assert agg.owner(2) == 1 and agg.owner(0) is None
-    for node, reason in ((1, "node rank 1 is already taken by h"), (0, "node rank 0 is the aggregator's own"), (5, "node rank 5 is outside --nnodes 3")):
+    for node, reason in (
+        (1, "node rank 1 is already taken by h"),
+        (0, "node rank 0 is the aggregator's own"),
+        (5, "node rank 5 is outside --nnodes 3"),
+    ):
         assert await exchange(port, auth + wire.encode(node_hello(node, nnodes=3))) == [{"type": "refused", "reason": reason}]
     assert await exchange(port, auth + wire.encode(node_hello(2, nnodes=2))) == [
-        {"type": "refused", "reason": "node 2 says --nnodes 2, the job has 3"}]
+        {"type": "refused", "reason": "node 2 says --nnodes 2, the job has 3"}
+    ]
     # A command for that node's rank goes back over its connection.
     assert agg.command(1, {"type": "command", "action": "kill_rank", "rank": 2})
     assert decoder.feed(await reader.read(1 << 16)) == [{"type": "command", "action": "kill_rank", "rank": 2}]
     writer.close()
-    await eventually(lambda: {"type": "rank_gone", "rank": 2} in [{k: r[k] for k in ("type", "rank")} for r in records if r["type"] == "rank_gone"])
+    await eventually(
+        lambda: {"type": "rank_gone", "rank": 2} in [{k: r[k] for k in ("type", "rank")} for r in records if r["type"] == "rank_gone"]
+    )
 
 
 async def test_a_node_forwards_records_only_not_commands(aggregator):

@@ -34,18 +34,46 @@ def fixed_run(path: Path) -> rundir.RunDir:
     record({"type": "run", "wall": BASE, "script": "/data/train.py", "nnodes": "1"})
     record({"type": "notice", "wall": BASE, "text": "no CUDA GPU found: starting 4 CPU ranks on gloo"})
     for rank in range(4):
-        record({"type": "rank_hello", "rank": rank, "local_rank": rank, "world_size": 4, "node": 0,
-                "host": "box", "pid": 4000 + rank, "restart": 0})
+        record(
+            {
+                "type": "rank_hello",
+                "rank": rank,
+                "local_rank": rank,
+                "world_size": 4,
+                "node": 0,
+                "host": "box",
+                "pid": 4000 + rank,
+                "restart": 0,
+            }
+        )
     for step in range(120):
         for rank in range(4):
             slow = 2.0 if rank == 3 else 1.0
-            record({"type": "step", "rank": rank, "step": step, "wall": BASE + step * 0.05 * slow,
-                    "step_ms": 50.0 * slow + rank, "data_ms": 0.5, "samples": 32, "total_steps": 200,
-                    "loss": 2.0 * math.exp(-step / 40) + 0.05 * rank, "grad_norm": 1.0 + 0.01 * rank,
-                    "comm_ms": 12.0 + rank, "comm_bytes": 340_000})
+            record(
+                {
+                    "type": "step",
+                    "rank": rank,
+                    "step": step,
+                    "wall": BASE + step * 0.05 * slow,
+                    "step_ms": 50.0 * slow + rank,
+                    "data_ms": 0.5,
+                    "samples": 32,
+                    "total_steps": 200,
+                    "loss": 2.0 * math.exp(-step / 40) + 0.05 * rank,
+                    "grad_norm": 1.0 + 0.01 * rank,
+                    "comm_ms": 12.0 + rank,
+                    "comm_bytes": 340_000,
+                }
+            )
         if step % 20 == 19:
-            record({"type": "sample", "wall": BASE + step * 0.05, "gpus": [],
-                    "procs": [{"rank": r, "pid": 4000 + r, "cpu": 95.0, "rss": 300 << 20} for r in range(4)]})
+            record(
+                {
+                    "type": "sample",
+                    "wall": BASE + step * 0.05,
+                    "gpus": [],
+                    "procs": [{"rank": r, "pid": 4000 + r, "cpu": 95.0, "rss": 300 << 20} for r in range(4)],
+                }
+            )
             record(state.totals().record(BASE + step * 0.05))
     record({"type": "alert", "wall": BASE + 6, "rank": 3, "step": 119, "text": "straggler: 2.0x the median step time"})
     record({"type": "exit", "wall": BASE + 12, "code": 0, "stopped_by_signal": None})

@@ -21,7 +21,16 @@ class Clock:
 
 
 def hello(rank: int, restart: int = 0, world: int = 4) -> dict:
-    return {"type": "rank_hello", "rank": rank, "local_rank": rank, "world_size": world, "node": 0, "host": "h", "pid": 100 + rank, "restart": restart}
+    return {
+        "type": "rank_hello",
+        "rank": rank,
+        "local_rank": rank,
+        "world_size": world,
+        "node": 0,
+        "host": "h",
+        "pid": 100 + rank,
+        "restart": restart,
+    }
 
 
 def step(rank: int, n: int, **extra: object) -> dict:
@@ -107,7 +116,11 @@ def test_hang_groups_ranks_by_phase_and_asks_for_stacks():
     clock.now += 9.9
     assert dog.tick() == []
     for rank in range(4):
-        feed(dog, state, {"type": "heartbeat", "rank": rank, "wall": 0.0, "phase": "backward" if rank == 2 else "comm", "step": 20, "dropped": 0})
+        feed(
+            dog,
+            state,
+            {"type": "heartbeat", "rank": rank, "wall": 0.0, "phase": "backward" if rank == 2 else "comm", "step": 20, "dropped": 0},
+        )
     clock.now += 0.2
     [v] = dog.tick()
     assert v.kind == "hang" and v.action == "restart" and v.stacks == [0, 1, 2, 3]
@@ -146,14 +159,34 @@ def test_hang_names_silent_ranks_and_gives_startup_its_grace():
 
 
 def test_crash_picks_the_first_rank_to_go_and_ignores_deaths_we_caused():
-    log = ["Fatal Python error: Segmentation fault", "", "Current thread 0x1 (most recent call first):", '  File "train.py", line 9 in step', "", "Extension modules: torch._C"]
+    log = [
+        "Fatal Python error: Segmentation fault",
+        "",
+        "Current thread 0x1 (most recent call first):",
+        '  File "train.py", line 9 in step',
+        "",
+        "Extension modules: torch._C",
+    ]
     dog, state, clock = make(log=log)
     dog.expect_deaths({103})
     feed(dog, state, {"type": "rank_gone", "rank": 2, "wall": 0.0})
     clock.now += 0.01
     feed(dog, state, {"type": "rank_gone", "rank": 0, "wall": 0.0})
     for rank, code, pid in ((0, 1, 100), (2, -11, 102), (3, -9, 103)):
-        feed(dog, state, {"type": "worker_failure", "node": 0, "restart": 0, "rank": rank, "local_rank": rank, "pid": pid, "exitcode": code, "wall": 0.0})
+        feed(
+            dog,
+            state,
+            {
+                "type": "worker_failure",
+                "node": 0,
+                "restart": 0,
+                "rank": rank,
+                "local_rank": rank,
+                "pid": pid,
+                "exitcode": code,
+                "wall": 0.0,
+            },
+        )
     assert dog.tick() == []  # gathering the failures of one poll
     clock.now += 0.5
     [v] = dog.tick()
@@ -169,7 +202,20 @@ def test_a_rank_killed_by_a_signal_is_the_cause_even_when_its_peers_seemed_to_go
         feed(dog, state, {"type": "rank_gone", "rank": rank, "wall": 0.0})
         clock.now += 0.001
     for rank, code in ((1, 1), (2, -15), (0, -9)):
-        feed(dog, state, {"type": "worker_failure", "node": 0, "restart": 0, "rank": rank, "local_rank": rank, "pid": 100 + rank, "exitcode": code, "wall": 0.0})
+        feed(
+            dog,
+            state,
+            {
+                "type": "worker_failure",
+                "node": 0,
+                "restart": 0,
+                "rank": rank,
+                "local_rank": rank,
+                "pid": 100 + rank,
+                "exitcode": code,
+                "wall": 0.0,
+            },
+        )
     clock.now += 0.5
     [v] = dog.tick()
     assert v.ranks == [0] and v.text.startswith("rank 0 was killed by SIGKILL")
@@ -183,7 +229,20 @@ def test_a_rank_that_exited_on_its_own_is_named_before_one_torchrun_stopped():
     clock.now += 0.01
     feed(dog, state, {"type": "rank_gone", "rank": 1, "wall": 0.0})
     for rank, code in ((0, -15), (1, 2)):
-        feed(dog, state, {"type": "worker_failure", "node": 0, "restart": 0, "rank": rank, "local_rank": rank, "pid": 100 + rank, "exitcode": code, "wall": 0.0})
+        feed(
+            dog,
+            state,
+            {
+                "type": "worker_failure",
+                "node": 0,
+                "restart": 0,
+                "rank": rank,
+                "local_rank": rank,
+                "pid": 100 + rank,
+                "exitcode": code,
+                "wall": 0.0,
+            },
+        )
     clock.now += 0.5
     [v] = dog.tick()
     assert v.ranks == [1] and v.details["exitcode"] == 2, v.text
@@ -213,7 +272,9 @@ def test_crash_quotes_the_ranks_own_exception():
     feed(dog, state, step(0, 4))
     feed(dog, state, {"type": "heartbeat", "rank": 0, "wall": 0.0, "phase": "data", "step": 5, "dropped": 0})
     feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": "Traceback...\nValueError: bad batch\n"})
-    feed(dog, state, {"type": "worker_failure", "node": 0, "restart": 0, "rank": 0, "local_rank": 0, "pid": 100, "exitcode": 1, "wall": 0.0})
+    feed(
+        dog, state, {"type": "worker_failure", "node": 0, "restart": 0, "rank": 0, "local_rank": 0, "pid": 100, "exitcode": 1, "wall": 0.0}
+    )
     [v] = dog.tick(final=True)
     assert v.text == "rank 0 failed with exit code 1 after step 4 (in data): ValueError: bad batch"
 
@@ -226,7 +287,9 @@ def test_a_crash_is_read_from_the_log_of_the_attempt_that_failed_before_its_hell
     state, clock = JobState(), Clock()
     dog = Watchdog(WatchPolicy(), state, lambda failure: logs.get((failure["local_rank"], failure["restart"]), []), clock)
     feed(dog, state, hello(0, restart=0, world=1))
-    feed(dog, state, {"type": "worker_failure", "node": 0, "restart": 2, "rank": 0, "local_rank": 0, "pid": 300, "exitcode": 2, "wall": 0.0})
+    feed(
+        dog, state, {"type": "worker_failure", "node": 0, "restart": 2, "rank": 0, "local_rank": 0, "pid": 300, "exitcode": 2, "wall": 0.0}
+    )
     clock.now += 0.5
     [crash] = dog.tick()
     assert crash.text.endswith("its log ends: train.py: error: bad --inject"), crash.text
@@ -238,7 +301,11 @@ def crash_once(dog: Watchdog, state: JobState, clock: Clock, restart: int, messa
     feed(dog, state, hello(0, restart=restart, world=1))
     if message:
         feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": f"Traceback...\n{message}\n"})
-    feed(dog, state, {"type": "worker_failure", "node": 0, "restart": restart, "rank": rank, "local_rank": 0, "pid": 100, "exitcode": code, "wall": 0.0})
+    feed(
+        dog,
+        state,
+        {"type": "worker_failure", "node": 0, "restart": restart, "rank": rank, "local_rank": 0, "pid": 100, "exitcode": code, "wall": 0.0},
+    )
     clock.now += 1.0
     return dog.tick()
 
@@ -300,9 +367,15 @@ def test_last_error_line_falls_back_to_the_last_words():
 def test_a_fatal_signal_report_is_kept_from_its_start_less_the_threads_in_no_python_code():
     native = ["Thread 0x00007f86266286c0 (most recent call first):", "  <no Python frame>", ""]
     report = [
-        "Fatal Python error: Segmentation fault", "", *native * 30,
-        "Thread 0x00007f8649f486c0 (most recent call first):", '  File "sender.py", line 111 in _run', "",
-        "Current thread 0x00007f864ae55b80 (most recent call first):", '  File "train.py", line 172 in step', "",
+        "Fatal Python error: Segmentation fault",
+        "",
+        *native * 30,
+        "Thread 0x00007f8649f486c0 (most recent call first):",
+        '  File "sender.py", line 111 in _run',
+        "",
+        "Current thread 0x00007f864ae55b80 (most recent call first):",
+        '  File "train.py", line 172 in step',
+        "",
         "Extension modules: torch._C (total: 1)",
     ]
     excerpt = crash_excerpt(["step 9", "injected segv", *report], 20)

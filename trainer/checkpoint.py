@@ -225,9 +225,7 @@ def load_newest(directory: Path) -> tuple[dict[str, Any], Path, list[str]] | Non
     return None
 
 
-def restore(
-    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any
-) -> Resumed | None:
+def restore(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any) -> Resumed | None:
     """Load the newest intact checkpoint into the given objects, on every rank."""
     rank, world = _rank_world()
     if rank == 0:

@@ -73,9 +73,7 @@ class CudaSpans:
         if not self.spans:
             return 0.0
         origin = self.spans[0][0]
-        return union_ms(
-            [(origin.elapsed_time(start), origin.elapsed_time(end)) for start, end in self.spans]
-        )
+        return union_ms([(origin.elapsed_time(start), origin.elapsed_time(end)) for start, end in self.spans])
 
 
 class CommTimer:

@@ -53,9 +53,7 @@ class Probe:
         self.local = guard.LocalCheck()
         self.memory = MemoryReadings()
         self.reduced: weakref.WeakKeyDictionary[Any, guard.ReducedBuckets] = weakref.WeakKeyDictionary()
-        self.owners: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], guard.ReducedBuckets | None]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self.owners: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], guard.ReducedBuckets | None]] = weakref.WeakKeyDictionary()
         self.scaling = False
         self.stepping: Any = None
         """The optimizer whose step() is running. One that raised is left

@@ -98,10 +98,17 @@ def checkpoint(
     started = time.perf_counter()
     path = ckpt.save(Path(directory), step, model, optimizer, scheduler, data, keep)
     if path is not None and _tracker is not None:
-        _tracker.event({
-            "type": "checkpoint", "rank": _tracker.rank, "wall": time.time(), "step": int(step),
-            "path": str(path), "bytes": path.stat().st_size, "write_ms": (time.perf_counter() - started) * 1e3,
-        })
+        _tracker.event(
+            {
+                "type": "checkpoint",
+                "rank": _tracker.rank,
+                "wall": time.time(),
+                "step": int(step),
+                "path": str(path),
+                "bytes": path.stat().st_size,
+                "write_ms": (time.perf_counter() - started) * 1e3,
+            }
+        )
     return path
 
 
@@ -121,11 +128,21 @@ def resume(model: Any, optimizer: Any = None, scheduler: Any = None, *, director
         return None
     rank = _tracker.rank if _tracker is not None else int(os.environ.get("RANK", "0"))
     if resumed.damaged and rank == 0:
-        print(f"ddptop: damaged checkpoint(s) {', '.join(resumed.damaged)} passed over; resuming from {resumed.path.name}", file=sys.stderr, flush=True)
+        print(
+            f"ddptop: damaged checkpoint(s) {', '.join(resumed.damaged)} passed over; resuming from {resumed.path.name}",
+            file=sys.stderr,
+            flush=True,
+        )
     if _tracker is not None:
         _tracker.resumed_at(resumed.step + 1)
-        _tracker.event({
-            "type": "resume", "rank": rank, "wall": time.time(), "step": resumed.step,
-            "path": str(resumed.path), "damaged": resumed.damaged,
-        })
+        _tracker.event(
+            {
+                "type": "resume",
+                "rank": rank,
+                "wall": time.time(),
+                "step": resumed.step,
+                "path": str(resumed.path),
+                "damaged": resumed.damaged,
+            }
+        )
     return resumed

@@ -103,73 +103,155 @@ STEP_SUMMARY = "step {}/{} ms p50/p95"
 COMM_SUMMARY = "comm {} ms ({})"
 
 SAMPLES_PER_S = Metric(
-    "samples_per_s", "samples/s", lambda r: r.window.rate("samples"), count, job=total, column="SAMPLES/S",
+    "samples_per_s",
+    "samples/s",
+    lambda r: r.window.rate("samples"),
+    count,
+    job=total,
+    column="SAMPLES/S",
     prometheus=Prometheus("samples_per_second", "samples per second over the recent steps"),
-    plot="throughput", summary="{} samples/s",
+    plot="throughput",
+    summary="{} samples/s",
 )
 TOKENS_PER_S = Metric(
-    "tokens_per_s", "tokens/s", lambda r: r.window.rate("tokens"), count, job=total,
-    prometheus=Prometheus("tokens_per_second", "tokens per second over the recent steps"), summary="{} tokens/s",
+    "tokens_per_s",
+    "tokens/s",
+    lambda r: r.window.rate("tokens"),
+    count,
+    job=total,
+    prometheus=Prometheus("tokens_per_second", "tokens per second over the recent steps"),
+    summary="{} tokens/s",
 )
 STEP_MS_P50 = Metric(
-    "step_ms_p50", "ms", lambda r: r.window.step_ms(50), ms, job=middle, column=STEP_COLUMN,
+    "step_ms_p50",
+    "ms",
+    lambda r: r.window.step_ms(50),
+    ms,
+    job=middle,
+    column=STEP_COLUMN,
     prometheus=Prometheus("step_seconds", "step time over the recent steps, by quantile", 1e-3, (("quantile", "0.5"),)),
     summary=STEP_SUMMARY,
 )
 STEP_MS_P95 = Metric(
-    "step_ms_p95", "ms", lambda r: r.window.step_ms(95), ms, job=highest, column=STEP_COLUMN,
+    "step_ms_p95",
+    "ms",
+    lambda r: r.window.step_ms(95),
+    ms,
+    job=highest,
+    column=STEP_COLUMN,
     prometheus=Prometheus("step_seconds", "step time over the recent steps, by quantile", 1e-3, (("quantile", "0.95"),)),
     summary=STEP_SUMMARY,
 )
 COMM_MS = Metric(
-    "comm_ms", "ms", _mean("comm_ms"), ms, job=middle, column="COMM MS",
+    "comm_ms",
+    "ms",
+    _mean("comm_ms"),
+    ms,
+    job=middle,
+    column="COMM MS",
     prometheus=Prometheus("comm_seconds", "mean time per step in gradient all-reduce", 1e-3),
-    plot="comm latency", summary=COMM_SUMMARY,
+    plot="comm latency",
+    summary=COMM_SUMMARY,
 )
 COMM_SHARE = Metric(
-    "comm_share", "ratio", RankState.comm_share, number("{:.0%}"), job=middle, column="COMM %",
-    prometheus=Prometheus("comm_share_ratio", "share of the step time spent in communication"), summary=COMM_SUMMARY,
+    "comm_share",
+    "ratio",
+    RankState.comm_share,
+    number("{:.0%}"),
+    job=middle,
+    column="COMM %",
+    prometheus=Prometheus("comm_share_ratio", "share of the step time spent in communication"),
+    summary=COMM_SUMMARY,
 )
 DATA_MS = Metric(
-    "data_ms", "ms", _mean("data_ms"), ms, column="DATA MS",
+    "data_ms",
+    "ms",
+    _mean("data_ms"),
+    ms,
+    column="DATA MS",
     prometheus=Prometheus("data_wait_seconds", "mean wait for data before a step's forward", 1e-3),
 )
 LOSS = Metric(
-    "loss", "", lambda r: r.loss, number("{:.4g}"), job=middle, column="LOSS",
-    prometheus=Prometheus("loss", "the last loss the script reported"), plot="loss",
+    "loss",
+    "",
+    lambda r: r.loss,
+    number("{:.4g}"),
+    job=middle,
+    column="LOSS",
+    prometheus=Prometheus("loss", "the last loss the script reported"),
+    plot="loss",
 )
 GRAD_NORM = Metric(
-    "grad_norm", "", lambda r: r.grad_norm, number("{:.3g}"), column="GRAD NORM",
+    "grad_norm",
+    "",
+    lambda r: r.grad_norm,
+    number("{:.3g}"),
+    column="GRAD NORM",
     prometheus=Prometheus("grad_norm", "the last global gradient norm before clipping"),
 )
 GPU_UTIL = Metric("gpu_util", "percent", _gpu_util, number("{:.0f}"), column="GPU %")
 GPU_USED = Metric("gpu_used", "bytes", _gpu_used, nbytes, column="GPU MEM used pk/total", cell=_gpu_memory_bar)
 GPU_ALLOCATED = Metric(
-    "gpu_mem", "bytes", lambda r: r.mem_alloc, nbytes, job=highest,
+    "gpu_mem",
+    "bytes",
+    lambda r: r.mem_alloc,
+    nbytes,
+    job=highest,
     prometheus=Prometheus("gpu_memory_allocated_bytes", "GPU memory allocated by the rank's tensors"),
-    plot="memory", summary="gpu mem {}",
+    plot="memory",
+    summary="gpu mem {}",
 )
 GPU_RESERVED = Metric(
-    "gpu_reserved", "bytes", lambda r: r.mem_reserved, nbytes,
+    "gpu_reserved",
+    "bytes",
+    lambda r: r.mem_reserved,
+    nbytes,
     prometheus=Prometheus("gpu_memory_reserved_bytes", "GPU memory reserved by the rank's caching allocator"),
 )
 GPU_PEAK = Metric(
-    "gpu_peak", "bytes", lambda r: r.mem_peak, nbytes,
+    "gpu_peak",
+    "bytes",
+    lambda r: r.mem_peak,
+    nbytes,
     prometheus=Prometheus("gpu_memory_peak_bytes", "peak GPU memory allocated by the rank"),
 )
 CPU_PERCENT = Metric(
-    "cpu_percent", "percent", lambda r: r.cpu_percent, number("{:.0f}"), column="CPU %",
+    "cpu_percent",
+    "percent",
+    lambda r: r.cpu_percent,
+    number("{:.0f}"),
+    column="CPU %",
     prometheus=Prometheus("cpu_percent", "CPU use of the rank's process, percent of one core"),
 )
 RSS = Metric(
-    "rss", "bytes", lambda r: r.rss, nbytes, job=total, column="RSS",
+    "rss",
+    "bytes",
+    lambda r: r.rss,
+    nbytes,
+    job=total,
+    column="RSS",
     prometheus=Prometheus("resident_memory_bytes", "resident memory of the rank's process"),
-    plot="memory", summary="rss {}",
+    plot="memory",
+    summary="rss {}",
 )
 
 METRICS: tuple[Metric, ...] = (
-    SAMPLES_PER_S, TOKENS_PER_S, STEP_MS_P50, STEP_MS_P95, COMM_MS, COMM_SHARE, DATA_MS, LOSS, GRAD_NORM,
-    GPU_UTIL, GPU_USED, GPU_ALLOCATED, GPU_RESERVED, GPU_PEAK, CPU_PERCENT, RSS,
+    SAMPLES_PER_S,
+    TOKENS_PER_S,
+    STEP_MS_P50,
+    STEP_MS_P95,
+    COMM_MS,
+    COMM_SHARE,
+    DATA_MS,
+    LOSS,
+    GRAD_NORM,
+    GPU_UTIL,
+    GPU_USED,
+    GPU_ALLOCATED,
+    GPU_RESERVED,
+    GPU_PEAK,
+    CPU_PERCENT,
+    RSS,
 )
 """In the order columns, plots and summary parts appear."""
 

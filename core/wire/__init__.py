@@ -10,6 +10,17 @@ from ddptop.core.wire.frames import MAX_BATCH, MAX_FRAME, Frame, FrameDecoder, F
 from ddptop.core.wire.schemas import AGENT_RECORD_TYPES, COMMANDS, FORWARDED_TYPES, RANK_RECORD_TYPES, SCHEMAS, validate
 
 __all__ = [
-    "AGENT_RECORD_TYPES", "COMMANDS", "FORWARDED_TYPES", "MAX_BATCH", "MAX_FRAME", "RANK_RECORD_TYPES", "SCHEMAS",
-    "Frame", "FrameDecoder", "FrameError", "encode", "read_frames", "validate",
+    "AGENT_RECORD_TYPES",
+    "COMMANDS",
+    "FORWARDED_TYPES",
+    "MAX_BATCH",
+    "MAX_FRAME",
+    "RANK_RECORD_TYPES",
+    "SCHEMAS",
+    "Frame",
+    "FrameDecoder",
+    "FrameError",
+    "encode",
+    "read_frames",
+    "validate",
 ]

@@ -188,12 +188,21 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
 
 # The entries of a sample record's lists: one rank process, one GPU.
 _SAMPLE_PROC: dict[str, tuple[tuple[type, ...], bool]] = {
-    "rank": (_INT, True), "pid": (_INT, True), "cpu": (_NUM, False), "rss": (_INT, False),
-    "gpu": (_INT, False), "gpu_mem": (_INT, False),
+    "rank": (_INT, True),
+    "pid": (_INT, True),
+    "cpu": (_NUM, False),
+    "rss": (_INT, False),
+    "gpu": (_INT, False),
+    "gpu_mem": (_INT, False),
 }
 _SAMPLE_GPU: dict[str, tuple[tuple[type, ...], bool]] = {
-    "index": (_INT, True), "name": (_STR, False), "util": (_NUM, False), "mem_used": (_INT, False),
-    "mem_total": (_INT, False), "temperature": (_NUM, False), "power_w": (_NUM, False),
+    "index": (_INT, True),
+    "name": (_STR, False),
+    "util": (_NUM, False),
+    "mem_used": (_INT, False),
+    "mem_total": (_INT, False),
+    "temperature": (_NUM, False),
+    "power_w": (_NUM, False),
 }
 
 COMMANDS = frozenset({"stop", "restart", "kill_rank", "stacks"})
@@ -206,8 +215,9 @@ RANK_RECORD_TYPES = frozenset({"step", "heartbeat", "exception", "checkpoint", "
 AGENT_RECORD_TYPES = frozenset({"worker_failure", "group_restart"})
 """What torchrun's probe may send after its hello."""
 
-FORWARDED_TYPES = RANK_RECORD_TYPES | AGENT_RECORD_TYPES | frozenset(
-    {"rank_hello", "rank_gone", "sample", "stack", "action", "notice", "wire_error"})
+FORWARDED_TYPES = (
+    RANK_RECORD_TYPES | AGENT_RECORD_TYPES | frozenset({"rank_hello", "rank_gone", "sample", "stack", "action", "notice", "wire_error"})
+)
 """What a node's supervisor forwards to the aggregator: its ranks' and its
 torchrun's records, and what it measured and did; not its own summaries."""
 

@@ -61,23 +61,69 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     (("--rdzv-backend", "--rdzv_backend"), {"help": "rendezvous backend (default c10d)"}),
     (("--rdzv-id", "--rdzv_id"), {"help": "job id shared by all nodes"}),
     (("--aggregator",), {"help": "HOST:PORT of node 0's supervisor, for the other nodes (default: the rendezvous host, its port + 1)"}),
-    (("--join-timeout",), {"type": _positive_float, "default": 120.0, "help": "seconds a node waits for node 0's supervisor to answer (default 120)"}),
+    (
+        ("--join-timeout",),
+        {"type": _positive_float, "default": 120.0, "help": "seconds a node waits for node 0's supervisor to answer (default 120)"},
+    ),
     (("--listen",), {"help": "[ADDR:]PORT: serve dashboards over TCP here too, with the run's token (ADDR defaults to 127.0.0.1)"}),
     (("--token-file",), {"type": Path, "help": "the job's token for TCP (default: $DDPTOP_TOKEN, else a new one in the run directory)"}),
     (("--prometheus",), {"help": "[ADDR:]PORT: Prometheus metrics over HTTP (ADDR defaults to 127.0.0.1)"}),
-    (("--max-restarts", "--max_restarts"), {"type": _non_negative_int, "default": 3, "help": "restarts of the worker group torchrun may make (default 3)"}),
-    (("--restart-backoff",), {"type": _non_negative_float, "default": 1.0, "help": "seconds before the 2nd restart, doubling for each after (the 1st is at once; 0: no waits)"}),
-    (("--crash-loop",), {"type": _positive_int, "default": CRASH_LOOP, "help": f"stop the job when the same failure happens this many times (default {CRASH_LOOP})"}),
-    (("--crash-loop-window",), {"type": _positive_float, "default": CRASH_LOOP_WINDOW_S, "help": f"... within this many seconds (default {CRASH_LOOP_WINDOW_S:.0f})"}),
+    (
+        ("--max-restarts", "--max_restarts"),
+        {"type": _non_negative_int, "default": 3, "help": "restarts of the worker group torchrun may make (default 3)"},
+    ),
+    (
+        ("--restart-backoff",),
+        {
+            "type": _non_negative_float,
+            "default": 1.0,
+            "help": "seconds before the 2nd restart, doubling for each after (the 1st is at once; 0: no waits)",
+        },
+    ),
+    (
+        ("--crash-loop",),
+        {
+            "type": _positive_int,
+            "default": CRASH_LOOP,
+            "help": f"stop the job when the same failure happens this many times (default {CRASH_LOOP})",
+        },
+    ),
+    (
+        ("--crash-loop-window",),
+        {
+            "type": _positive_float,
+            "default": CRASH_LOOP_WINDOW_S,
+            "help": f"... within this many seconds (default {CRASH_LOOP_WINDOW_S:.0f})",
+        },
+    ),
     (("--headless",), {"action": "store_true", "help": "no dashboard: summaries on stdout, alerts on stderr"}),
     (("--run-dir",), {"type": Path, "help": "the run directory (default: a new one under ~/.local/state/ddptop/runs)"}),
     (("--summary-every",), {"type": _positive_float, "default": 5.0, "help": "seconds between headless summary lines"}),
-    (("--on-nan",), {"choices": ON_NAN, "default": "auto", "help": "a step with NaN/Inf loss or gradients: skip it on all ranks, restart, stop, or warn (and apply it); auto skips on CPU ranks and warns on CUDA ranks, where skipping costs a sync per step"}),
-    (("--clip-grad",), {"type": _positive_float, "help": "enforce this global grad norm inside optimizer.step, also when the script does not clip"}),
-    (("--desync-every",), {"type": _non_negative_int, "default": DESYNC_EVERY, "help": "steps between parameter checksums compared across ranks (0: off)"}),
+    (
+        ("--on-nan",),
+        {
+            "choices": ON_NAN,
+            "default": "auto",
+            "help": "a step with NaN/Inf loss or gradients: skip it on all ranks, restart, stop, or warn (and apply it); auto skips on CPU ranks and warns on CUDA ranks, where skipping costs a sync per step",
+        },
+    ),
+    (
+        ("--clip-grad",),
+        {"type": _positive_float, "help": "enforce this global grad norm inside optimizer.step, also when the script does not clip"},
+    ),
+    (
+        ("--desync-every",),
+        {"type": _non_negative_int, "default": DESYNC_EVERY, "help": "steps between parameter checksums compared across ranks (0: off)"},
+    ),
     (("--on-desync",), {"choices": ON_DESYNC, "default": "warn", "help": "ranks whose parameters differ: warn, restart or stop"}),
-    (("--hang-timeout",), {"type": _positive_float, "default": HANG_TIMEOUT_S, "help": "seconds without a step before the job counts as hung"}),
-    (("--on-hang",), {"choices": ON_HANG, "default": "restart", "help": "a hang, once the stacks are collected: restart the group or stop"}),
+    (
+        ("--hang-timeout",),
+        {"type": _positive_float, "default": HANG_TIMEOUT_S, "help": "seconds without a step before the job counts as hung"},
+    ),
+    (
+        ("--on-hang",),
+        {"choices": ON_HANG, "default": "restart", "help": "a hang, once the stacks are collected: restart the group or stop"},
+    ),
 ]
 
 
@@ -88,9 +134,7 @@ def option_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_TAKES_VALUE = {
-    spelling: kwargs.get("action") != "store_true" for spellings, kwargs in OPTIONS for spelling in spellings
-}
+_TAKES_VALUE = {spelling: kwargs.get("action") != "store_true" for spellings, kwargs in OPTIONS for spelling in spellings}
 
 
 @dataclass

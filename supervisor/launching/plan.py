@@ -69,7 +69,9 @@ def cluster_notices(place: Cluster, run: rundir.RunDir) -> list[str]:
     if place.aggregates:
         notices.append(f"node 0 of {place.nnodes}: the other nodes' supervisors join this one at {place.listen_address}")
     elif place.nnodes > 1:
-        notices.append(f"node {place.node} of {place.nnodes}: joined node 0's supervisor at {place.aggregator_address}, which watches the whole job")
+        notices.append(
+            f"node {place.node} of {place.nnodes}: joined node 0's supervisor at {place.aggregator_address}, which watches the whole job"
+        )
     if place.listener is not None:
         notices.append(f"the wire listens on {place.listen_address}; its token is in {run.token_path}")
     return notices

@@ -60,12 +60,19 @@ class JobPlan:
 
 def command(plan: JobPlan) -> list[str]:
     cmd = [
-        sys.executable, "-m", "ddptop.supervisor.launching.torchrun_probe",
-        "--nproc-per-node", str(plan.nproc_per_node),
-        "--max-restarts", str(plan.max_restarts),
-        "--log-dir", str(plan.log_dir),
-        "--redirects", "3",
-        "--tee", "3",
+        sys.executable,
+        "-m",
+        "ddptop.supervisor.launching.torchrun_probe",
+        "--nproc-per-node",
+        str(plan.nproc_per_node),
+        "--max-restarts",
+        str(plan.max_restarts),
+        "--log-dir",
+        str(plan.log_dir),
+        "--redirects",
+        "3",
+        "--tee",
+        "3",
     ]
     if plan.nnodes is None and plan.rdzv_endpoint is None:
         cmd.append("--standalone")

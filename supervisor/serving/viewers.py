@@ -70,8 +70,9 @@ class Viewers:
             sender.cancel()
             commands.cancel()
 
-    async def _send(self, writer: asyncio.StreamWriter, queue: asyncio.Queue[bytes | None],
-                    history: list[BinaryIO], history_end: int) -> None:
+    async def _send(
+        self, writer: asyncio.StreamWriter, queue: asyncio.Queue[bytes | None], history: list[BinaryIO], history_end: int
+    ) -> None:
         """The history (closed segments whole, the current one up to history_end), then the live frames."""
         try:
             for index, segment in enumerate(history):

@@ -40,8 +40,12 @@ async def dump(folder: Path, rank: int, pid: int) -> tuple[str, str] | None:
 async def _py_spy(pid: int) -> str | None:
     try:
         proc = await asyncio.create_subprocess_exec(
-            "py-spy", "dump", "--pid", str(pid),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            "py-spy",
+            "dump",
+            "--pid",
+            str(pid),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
         )
         out, _ = await asyncio.wait_for(proc.communicate(), PY_SPY_TIMEOUT_S)
     except (OSError, asyncio.TimeoutError):

@@ -36,5 +36,5 @@ class Verdict:
 
 
 def ranks_text(ranks: list[int]) -> str:
-    """"rank 3" or "ranks 0,1,2", as verdicts name them."""
+    """ "rank 3" or "ranks 0,1,2", as verdicts name them."""
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, sorted(ranks)))

@@ -15,7 +15,8 @@ def describe(event: dict) -> tuple[str, str]:
     """(style, text) of one event record."""
     kind = event["type"]
     where = "".join(
-        part for part in (
+        part
+        for part in (
             f" rank {event['rank']}" if event.get("rank") is not None else "",
             f" step {event['step']}" if event.get("step") is not None else "",
         )

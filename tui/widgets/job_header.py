@@ -40,8 +40,7 @@ class JobHeader(Static):
             f"steps {progress}  ETA {eta(state, totals)}  "
             f"[b]{count(totals.of(SAMPLES_PER_S))}[/b] samples/s  "
             f"step {ms(totals.of(STEP_MS_P50))}/{ms(totals.of(STEP_MS_P95))} ms  "
-            f"comm {ms(totals.of(COMM_MS))} ms"
-            + "".join(f"  {part}" for part in guard_parts(totals))
+            f"comm {ms(totals.of(COMM_MS))} ms" + "".join(f"  {part}" for part in guard_parts(totals))
         )
         if text != self._shown:  # re-rendering markup ten times a second is not free
             self._shown = text

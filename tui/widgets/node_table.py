@@ -64,8 +64,7 @@ class NodeTable(LineTable):
     NodeTable > .node-table--straggler { color: $warning; text-style: bold; }
     NodeTable > .node-table--alerting { color: $error; text-style: bold; }
     """
-    COMPONENT_CLASSES = {"node-table--header", "node-table--cursor", "node-table--zebra",
-                         "node-table--straggler", "node-table--alerting"}
+    COMPONENT_CLASSES = {"node-table--header", "node-table--cursor", "node-table--zebra", "node-table--straggler", "node-table--alerting"}
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(HEADER, **kwargs)

@@ -78,8 +78,11 @@ class RankTable(LineTable):
     RankTable > .rank-table--alerting { color: $error; text-style: bold; }
     """
     COMPONENT_CLASSES = {
-        "rank-table--header", "rank-table--cursor", "rank-table--zebra",
-        "rank-table--straggler", "rank-table--alerting",
+        "rank-table--header",
+        "rank-table--cursor",
+        "rank-table--zebra",
+        "rank-table--straggler",
+        "rank-table--alerting",
     }
 
     def __init__(self, **kwargs: Any) -> None:
@@ -99,7 +102,7 @@ class RankTable(LineTable):
         return self._cells[rank][_INDEX[key]]
 
     def mark(self, rank: int) -> str:
-        """"alerting", "straggler" or "" for a shown rank."""
+        """ "alerting", "straggler" or "" for a shown rank."""
         return self._marks[rank]
 
     def selected_rank(self) -> int | None:
