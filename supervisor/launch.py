@@ -24,7 +24,7 @@ from ddptop.core import rundir
 from ddptop.supervisor.cluster import endpoints
 from ddptop.supervisor.cluster import placement as cluster
 from ddptop.supervisor.launching import args as launchargs
-from ddptop.supervisor.launching.plan import check_script, cluster_notices, plan_job
+from ddptop.supervisor.launching.plan import check_script, check_torch, cluster_notices, plan_job
 from ddptop.supervisor.launching.torchrun import Torchrun
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
 from ddptop.supervisor.supervise import Supervisor
@@ -37,6 +37,7 @@ Dashboard = Callable[[rundir.RunDir], int]
 def launch(argv: list[str], dashboard: Dashboard) -> int:
     """`ddptop launch ARGV`: the job to its end, headless or under dashboard."""
     args = launchargs.split(argv)
+    check_torch()
     check_script(args.script)
     prometheus = endpoints.parse(args.options.prometheus, what="--prometheus") if args.options.prometheus else None
     if prometheus is not None:

@@ -7,6 +7,8 @@ nothing started.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -17,6 +19,15 @@ from ddptop.supervisor.launching.args import LaunchArgs
 from ddptop.supervisor.launching.torchrun import JobPlan
 from ddptop.supervisor.sampler import gpu_count
 from ddptop.trainer.policy import GuardPolicy
+
+
+def check_torch() -> None:
+    """torchrun is torch's: a Python without torch cannot start the job, and says so here, not in a traceback.
+
+    Found, not imported: the supervisor never pays for importing torch.
+    """
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError(f"torch is not installed for {sys.executable}; install it first (pip install torch)")
 
 
 def check_script(script: Path) -> None:
