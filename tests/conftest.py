@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -18,16 +19,34 @@ EXAMPLE = REPO / "examples" / "train.py"
 SCRIPTS = REPO / "tests" / "scripts"
 
 
+class Deadline:
+    """The one way a test waits: on a condition, failing with what it waited for at a deadline."""
+
+    def __init__(self, timeout: float, what: str) -> None:
+        self.at = time.monotonic() + timeout
+        self.timeout, self.what = timeout, what
+
+    def check(self) -> None:
+        if time.monotonic() > self.at:
+            pytest.fail(f"timed out after {self.timeout}s waiting for {self.what}")
+
+
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:
-    """Poll predicate until it returns something truthy; fail with `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+    """Poll predicate until it returns something truthy (blocking code: processes, sockets)."""
+    deadline = Deadline(timeout, what)
+    while not (value := predicate()):
+        deadline.check()
         time.sleep(interval)
+    return value
+
+
+async def until(predicate: Callable[[], object], what: str, timeout: float = 10.0, interval: float = 0.02) -> object:
+    """The same on the event loop, for asyncio code and a Textual app under Pilot (they run on it)."""
+    deadline = Deadline(timeout, what)
+    while not (value := predicate()):
+        deadline.check()
+        await asyncio.sleep(interval)
+    return value
 
 
 @pytest.fixture

@@ -4,20 +4,13 @@ import asyncio
 import struct
 
 import pytest
+from conftest import until
 
 from ddptop.core import wire
 from ddptop.supervisor.serving.collector import Collector
 
 HELLO = {"type": "rank_hello", "rank": 2, "local_rank": 0, "world_size": 4, "node": 0, "host": "h", "pid": 9, "restart": 0}
 STEP = {"type": "step", "rank": 2, "step": 0, "wall": 1.0, "step_ms": 5.0}
-
-
-async def eventually(predicate, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail("condition not met before the deadline")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -40,7 +33,7 @@ async def test_hello_and_batched_records_reach_the_sink(collector):
     _, writer = await asyncio.open_unix_connection(str(path))
     writer.write(wire.encode(HELLO) + wire.encode({"type": "batch", "items": [STEP, {**STEP, "step": 1}]}))
     await writer.drain()
-    await eventually(lambda: len(records) == 3)
+    await until(lambda: len(records) == 3, "the records that were sent")
     assert records[0] == HELLO and [r["step"] for r in records[1:]] == [0, 1]
     writer.close()
 
@@ -59,7 +52,7 @@ async def test_a_bad_frame_closes_only_its_connection_and_is_counted(collector, 
     coll, path, records = collector
     _, good = await asyncio.open_unix_connection(str(path))
     good.write(wire.encode(HELLO))
-    await eventually(lambda: HELLO in records)
+    await until(lambda: HELLO in records, "the records that were sent")
     bad_reader, bad = await asyncio.open_unix_connection(str(path))
     bad.write(payload)
     await bad.drain()
@@ -68,6 +61,6 @@ async def test_a_bad_frame_closes_only_its_connection_and_is_counted(collector, 
     assert any(r["type"] == "wire_error" for r in records)
     good.write(wire.encode({"type": "batch", "items": [{**STEP, "step": 41}]}))
     await good.drain()
-    await eventually(lambda: records[-1].get("step") == 41)
+    await until(lambda: records[-1].get("step") == 41, "the records that were sent")
     good.close()
     bad.close()

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from conftest import run_ddptop
+from conftest import run_ddptop, until
 
 from ddptop.core import rundir, wire
 from ddptop.core.eventlog import EventLog, closed_segments, compress, open_segment, read_all
@@ -68,8 +68,7 @@ async def test_a_dashboard_attaching_late_gets_every_rotated_record_then_the_liv
                 return
 
     watcher = asyncio.create_task(watch())
-    while not hub.viewers._queues:
-        await asyncio.sleep(0.01)
+    await until(lambda: hub.viewers.attached, "the dashboard attached")
     for n in range(500, 600):
         hub.record(heartbeat(n))
     await asyncio.wait_for(watcher, 20)

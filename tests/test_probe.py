@@ -13,8 +13,7 @@ from ddptop.supervisor.launching.torchrun_probe import Reporter
 def held_restart(restart: int, backoff: float = 0.0) -> tuple[threading.Thread, socket.socket]:
     """A Reporter on one end of a socket pair, holding restart `restart` in a thread."""
     probe_end, supervisor_end = socket.socketpair()
-    reporter = Reporter(None)
-    reporter._sock = probe_end
+    reporter = Reporter(None, sock=probe_end)
     thread = threading.Thread(target=reporter.hold_restart, args=(restart, backoff), daemon=True)
     thread.start()
     return thread, supervisor_end

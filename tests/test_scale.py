@@ -8,7 +8,7 @@ import random
 import time
 from pathlib import Path
 
-from conftest import run_ddptop
+from conftest import run_ddptop, until
 from synthetic import hello, step_record, synthetic_job
 
 from ddptop.core import rundir, wire
@@ -64,11 +64,10 @@ async def test_a_rank_that_lies_is_counted_and_the_others_go_on(tmp_path):
 
     state: JobState = hub.state
 
-    async def settled() -> None:
-        while not (state.ranks.get(9) and state.ranks[9].data_problems == 2 and state.ranks.get(10) and state.ranks[10].data_problems == 1):
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(settled(), 10)
+    await until(
+        lambda: state.ranks.get(9) and state.ranks[9].data_problems == 2 and state.ranks.get(10) and state.ranks[10].data_problems == 1,
+        "the liar's and the garbage sender's problems counted",
+    )
     assert await asyncio.wait_for(honest, 30) == [STEPS] * 4
     assert state.ranks[9].step == 3
     assert all(state.ranks[r].step == STEPS - 1 and state.ranks[r].data_problems == 0 for r in range(4))

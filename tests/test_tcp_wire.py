@@ -7,7 +7,8 @@ import os
 import socket
 
 import pytest
-from test_collector import HELLO, STEP, eventually
+from conftest import until
+from test_collector import HELLO, STEP
 
 from ddptop.core import wire
 from ddptop.core.usage import UsageError
@@ -65,7 +66,7 @@ async def test_a_connection_without_the_token_is_refused_told_and_logged(aggrega
     coll, port, records, agg = aggregator
     frames = await exchange(port, wire.encode(first) + wire.encode(node_hello(1)))
     assert frames == [{"type": "refused", "reason": reason}]
-    await eventually(lambda: errors(records))
+    await until(lambda: errors(records), "the refusal logged")
     assert errors(records)[0].startswith("refused a TCP connection from 127.0.0.1:") and errors(records)[0].endswith(reason)
     assert coll.bad_frames == 1 and agg.remote_ranks(1) == set()
 
@@ -73,7 +74,7 @@ async def test_a_connection_without_the_token_is_refused_told_and_logged(aggrega
 async def test_ranks_do_not_connect_over_tcp(aggregator):
     _, port, records, _ = aggregator
     await exchange(port, wire.encode({"type": "auth", "token": TOKEN}) + wire.encode(HELLO))
-    await eventually(lambda: errors(records))
+    await until(lambda: errors(records), "the refusal logged")
     assert errors(records) == ["over TCP only dashboards and nodes connect, not 'rank_hello'"]
     assert HELLO not in records
 
@@ -85,7 +86,7 @@ async def test_nodes_join_once_each_and_forward_their_ranks_records(aggregator):
     writer.write(auth + wire.encode(node_hello(1)) + wire.encode(HELLO) + wire.encode(STEP))
     decoder = wire.FrameDecoder()
     assert decoder.feed(await reader.read(1 << 16)) == [{"type": "node_welcome", "node": 1, "run": "run0"}]
-    await eventually(lambda: STEP in records)
+    await until(lambda: STEP in records, "the forwarded step")
     assert agg.owner(2) == 1 and agg.owner(0) is None
     for node, reason in (
         (1, "node rank 1 is already taken by h"),
@@ -100,8 +101,9 @@ async def test_nodes_join_once_each_and_forward_their_ranks_records(aggregator):
     assert agg.command(1, {"type": "command", "action": "kill_rank", "rank": 2})
     assert decoder.feed(await reader.read(1 << 16)) == [{"type": "command", "action": "kill_rank", "rank": 2}]
     writer.close()
-    await eventually(
-        lambda: {"type": "rank_gone", "rank": 2} in [{k: r[k] for k in ("type", "rank")} for r in records if r["type"] == "rank_gone"]
+    await until(
+        lambda: {"type": "rank_gone", "rank": 2} in [{k: r[k] for k in ("type", "rank")} for r in records if r["type"] == "rank_gone"],
+        "the node's rank gone with it",
     )
 
 
@@ -109,7 +111,7 @@ async def test_a_node_forwards_records_only_not_commands(aggregator):
     _, port, records, _ = aggregator
     stop = {"type": "command", "action": "stop"}
     await exchange(port, wire.encode({"type": "auth", "token": TOKEN}) + wire.encode(node_hello(1)) + wire.encode(stop))
-    await eventually(lambda: errors(records))
+    await until(lambda: errors(records), "the refusal logged")
     assert errors(records) == ["node 1 forwarded a 'command' record"]
 
 

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import until
 from synthetic import synthetic_job
-from textual.pilot import Pilot
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import closed_segments
@@ -54,14 +54,6 @@ async def job(tmp_path: Path, ddptop_home: Path):
         await live.finish()
 
 
-async def until(pilot: Pilot, predicate, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await pilot.pause(0.05)
-
-
 def dashboard(job: LiveJob, mode: str = "attach") -> DdptopApp:
     return DdptopApp(LiveSource(job.hub.run.socket_path), mode, job.hub.run.path)
 
@@ -78,10 +70,10 @@ def column(app: DdptopApp, key: str) -> list[str]:
 async def test_a_row_per_rank_and_the_header_update_live(job):
     job.feed(world=4)
     app = dashboard(job)
-    async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 4, "a row per rank")
+    async with app.run_test(size=(160, 40)):
+        await until(lambda: table(app).row_count == 4, "a row per rank")
         first = column(app, "step")
-        await until(pilot, lambda: column(app, "step") != first, "steps to advance in the table")
+        await until(lambda: column(app, "step") != first, "steps to advance in the table")
         header = str(app.query_one("#header").render())
         assert "job.py" in header and "world 4" in header and "running" in header
         assert column(app, "rank") == ["0", "1", "2", "3"]
@@ -91,19 +83,19 @@ async def test_sort_and_reverse(job):
     job.feed(world=4, slow_rank=2)
     app = dashboard(job)
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 4 and "-" not in column(app, "step_ms_p50")[2], "step times")
+        await until(lambda: table(app).row_count == 4 and "-" not in column(app, "step_ms_p50")[2], "step times")
         while table(app).sort_key != "step_ms_p50":
             await pilot.press("s")
-        await until(pilot, lambda: column(app, "rank")[-1] == "2", "the slow rank sorted last")
+        await until(lambda: column(app, "rank")[-1] == "2", "the slow rank sorted last")
         await pilot.press("S")
-        await until(pilot, lambda: column(app, "rank")[0] == "2", "the slow rank first once reversed")
+        await until(lambda: column(app, "rank")[0] == "2", "the slow rank first once reversed")
 
 
 async def test_the_straggler_is_highlighted(job):
     job.feed(world=4, slow_rank=1)
     app = dashboard(job)
-    async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 4 and table(app).mark(1) == "straggler", "rank 1 flagged as a straggler")
+    async with app.run_test(size=(160, 40)):
+        await until(lambda: table(app).row_count == 4 and table(app).mark(1) == "straggler", "rank 1 flagged as a straggler")
         assert [table(app).mark(r) for r in (0, 2, 3)] == ["", "", ""]
 
 
@@ -111,11 +103,11 @@ async def test_filter_and_clear(job):
     job.feed(world=4)
     app = dashboard(job)
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 4, "rows")
+        await until(lambda: table(app).row_count == 4, "rows")
         await pilot.press("slash", *"rank 2")
-        await until(pilot, lambda: column(app, "rank") == ["2"], "only rank 2")
+        await until(lambda: column(app, "rank") == ["2"], "only rank 2")
         await pilot.press("enter", "escape")
-        await until(pilot, lambda: table(app).row_count == 4, "all rows back")
+        await until(lambda: table(app).row_count == 4, "all rows back")
 
 
 async def test_too_many_ranks_roll_up_by_node_with_the_worst_named_and_drill_down(job):
@@ -123,39 +115,39 @@ async def test_too_many_ranks_roll_up_by_node_with_the_worst_named_and_drill_dow
     app = dashboard(job)
     nodes = app.nodes
     async with app.run_test(size=(160, 30)) as pilot:
-        await until(pilot, lambda: app.showing_nodes() and nodes.row_count == 8, "one line per node")
-        await until(pilot, lambda: nodes.mark(1) == "straggler", "node 1 flagged by its straggler")
+        await until(lambda: app.showing_nodes() and nodes.row_count == 8, "one line per node")
+        await until(lambda: nodes.mark(1) == "straggler", "node 1 flagged by its straggler")
         assert nodes.cell(1, "WORST RANK").startswith("rank 13: straggler")
         assert nodes.cell(1, "RANKS") == "8/8" and nodes.cell(0, "NODE") == "0"
         assert all(nodes.mark(n) == "" for n in range(8) if n != 1)
         await pilot.press("down", "enter")
-        await until(pilot, lambda: not app.showing_nodes() and table(app).row_count == 8, "node 1's ranks")
+        await until(lambda: not app.showing_nodes() and table(app).row_count == 8, "node 1's ranks")
         assert column(app, "rank") == [str(r) for r in range(8, 16)]
         await pilot.press("escape")
-        await until(pilot, lambda: app.showing_nodes(), "back to the nodes")
+        await until(lambda: app.showing_nodes(), "back to the nodes")
         await pilot.press("n")
-        await until(pilot, lambda: not app.showing_nodes() and table(app).row_count == 64, "every rank")
+        await until(lambda: not app.showing_nodes() and table(app).row_count == 64, "every rank")
 
 
 async def test_pause_freezes_the_display_not_the_intake(job):
     job.feed(world=2)
     app = dashboard(job)
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 2, "rows")
+        await until(lambda: table(app).row_count == 2, "rows")
         await pilot.press("p")
         shown, records = column(app, "step"), app.state.records
-        await until(pilot, lambda: app.state.records > records + 20, "records to keep arriving")
+        await until(lambda: app.state.records > records + 20, "records to keep arriving")
         assert column(app, "step") == shown
         assert "paused" in str(app.query_one("#header").render())
         await pilot.press("p")
-        await until(pilot, lambda: column(app, "step") != shown, "the display to resume")
+        await until(lambda: column(app, "step") != shown, "the display to resume")
 
 
 async def test_detail_logs_and_help_screens(job):
     job.feed(world=2)
     app = dashboard(job)
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 2, "rows")
+        await until(lambda: table(app).row_count == 2, "rows")
         await pilot.press("down", "enter")
         assert isinstance(app.screen, RankDetailScreen) and app.screen.rank == 1
         assert "rank 1" in str(app.screen.query_one("#detail-title").render())
@@ -172,14 +164,13 @@ async def test_kill_rank_asks_first(job):
     job.feed(world=4)
     app = dashboard(job)
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 4, "rows")
+        await until(lambda: table(app).row_count == 4, "rows")
         await pilot.press("down", "down", "K")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
-        await pilot.pause(0.2)
-        assert job.commands == []
+        await until(lambda: not isinstance(app.screen, ConfirmScreen), "the question answered")
         await pilot.press("K", "y")
-        await until(pilot, lambda: job.commands, "the kill command")
+        await until(lambda: job.commands, "the kill command")
         assert job.commands == [{"type": "command", "action": "kill_rank", "rank": 2}]
 
 
@@ -187,11 +178,11 @@ async def test_restart_group_asks_first(job):
     job.feed(world=2)
     app = dashboard(job)
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 2, "rows")
+        await until(lambda: table(app).row_count == 2, "rows")
         await pilot.press("R")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
-        await until(pilot, lambda: job.commands, "the restart command")
+        await until(lambda: job.commands, "the restart command")
         assert job.commands == [{"type": "command", "action": "restart"}]
 
 
@@ -199,10 +190,11 @@ async def test_quit_in_launch_can_leave_the_job_running(job):
     job.feed(world=2)
     app = dashboard(job, mode="launch")
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 2, "rows")
+        await until(lambda: table(app).row_count == 2, "rows")
         await pilot.press("q")
         assert isinstance(app.screen, QuitScreen)
         await pilot.press("l")
+    await until(lambda: job.hub.viewers.attached == 0, "the dashboard detached")  # its commands, if any, came before
     assert app.return_value == "leave" and job.commands == []
     assert not job.feeder.done()  # the ranks still stream to the supervisor
 
@@ -211,9 +203,9 @@ async def test_quit_in_launch_can_stop_the_job(job):
     job.feed(world=2)
     app = dashboard(job, mode="launch")
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 2, "rows")
+        await until(lambda: table(app).row_count == 2, "rows")
         await pilot.press("q", "s")
-        await until(pilot, lambda: job.commands, "the stop command")
+        await until(lambda: job.commands, "the stop command")
     assert app.return_value == "stop" and job.commands == [{"type": "command", "action": "stop"}]
 
 
@@ -221,9 +213,9 @@ async def test_quit_in_attach_only_detaches(job):
     job.feed(world=2)
     app = dashboard(job, mode="attach")
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 2, "rows")
+        await until(lambda: table(app).row_count == 2, "rows")
         await pilot.press("q")
-        await pilot.pause(0.1)
+    await until(lambda: job.hub.viewers.attached == 0, "the dashboard detached")  # its commands, if any, came before
     assert app.return_value is None and job.commands == []
 
 
@@ -231,10 +223,10 @@ async def test_a_late_dashboard_sees_the_history_and_the_end(job):
     job.feed(world=2, rate_hz=100, steps=50)
     await asyncio.wait_for(job.feeder, 10)
     app = dashboard(job)
-    async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: column(app, "step") == ["49", "49"], "the history so far")
+    async with app.run_test(size=(160, 40)):
+        await until(lambda: column(app, "step") == ["49", "49"], "the history so far")
         await job.finish(3)
-        await until(pilot, lambda: app.stream_ended, "the end of the stream")
+        await until(lambda: app.stream_ended, "the end of the stream")
         assert "ended, exit 3" in str(app.query_one("#header").render())
         assert column(app, "step") == ["49", "49"] and column(app, "state") == ["exited", "exited"]
 
@@ -244,24 +236,26 @@ async def test_a_tick_while_the_app_closes_its_screen_does_not_fail(job):
     timers, so a refresh may run with them gone (seen once in CI)."""
     job.feed(world=2)
     app = dashboard(job)
-    async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 2, "rows")
+    async with app.run_test(size=(160, 40)):
+        await until(lambda: table(app).row_count == 2, "rows")
         await app.query_one("#main").remove()
-        app.refresh_view(force=True)
+        assert not app.query("#main")
+        app.refresh_view(force=True)  # must not fail on the widgets that are gone
+        assert app.is_running and app.table.ranks_in_order() == [0, 1]
 
 
 async def test_two_dashboards_attached_at_once_both_update(job):
     job.feed(world=2)
     first, second = dashboard(job), dashboard(job)
-    async with first.run_test(size=(160, 40)) as pilot_a:
+    async with first.run_test(size=(160, 40)):
         other = asyncio.create_task(_run_until_steps(second))
-        await until(pilot_a, lambda: table(first).row_count == 2, "rows in the first dashboard")
+        await until(lambda: table(first).row_count == 2, "rows in the first dashboard")
         await asyncio.wait_for(other, 15)
 
 
 async def _run_until_steps(app: DdptopApp) -> None:
-    async with app.run_test(size=(120, 30)) as pilot:
-        await until(pilot, lambda: table(app).row_count == 2 and column(app, "step") != ["-", "-"], "steps in the second dashboard")
+    async with app.run_test(size=(120, 30)):
+        await until(lambda: table(app).row_count == 2 and column(app, "step") != ["-", "-"], "steps in the second dashboard")
 
 
 async def test_replay_shows_a_finished_run_from_its_rotated_log(job):
@@ -272,7 +266,7 @@ async def test_replay_shows_a_finished_run_from_its_rotated_log(job):
     assert len(closed_segments(job.hub.run.events_path)) >= 3
     app = DdptopApp(ReplaySource(job.hub.run), "replay", job.hub.run.path)
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: app.stream_ended, "the whole log")
+        await until(lambda: app.stream_ended, "the whole log")
         assert column(app, "step") == ["29", "29", "29"]
         assert app.state.records == sum(1 for _ in rundir.read_events(job.hub.run))  # the closed segments too
         assert "ended, exit 0" in str(app.query_one("#header").render())
@@ -283,12 +277,10 @@ async def test_a_terminal_too_small_shows_a_message(job):
     job.feed(world=2)
     app = dashboard(job)
     async with app.run_test(size=(40, 10)) as pilot:
-        await pilot.pause(0.3)
-        assert app.screen.has_class("too-small")
+        await until(lambda: app.screen.has_class("too-small"), "the too-small message")
         assert app.query_one("#too-small").display
         await pilot.resize_terminal(120, 30)
-        await pilot.pause(0.3)
-        assert not app.screen.has_class("too-small")
+        await until(lambda: not app.screen.has_class("too-small"), "the dashboard back at 120x30")
 
 
 def test_log_tail_reads_only_the_end_of_a_long_log(tmp_path):

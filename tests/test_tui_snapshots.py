@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import until
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import EventLog
@@ -90,11 +91,9 @@ def replay_app(tmp_path, ddptop_home, monkeypatch) -> DdptopApp:
 
 
 async def replayed(pilot) -> None:
-    deadline = time.monotonic() + 10
-    while not pilot.app.stream_ended and time.monotonic() < deadline:
-        await pilot.pause(0.05)
+    await until(lambda: pilot.app.stream_ended, "the whole run replayed")
     pilot.app.refresh_plots(force=True)
-    await pilot.pause(0.2)
+    await pilot.pause()  # until the app is idle: the plots redrawn
 
 
 def test_main_screen(snap_compare, replay_app):

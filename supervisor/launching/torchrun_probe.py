@@ -57,14 +57,15 @@ def backoff_s(restart: int, base: float) -> float:
 class Reporter:
     """A blocking connection from torchrun's monitor loop; rare, small sends."""
 
-    def __init__(self, address: str | None) -> None:
+    def __init__(self, address: str | None, sock: socket.socket | None = None) -> None:
+        """address: the supervisor's socket, connected on the first send; sock: a connection already made."""
         self.address = address
         self.node = int(os.environ.get("GROUP_RANK", "0"))
         self.last_failure: tuple[int, int] | None = None
         """(rank, exit code) of the failure torchrun saw first since the last restart."""
         self.restarts = 0
         """Restarts of this node's group so far: the attempt its ranks run in."""
-        self._sock: socket.socket | None = None
+        self._sock = sock
 
     def send(self, frame: wire.Frame) -> None:
         if self.address is None:

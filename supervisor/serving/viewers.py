@@ -29,6 +29,11 @@ class Viewers:
         self._log = log
         self._queues: set[asyncio.Queue[bytes | None]] = set()
 
+    @property
+    def attached(self) -> int:
+        """Dashboards streaming now: one leaves this count once the supervisor has read its last frame."""
+        return len(self._queues)
+
     def broadcast(self, data: bytes) -> None:
         """Queue an encoded frame for every viewer; drop those that lag."""
         for queue in list(self._queues):
