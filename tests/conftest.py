@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from ddptop.core import rundir, wire
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))  # the synthetic-rank load generator
 DDPTOP = str(Path(sys.executable).parent / "ddptop")
@@ -47,6 +49,14 @@ async def until(predicate: Callable[[], object], what: str, timeout: float = 10.
         deadline.check()
         await asyncio.sleep(interval)
     return value
+
+
+def recorded(run: rundir.RunDir) -> list[wire.Frame]:
+    """Every record of a run's event log, each checked against its type's schema (the supervisor's own too)."""
+    records = list(rundir.read_events(run))
+    for record in records:
+        wire.validate(record)
+    return records
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DDPTOP, EXAMPLE, SCRIPTS, run_ddptop, wait_for
+from conftest import DDPTOP, EXAMPLE, SCRIPTS, recorded, run_ddptop, wait_for
 
 from ddptop.core import rundir, wire
 from ddptop.supervisor.launching.torchrun import BOOTSTRAP_DIR
@@ -63,7 +63,7 @@ def test_four_ranks_report_every_step_and_survive_bad_frames(ddptop_home, tmp_pa
     assert proc.returncode == 0, err
 
     run = rundir.RunDir(run_path)
-    records = list(rundir.read_events(run))
+    records = recorded(run)  # each against its schema: the supervisor's run, summary and exit records too
     steps = by_rank(records, "step")
     assert sorted(steps) == [0, 1, 2, 3]
     for rank, rows in steps.items():
@@ -103,7 +103,7 @@ def test_zero_code_instrumentation_of_a_plain_ddp_script(ddptop_home, tmp_path):
         "25",
     )
     assert result.returncode == 0, result.stderr
-    records = list(rundir.read_events(rundir.RunDir(run_path)))
+    records = recorded(rundir.RunDir(run_path))
     steps = by_rank(records, "step")
     params = (32 * 64 + 64) + (64 * 4 + 4)
     for rank in (0, 1):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DDPTOP, EXAMPLE, wait_for
+from conftest import DDPTOP, EXAMPLE, recorded, wait_for
 
 from ddptop.core import rundir
 
@@ -76,7 +76,7 @@ def test_killed_three_times_ends_bitwise_equal_to_an_uninterrupted_run(ddptop_ho
     context += "\n" + "\n".join(said)
     assert final_sha(broken) == final_sha(reference), context
 
-    records = list(rundir.read_events(run))
+    records = recorded(run)
     assert [r["restart"] for r in records if r["type"] == "group_restart"] == [1, 2, 3], context
     crashes = [r["text"] for r in records if r["type"] == "alert" and r["kind"] == "crash"]
     assert len(crashes) == 3 and all("killed by SIGKILL" in text for text in crashes), context + "\n" + "\n".join(crashes)

@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import DDPTOP, EXAMPLE, SCRIPTS
+from conftest import DDPTOP, EXAMPLE, SCRIPTS, recorded
 
 from ddptop.core import rundir
 
@@ -23,7 +23,7 @@ class Job:
     def __init__(self, run_path: Path, proc: subprocess.CompletedProcess) -> None:
         self.proc = proc
         self.run = rundir.RunDir(run_path)
-        self.records = list(rundir.read_events(self.run))
+        self.records = recorded(self.run)
 
     def of(self, kind: str) -> list[dict]:
         return [r for r in self.records if r["type"] == kind]

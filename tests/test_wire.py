@@ -82,3 +82,28 @@ def test_good_frames_before_a_bad_one_are_delivered_then_the_error():
 def test_read_frames_stops_quietly_at_a_truncated_tail():
     data = wire.encode(STEP) + wire.encode(STEP)
     assert list(wire.read_frames(io.BytesIO(data[:-3]))) == [STEP]
+
+
+def test_the_supervisor_s_own_records_fit_their_schemas():
+    """Summary, alert (with each rule's details) and exit, as the supervisor makes them; the e2e tests check real logs."""
+    from ddptop.core.model.job import JobState
+    from ddptop.supervisor.watching.verdict import Verdict
+
+    state = JobState()
+    state.ingest({"type": "rank_hello", "rank": 0, "local_rank": 0, "world_size": 1, "node": 0, "host": "h", "pid": 1, "restart": 0})
+    state.ingest({"type": "step", "rank": 0, "step": 0, "wall": 1.0, "step_ms": 5.0, "samples": 8, "comm_ms": 1.0})
+    state.ingest({"type": "step", "rank": 0, "step": 1, "wall": 2.0, "step_ms": 5.0, "samples": 8, "comm_ms": 1.0})
+    assert wire.validate(state.totals().record(3.0))["metrics"]["samples_per_s"] == 8.0
+    details: list[dict] = [
+        {},
+        {"checksums": {"0": "00ff", "1": "00fe"}},
+        {"ratio": 2.5},
+        {"exitcode": -9, "log": ["Traceback", "ValueError: x"], "traceback": None},
+        {"exitcode": 1, "exit_status": 1},
+    ]
+    for detail in details:
+        wire.validate(Verdict("kind", "text", ranks=[0], step=1, details=detail).record())
+    wire.validate(Verdict("hang", "no step", ranks=[0, 1]).record())  # no single rank, no step
+    wire.validate({"type": "exit", "wall": 4.0, "code": 0, "stopped_by_signal": None})
+    with pytest.raises(wire.FrameError, match="metric 'x' is not a number"):
+        wire.validate({**state.totals().record(3.0), "metrics": {"x": "fast"}})
