@@ -1,0 +1,1 @@
+"""The watchdog: rules over the job's records (rules/), and what the policy does about each verdict (policy.py)."""
