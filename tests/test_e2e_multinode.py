@@ -17,8 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import DDPTOP, EXAMPLE, wait_for
-from test_tui import column, table, until
+from conftest import DDPTOP, EXAMPLE, until, wait_for
+from test_tui import column, table
 
 from ddptop.core import rundir
 from ddptop.supervisor.cluster import remote
@@ -127,9 +127,8 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
 
         # One dashboard, attached over TCP with the token, shows both nodes' ranks.
         app = DdptopApp(LiveSource(tcp=("127.0.0.1", rdzv + 1), token=TOKEN), "attach")
-        async with app.run_test(size=(180, 40)) as pilot:
+        async with app.run_test(size=(180, 40)):
             await until(
-                pilot,
                 lambda: table(app).row_count == 4 and sorted(column(app, "node")) == ["0", "0", "1", "1"],
                 "four rows, two per node",
                 timeout=20,

@@ -38,7 +38,3 @@ class JobTotals:
     def record(self, wall: float) -> wire.Frame:
         """The per-second summary record that dashboards plot."""
         return {"type": "summary", "wall": wall, **asdict(self)}
-
-    @classmethod
-    def from_record(cls, record: wire.Frame) -> JobTotals:
-        return cls(**{key: value for key, value in record.items() if key not in ("type", "wall")})
