@@ -102,7 +102,7 @@ async def watch_latency(socket_path: Path, ranks: int, window: tuple[float, floa
         reader, writer = await asyncio.open_unix_connection(short, limit=1 << 20)
     writer.write(wire.encode({"type": "viewer_hello", "history": False}))
     start, end = window
-    async for frame in frames(reader):
+    async for frame in frames(reader, read_size=1 << 20):
         now = time.time()
         if now > end:
             break

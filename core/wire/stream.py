@@ -24,10 +24,10 @@ from ddptop.core.wire.frames import Frame, FrameDecoder
 READ_SIZE = 1 << 16
 
 
-async def frames(reader: asyncio.StreamReader) -> AsyncIterator[Frame]:
+async def frames(reader: asyncio.StreamReader, read_size: int = READ_SIZE) -> AsyncIterator[Frame]:
     """Every frame of the stream, until the peer closes it."""
     decoder = FrameDecoder()
-    while data := await reader.read(READ_SIZE):
+    while data := await reader.read(read_size):
         for frame in decoder.feed(data):
             yield frame
         decoder.raise_deferred()

@@ -46,6 +46,10 @@ class Watchdog:
             StragglerRule(state),
         ]
         """In the order their verdicts of one tick are given."""
+        self._observers: dict[str, list[Rule]] = {}
+        for rule in self.rules:
+            for kind in rule.observes:
+                self._observers.setdefault(kind, []).append(rule)
 
     def expect_deaths(self, pids: set[int]) -> None:
         """Processes the supervisor kills on purpose: their deaths are not crashes."""
@@ -69,7 +73,8 @@ class Watchdog:
     def observe(self, record: wire.Frame) -> list[Verdict]:
         now = self.clock()
         self.liveness.observe(record, now)
-        return self._decided([v for rule in self.rules for v in rule.observe(record, now)])
+        rules = self._observers.get(record["type"])
+        return self._decided([v for rule in rules for v in rule.observe(record, now)]) if rules else []
 
     def tick(self, final: bool = False) -> list[Verdict]:
         """Time-based verdicts; final (the job has ended) judges what is pending now."""

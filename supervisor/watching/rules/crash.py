@@ -32,6 +32,8 @@ STOPPED = {0, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP}
 
 
 class CrashRule:
+    observes = frozenset({"worker_failure"})
+
     def __init__(
         self,
         policy: WatchPolicy,
@@ -61,7 +63,7 @@ class CrashRule:
         return bool(self._failures)
 
     def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
-        if record.get("type") == "worker_failure" and record["pid"] not in self._expected_deaths and record["restart"] > self._ended:
+        if record["pid"] not in self._expected_deaths and record["restart"] > self._ended:
             if not self._failures:
                 self._failures_since = now
             self._failures.append(record)

@@ -20,6 +20,8 @@ with every rank of a restarted group starting at once."""
 
 
 class HangRule:
+    observes = frozenset({"rank_hello", "step"})
+
     def __init__(self, policy: WatchPolicy, state: JobState, liveness: Liveness) -> None:
         self.policy = policy
         self.state = state
@@ -28,8 +30,7 @@ class HangRule:
         """One verdict per hang: a step or a new hello ends it."""
 
     def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
-        if record.get("type") in ("rank_hello", "step"):
-            self._reported = False
+        self._reported = False
         return []
 
     def final(self) -> list[Verdict]:

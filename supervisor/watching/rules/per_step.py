@@ -24,6 +24,8 @@ class _Gather:
 class PerStepRule:
     """A rule judged per step over every rank's value: subclasses say which value, and the verdict."""
 
+    observes = frozenset({"step"})
+
     def __init__(self, state: JobState, liveness: Liveness) -> None:
         self.state = state
         self.liveness = liveness
@@ -38,7 +40,7 @@ class PerStepRule:
         raise NotImplementedError
 
     def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
-        if record.get("type") != "step" or (value := self.value(record)) is None:
+        if (value := self.value(record)) is None:
             return []
         rank = record["rank"]
         key = (self.liveness.attempt.get(rank, 0), record["step"])

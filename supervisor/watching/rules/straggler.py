@@ -20,6 +20,8 @@ STRAGGLER_MIN_STEPS = 10
 
 
 class StragglerRule:
+    observes: frozenset[str] = frozenset()
+
     def __init__(self, state: JobState) -> None:
         self.state = state
         self._slow: dict[int, int] = {}
