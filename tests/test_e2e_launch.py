@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import socket
 import struct
@@ -120,9 +121,10 @@ def test_zero_code_instrumentation_of_a_plain_ddp_script(ddptop_home, tmp_path):
 
 
 def final_params(stdout: str) -> str:
-    found = [line.split()[-1] for line in stdout.splitlines() if "final-params-sha256" in line]
+    """Rank 0's digest, by pattern: another rank's half-written line may join it (PYTHONUNBUFFERED)."""
+    found = re.search(r"final-params-sha256 ([0-9a-f]{64})", stdout)
     assert found, stdout[-2000:]
-    return found[0]
+    return found[1]
 
 
 def test_a_job_trains_bit_for_bit_as_under_plain_torchrun(ddptop_home, tmp_path):
