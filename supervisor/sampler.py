@@ -119,8 +119,10 @@ class Sampler:
             if proc is not None:
                 try:
                     with proc.oneshot():
-                        entry["cpu"] = proc.cpu_percent()
-                        entry["rss"] = proc.memory_info().rss
+                        # An exited rank not yet reaped reads as 0 bytes and 0%: no reading, so its last one stays.
+                        if proc.status() != psutil.STATUS_ZOMBIE:
+                            entry["cpu"] = proc.cpu_percent()
+                            entry["rss"] = proc.memory_info().rss
                 except psutil.Error:
                     self._procs.pop(pid, None)
             if pid in gpu_procs:

@@ -1,8 +1,12 @@
 """The sampler's psutil path for real, its NVML path against a fake of pynvml's shape."""
 
 import os
+import subprocess
+import sys
 
+import psutil
 import pytest
+from conftest import wait_for
 from fake_pynvml import FakeNvml
 
 from ddptop.core import rundir
@@ -73,3 +77,15 @@ def test_no_gpu_means_cpu_ranks_on_gloo(run):
     plan, notices = plan_job(split(["t.py", "--gpus", "4"]), None, run)
     assert plan.cpu_only and plan.nproc_per_node == 4
     assert notices == ["no CUDA GPU found: starting 4 CPU ranks on gloo"]
+
+
+def test_a_rank_that_exited_but_is_not_reaped_gives_no_reading():
+    """psutil reads a zombie's RSS as 0: the dashboard showed "0 B" for ranks that had just ended."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    sampler = Sampler(None)
+    wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, 10, "the child to exit, unreaped")
+    [entry] = sampler.sample({0: child.pid})["procs"]
+    assert "rss" not in entry and "cpu" not in entry
+    child.wait()
+    [entry] = Sampler(None).sample({0: os.getpid()})["procs"]
+    assert entry["rss"] > 0  # a live process still gives its reading
