@@ -208,22 +208,35 @@ def test_scaler_skips_are_not_nan_faults(ddptop_home, tmp_path):
 
 
 def test_a_failure_that_repeats_is_stopped_as_a_crash_loop_in_one_line(ddptop_home, tmp_path):
-    """A bad --inject fails every attempt alike: three tries, then one clear stop, exit 2."""
+    """A bad --inject fails every attempt alike, before the first step: two tries, then one clear stop, exit 2."""
     job = launch(tmp_path, str(EXAMPLE), "--gpus", "2", "--inject", "nan@5:7")
     assert job.proc.returncode == 2
     lines = job.proc.stderr.splitlines()
     errors = [line for line in lines if line.startswith("[rank") and "error:" in line]
     # Rank 0 says why in an attempt, unless silent rank 1 exits first and
     # torchrun stops rank 0 before it gets there (still the same failure).
-    assert len(errors) <= 3, job.proc.stderr[-4000:]
+    assert len(errors) <= 2, job.proc.stderr[-4000:]
     assert set(errors) <= {"[rank0]:train.py: error: --inject nan@5:7: rank 7 is outside the world of 2 ranks"}
-    # The third restart is announced and held until the watchdog has judged it: the stop comes first, no fourth attempt.
+    # The second restart is announced and held until the watchdog has judged it: the stop comes first, no third attempt.
     restarts = job.of("group_restart")
-    assert [(r["restart"], r["exitcode"], r["backoff_s"]) for r in restarts] == [(1, 2, 0.0), (2, 2, 1.0), (3, 2, 2.0)]
-    assert {r["restart"] for r in job.of("rank_hello")} == {0, 1, 2}
+    assert [(r["restart"], r["exitcode"], r["backoff_s"]) for r in restarts] == [(1, 2, 0.0), (2, 2, 1.0)]
+    assert {r["restart"] for r in job.of("rank_hello")} == {0, 1}
     [loop] = job.alerts("crash-loop")
-    assert loop["text"].startswith("the same failure 3 times in ")
+    assert loop["text"].startswith("the same failure before the first step in attempts 0 and 1: a restart cannot help")
     # Both ranks exit 2 at the same moment (rank 1 without a word): either may be named first.
     assert re.search(r"stopping the job: rank [01] failed with exit code 2", loop["text"]), loop["text"]
     assert "ddptop: stopping the job after the crash-loop alert" in lines
     assert "Traceback" not in job.proc.stderr
+
+
+def test_an_early_failure_that_repeats_is_named_at_its_line_and_not_restarted_again(ddptop_home, tmp_path):
+    """An AttributeError before the first step: one restart to be sure, then a stop in one line, exit 1."""
+    job = launch(tmp_path, str(SCRIPTS / "early_failure.py"), "--gpus", "2", "--max-restarts", "3")
+    assert job.proc.returncode == 1, job.proc.stderr[-3000:]
+    crashes = job.alerts("crash")
+    assert len(crashes) == 2
+    assert "has no attribute 'to_device' at early_failure.py:11 in <module>" in crashes[0]["text"]
+    [stop] = job.alerts("crash-loop")
+    assert stop["text"].startswith("the same failure before the first step in attempts 0 and 1: a restart cannot help")
+    assert {r["restart"] for r in job.of("rank_hello")} == {0, 1}  # no third attempt
+    assert "ddptop: stopping the job after the crash-loop alert" in job.proc.stderr.splitlines()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddptop.core.model.job import JobState
-from ddptop.supervisor.watching.failures import crash_excerpt, last_error_line
+from ddptop.supervisor.watching.failures import crash_excerpt, last_error_line, script_frame
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.hang import STARTUP_GRACE_S
 from ddptop.supervisor.watching.rules.per_step import GATHER_S
@@ -295,10 +295,14 @@ def test_a_crash_is_read_from_the_log_of_the_attempt_that_failed_before_its_hell
     assert crash.text.endswith("its log ends: train.py: error: bad --inject"), crash.text
 
 
-def crash_once(dog: Watchdog, state: JobState, clock: Clock, restart: int, message: str, code: int = 1, rank: int = 0) -> list:
+def crash_once(
+    dog: Watchdog, state: JobState, clock: Clock, restart: int, message: str, code: int = 1, rank: int = 0, progress: bool = True
+) -> list:
     """One attempt of a 1-rank group that dies with `message` (without a word
-    if empty); the verdicts it brings."""
+    if empty), after a step (progress) or before its first; the verdicts it brings."""
     feed(dog, state, hello(0, restart=restart, world=1))
+    if progress:
+        feed(dog, state, step(0, 0))
     if message:
         feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": f"Traceback...\n{message}\n"})
     feed(
@@ -384,3 +388,42 @@ def test_a_fatal_signal_report_is_kept_from_its_start_less_the_threads_in_no_pyt
     assert not any("<no Python frame>" in line for line in excerpt)
     assert last_error_line(excerpt) == 'Fatal Python error: Segmentation fault in File "train.py", line 172 in step'
     assert crash_excerpt([f"line {i}" for i in range(50)], 20) == [f"line {i}" for i in range(30, 50)]
+
+
+def test_a_failure_before_the_first_step_that_repeats_stops_at_once():
+    """Loading or setup that failed alike twice will fail again: no third attempt, whatever --crash-loop says."""
+    dog, state, clock = make(WatchPolicy(crash_loop=5), world=1)
+    error = 'Traceback (most recent call last):\n  File "/work/job/train.py", line 89, in <module>\n    torch.cuda.set_device(0)\nAttributeError: no'
+    assert [v.kind for v in crash_once(dog, state, clock, 0, error, progress=False)] == ["crash"]
+    crash, stop = crash_once(dog, state, clock, 1, error, progress=False)
+    assert crash.text.endswith("AttributeError: no at train.py:89 in <module>")
+    assert (stop.kind, stop.action, stop.details["exit_status"]) == ("crash-loop", "stop", 1)
+    assert stop.text.startswith("the same failure before the first step in attempts 0 and 1: a restart cannot help, stopping the job")
+
+
+def test_an_early_failure_is_restarted_when_it_differs_or_after_progress():
+    dog, state, clock = make(WatchPolicy(crash_loop=5), world=1)
+    assert [v.kind for v in crash_once(dog, state, clock, 0, "OSError: port in use", progress=False)] == ["crash"]
+    assert [v.kind for v in crash_once(dog, state, clock, 1, "ValueError: bad shard", progress=False)] == ["crash"]
+    assert [v.kind for v in crash_once(dog, state, clock, 2, "ValueError: bad shard", progress=True)] == ["crash"]
+    assert [v.kind for v in crash_once(dog, state, clock, 3, "ValueError: bad shard", progress=False)] == ["crash"]
+
+
+def test_the_frame_named_is_the_script_s_own_not_torch_s():
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/proj/train.py", line 12, in <module>\n'
+        '  File "/home/u/proj/data.py", line 43, in batches\n'
+        '  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 700, in __next__\n'
+        '  File "/usr/lib/python3.11/json/decoder.py", line 337, in decode\n'
+        "json.decoder.JSONDecodeError: Expecting value\n"
+    )
+    assert script_frame(text) == "data.py:43 in batches"
+    assert script_frame("ValueError: no traceback") is None
+
+
+def test_an_early_failure_that_left_no_words_is_alike_to_one_that_did():
+    """Which rank speaks before torchrun stops the others varies between attempts (see the crash loop)."""
+    dog, state, clock = make(WatchPolicy(crash_loop=5), world=1)
+    assert [v.kind for v in crash_once(dog, state, clock, 0, "train.py: error: bad --inject", code=2, progress=False)] == ["crash"]
+    assert [v.kind for v in crash_once(dog, state, clock, 1, "", code=2, progress=False)] == ["crash", "crash-loop"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def crash_excerpt(log: list[str], lines: int) -> list[str]:
     """What of a failed rank's stderr tail a crash verdict carries.
@@ -40,3 +42,22 @@ def last_error_line(log: list[str]) -> str | None:
             frame = next((f.strip() for f in report[current:] if f.strip().startswith("File ")), None)
             return line.strip() + (f" in {frame}" if frame else "")
     return next((line.strip() for line in reversed(log) if line.strip()), None)
+
+
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
+_NOT_THE_SCRIPT = ("/site-packages/", "/dist-packages/", "/lib/python3", "/ddptop/")
+"""Frames of installed packages, the standard library and ddptop itself: not the script's own code."""
+
+
+def script_frame(traceback_text: str) -> str | None:
+    """The innermost frame of the script's own code in a traceback, as "train.py:89 in <module>".
+
+    The frames of torch, the standard library or ddptop say where an error
+    surfaced; the user needs the line of their own code that led there.
+    """
+    found = None
+    for line in traceback_text.splitlines():
+        match = _FRAME.match(line)
+        if match and not match["path"].startswith("<") and not any(part in match["path"] for part in _NOT_THE_SCRIPT):
+            found = f"{match['path'].rsplit('/', 1)[-1]}:{match['line']} in {match['function']}"
+    return found

@@ -3,8 +3,11 @@
 torchrun's probe reports each failed worker (worker_failure). The failures
 of one poll, and the ones a first failure causes, arrive within a moment;
 they are gathered for FAILURE_GATHER_S and make one verdict, naming the
-rank that failed first, how, where it was, and the last words it left
-(its uncaught exception, or the end of its stderr). Deaths the supervisor
+rank that failed first, how, where it was, the last words it left (its
+uncaught exception, or the end of its stderr) and the innermost frame of
+the script's own code they show. A failure before the first step that
+repeats the previous attempt's (same status, words and frame) stops the
+job at once: loading or setup that failed alike twice will fail again. Deaths the supervisor
 caused, and failures in an attempt already judged or ended on purpose, are
 consequences, not crashes.
 """
@@ -17,10 +20,10 @@ from collections.abc import Callable
 from ddptop.core import wire
 from ddptop.core.model.events import exit_reason
 from ddptop.core.model.job import JobState
-from ddptop.supervisor.watching.failures import last_error_line
+from ddptop.supervisor.watching.failures import last_error_line, script_frame
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.policy import WatchPolicy
-from ddptop.supervisor.watching.rules.crash_loop import CrashLoop
+from ddptop.supervisor.watching.rules.crash_loop import CrashLoop, alike, repeated_before_first_step
 from ddptop.supervisor.watching.verdict import Verdict, ranks_text
 
 FAILURE_GATHER_S = 0.3
@@ -31,8 +34,14 @@ STOPPED = {0, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP}
 """Exit codes of a rank that torchrun (or the user) stopped, rather than one that failed."""
 
 
+def _same(a: tuple[int, str, str | None], b: tuple[int, str, str | None]) -> bool:
+    """Two failures (exit status, words, frame) alike as the crash loop counts them: what one
+    left unsaid (which rank spoke before torchrun stopped the others varies) matches anything."""
+    return a[0] == b[0] and (a[1] == b[1] or not a[1] or not b[1]) and (a[2] == b[2] or a[2] is None or b[2] is None)
+
+
 class CrashRule:
-    observes = frozenset({"worker_failure"})
+    observes = frozenset({"worker_failure", "step"})
 
     def __init__(
         self,
@@ -52,6 +61,10 @@ class CrashRule:
         self._expected_deaths: set[int] = set()
         self._ended = -1
         """The newest attempt ended on purpose or already judged: its failures are consequences."""
+        self._progressed: set[int] = set()
+        """Attempts in which a rank finished a step."""
+        self._early: tuple[int, tuple[int, str, str | None]] | None = None
+        """The last judged failure that came before the first step: (attempt, what it was)."""
 
     def expect_deaths(self, pids: set[int]) -> None:
         self._expected_deaths |= pids
@@ -63,6 +76,9 @@ class CrashRule:
         return bool(self._failures)
 
     def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
+        if record["type"] == "step":
+            self._progressed.add(self.liveness.attempt.get(record["rank"], 0))
+            return []
         if record["pid"] not in self._expected_deaths and record["restart"] > self._ended:
             if not self._failures:
                 self._failures_since = now
@@ -87,9 +103,13 @@ class CrashRule:
         tail = self.log_tail(first)
         error = self._error_line(first, tail)
         exceptions = self.liveness.exceptions
+        traceback = exceptions.get(rank) or first.get("message")
+        frame = script_frame(traceback or "\n".join(tail))
         text = f"rank {rank} {'failed with ' if first['exitcode'] >= 0 else 'was '}{exit_reason(first['exitcode'])}{where}"
         if error is not None:
-            text += f": {error}" if exceptions.get(rank) or first.get("message") else f"; its log ends: {error}"
+            text += f": {error}" if traceback else f"; its log ends: {error}"
+            if frame is not None and frame not in error:
+                text += f" at {frame}"
         others = sorted({f["rank"] for f in failures} - {rank})
         if others:
             text += f" ({ranks_text(others)} failed after it)"
@@ -104,6 +124,12 @@ class CrashRule:
         # may have said why (rank 0 printing a usage error): the loop check
         # takes the first words any of them left.
         said = error if error is not None else next((line for f in failures[1:] if (line := self._error_line(f)) is not None), None)
+        if first["restart"] not in self._progressed:
+            early, self._early = self._early, (first["restart"], (first["exitcode"], alike(said), frame))
+            if early is not None and early[0] < first["restart"] and _same(early[1], self._early[1]):
+                return [crash, repeated_before_first_step(crash, (early[0], first["restart"]))]
+        else:
+            self._early = None
         return [crash, *self.loop.after(crash, said, self.clock())]
 
     def _cause_first(self, failure: wire.Frame) -> tuple[int, float, float]:
