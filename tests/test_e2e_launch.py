@@ -118,6 +118,9 @@ def test_zero_code_instrumentation_of_a_plain_ddp_script(ddptop_home, tmp_path):
     hellos = [r for r in records if r["type"] == "rank_hello"]
     assert sorted(h["rank"] for h in hellos) == [0, 1] and all(h["world_size"] == 2 for h in hellos)
     assert {r["phase"] for r in records if r["type"] == "heartbeat"} & {"data", "forward", "backward", "comm", "optimizer", "exit"}
+    # WHERE: the main thread's innermost line of the script's own code, read by ddptop's sender thread.
+    places = {r.get("where") for r in records if r["type"] == "heartbeat"}
+    assert any(place and place.startswith("plain_ddp.py:") for place in places), places
 
 
 def final_params(stdout: str) -> str:

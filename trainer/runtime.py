@@ -25,6 +25,7 @@ from ddptop.trainer import importwatch, monitor
 from ddptop.trainer.policy import STACK_SIGNAL, STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.sender import Sender
 from ddptop.trainer.steps import StepTracker
+from ddptop.trainer.where import where
 
 AGENT_PID_ENV = "DDPTOP_AGENT_PID"
 """torchrun's pid, set by ddptop's probe inside it (supervisor/launching/torchrun_probe.py)."""
@@ -118,6 +119,7 @@ def activate() -> None:
             "rank": tracker.rank,
             "wall": time.time(),
             "phase": tracker.phase,
+            "where": where(),
             "step": tracker.step,
             "dropped": sender.dropped,
         }

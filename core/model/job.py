@@ -114,6 +114,7 @@ class JobState:
     def _on_heartbeat(self, record: wire.Frame) -> None:
         state = self.rank(record["rank"])
         state.phase = record["phase"]
+        state.where = record.get("where")
         state.dropped = record["dropped"]
         state.last_wall = max(state.last_wall, record["wall"])
 

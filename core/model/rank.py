@@ -32,6 +32,8 @@ class RankState:
     restart: int = 0
     step: int = -1
     phase: str = "startup"
+    where: str | None = None
+    """The main thread's innermost frame of the script's own code, as of the last heartbeat."""
     dropped: int = 0
     last_wall: float = 0.0
     loss: float | None = None

@@ -62,6 +62,8 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "rank": (_INT, True),
         "wall": (_NUM, True),
         "phase": (_STR, True),
+        # The main thread's innermost frame of the script's code, "train.py:51 in train_step" (trainer/where.py).
+        "where": (_STR, False),
         "step": (_INT, True),
         "dropped": (_INT, True),
     },

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from ddptop.core.places import is_script, place
+
 
 def crash_excerpt(log: list[str], lines: int) -> list[str]:
     """What of a failed rank's stderr tail a crash verdict carries.
@@ -45,8 +47,6 @@ def last_error_line(log: list[str]) -> str | None:
 
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
-_NOT_THE_SCRIPT = ("/site-packages/", "/dist-packages/", "/lib/python3", "/ddptop/")
-"""Frames of installed packages, the standard library and ddptop itself: not the script's own code."""
 
 
 def script_frame(traceback_text: str) -> str | None:
@@ -58,6 +58,6 @@ def script_frame(traceback_text: str) -> str | None:
     found = None
     for line in traceback_text.splitlines():
         match = _FRAME.match(line)
-        if match and not match["path"].startswith("<") and not any(part in match["path"] for part in _NOT_THE_SCRIPT):
-            found = f"{match['path'].rsplit('/', 1)[-1]}:{match['line']} in {match['function']}"
+        if match and is_script(match["path"]):
+            found = place(match["path"], match["line"], match["function"])
     return found

@@ -59,6 +59,7 @@ IDENTITY = [
     Column("pid", "PID", lambda r, now, live: str(r.pid or "-"), lambda r: r.pid),
     Column("state", "STATE", lambda r, now, live: rank_status(r, now, live), lambda r: r.phase),
     Column("step", "STEP", lambda r, now, live: "-" if r.step < 0 else str(r.step), lambda r: r.step),
+    Column("where", "WHERE", lambda r, now, live: r.where or "-", lambda r: r.where or ""),
 ]
 COLUMNS = IDENTITY + [_metric_column(header, metrics) for header, metrics in grouped("column")]
 SORTABLE = [c.key for c in COLUMNS if c.key not in ("pid", "state")]

@@ -1,0 +1,42 @@
+"""Where in the script's own code: a rank's live place and a crash's frame are both named this way.
+
+A stack runs through torch, the standard library and ddptop as well as the
+script; the user needs the innermost line of their own code, not the line
+in torch where it surfaced. Only the standard library is imported here: the
+trainer uses it inside every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+NOT_THE_SCRIPT = ("/site-packages/", "/dist-packages/", "/lib/python3")
+"""Path parts of installed packages and the standard library (on this machine or a rank's)."""
+
+OWN_PACKAGES = ("ddptop", "ddptop.core", "ddptop.trainer", "ddptop.supervisor", "ddptop.tui")
+
+
+@functools.cache
+def _own_folders() -> tuple[str, ...]:
+    """Where ddptop's own code is: its packages' folders, wherever an install (editable too) put them.
+
+    Found, not imported: the packages' code does not run for this.
+    """
+    folders: list[str] = []
+    for name in OWN_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            folders += [os.path.join(folder, "") for folder in spec.submodule_search_locations]
+    return tuple(folders)
+
+
+def is_script(path: str) -> bool:
+    """Whether a frame's file is the user's own code."""
+    return not path.startswith("<") and not any(part in path for part in NOT_THE_SCRIPT) and not path.startswith(_own_folders())
+
+
+def place(path: str, line: int | str, function: str) -> str:
+    """ "train.py:89 in <module>": the file's name, not its folder, as an editor's jump list shows it."""
+    return f"{path.rsplit('/', 1)[-1]}:{line} in {function}"
