@@ -118,7 +118,7 @@ class CrashRule:
             text,
             ranks=[rank],
             step=None if state is None or state.step < 0 else state.step,
-            details={"exitcode": first["exitcode"], "log": tail, "traceback": exceptions.get(rank) or first.get("message")},
+            details={"exitcode": first["exitcode"], "log": tail, "traceback": traceback},
         )
         # Ranks that fail alike at once come first in any order, and only one
         # may have said why (rank 0 printing a usage error): the loop check
