@@ -140,7 +140,10 @@ def test_a_job_trains_bit_for_bit_as_under_plain_torchrun(ddptop_home, tmp_path)
         text=True,
         timeout=180,
     )
-    assert plain.returncode == 0, plain.stderr[-2000:]
+    # The reference: torch 2.13's gloo may abort a rank of a plain job in destroy_process_group
+    # ("terminate called without an active exception", seen once in CI at 3 ranks on 2 cores),
+    # after the job is done. Its final digest, not its teardown, is what ddptop's run is held to.
+    assert "final-params-sha256" in plain.stdout, plain.stderr[-2000:]
     under = run_ddptop("launch", "--headless", "--run-dir", str(tmp_path / "run"), *args, "--gpus", "3")
     assert under.returncode == 0, under.stderr[-2000:]
     assert final_params(under.stdout) == final_params(plain.stdout)
