@@ -258,10 +258,11 @@ METRICS: tuple[Metric, ...] = (
 JOB_METRICS: tuple[Metric, ...] = tuple(m for m in METRICS if m.job is not None)
 
 
-def grouped(attr: str) -> list[tuple[str, list[Metric]]]:
-    """The metrics that share each column, plot or summary template (attr), in table order."""
+def grouped(by: Callable[[Metric], str | None]) -> list[tuple[str, list[Metric]]]:
+    """The metrics that share a column, plot, summary template or Prometheus family (what `by`
+    names for each; None: it has none), in table order."""
     groups: dict[str, list[Metric]] = {}
     for metric in METRICS:
-        if (name := getattr(metric, attr)) is not None:
+        if (name := by(metric)) is not None:
             groups.setdefault(name, []).append(metric)
     return list(groups.items())

@@ -19,7 +19,7 @@ def line(totals: JobTotals, uptime_s: float) -> str:
     if done is not None and totals.total_steps:
         progress += f"/{totals.total_steps}"
     parts = [f"ddptop {duration(uptime_s)}", f"steps {progress}", f"ranks {totals.ranks_seen}/{totals.world_size or '?'}"]
-    for template, metrics in grouped("summary"):
+    for template, metrics in grouped(lambda metric: metric.summary):
         values = [totals.of(metric) for metric in metrics]
         if any(value is not None for value in values):
             parts.append(template.format(*(metric.text(value) for metric, value in zip(metrics, values))))

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.core import Metric as Family
 
 from ddptop.core.model.job import JobState
-from ddptop.core.model.metrics import METRICS, SAMPLES_PER_S, Metric
+from ddptop.core.model.metrics import SAMPLES_PER_S, grouped
 from ddptop.core.model.rank import RankState
 
 RANK_LABELS = ["rank", "node", "host"]
@@ -31,16 +31,8 @@ RANK_STATE: list[tuple[str, str, Callable[[RankState], float]]] = [
 """What the rank is rather than what it measures; its measurements are the metric table's."""
 
 
-def _families() -> dict[str, list[Metric]]:
-    """The metric table's Prometheus families: metrics that share a name are its rows (quantiles)."""
-    families: dict[str, list[Metric]] = {}
-    for metric in METRICS:
-        if metric.prometheus is not None:
-            families.setdefault(metric.prometheus.name, []).append(metric)
-    return families
-
-
-RANK_FAMILIES = _families()
+RANK_FAMILIES = grouped(lambda metric: metric.prometheus.name if metric.prometheus is not None else None)
+"""The metric table's Prometheus families: metrics that share a name are its rows (the step-time quantiles)."""
 RANK_COUNTERS: list[tuple[str, str, Callable[[RankState], float]]] = [
     ("nan_skipped_steps", "steps skipped because of non-finite loss or gradients", lambda r: r.nan_skips),
     ("dropped_records", "records the rank dropped because the supervisor could not keep up", lambda r: r.dropped),
@@ -89,7 +81,7 @@ class PrometheusExporter:
             for rank in ranks:
                 family.add_metric([str(rank.rank), str(rank.node), rank.host], state_of(rank))
             families.append(family)
-        for name, metrics in RANK_FAMILIES.items():
+        for name, metrics in RANK_FAMILIES:
             first = metrics[0].prometheus
             assert first is not None
             family = GaugeMetricFamily(f"ddptop_rank_{name}", first.doc, labels=[*RANK_LABELS, *(k for k, _ in first.labels)])

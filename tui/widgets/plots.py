@@ -54,7 +54,7 @@ class Plot(Vertical):
 class Plots(Grid):
     """One plot per plot title of the metric table, from the job's summary records."""
 
-    GROUPS = grouped("plot")
+    GROUPS = grouped(lambda metric: metric.plot)
 
     def compose(self) -> ComposeResult:
         for title, metrics in self.GROUPS:

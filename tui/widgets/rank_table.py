@@ -61,7 +61,7 @@ IDENTITY = [
     Column("step", "STEP", lambda r, now, live: "-" if r.step < 0 else str(r.step), lambda r: r.step),
     Column("where", "WHERE", lambda r, now, live: r.where or "-", lambda r: r.where or ""),
 ]
-COLUMNS = IDENTITY + [_metric_column(header, metrics) for header, metrics in grouped("column")]
+COLUMNS = IDENTITY + [_metric_column(header, metrics) for header, metrics in grouped(lambda metric: metric.column)]
 SORTABLE = [c.key for c in COLUMNS if c.key not in ("pid", "state")]
 HIGHLIGHTED = ("rank", "state")
 _KEYS = [c.key for c in COLUMNS]
