@@ -23,7 +23,7 @@ from ddptop.core.model.job import JobState
 from ddptop.supervisor.watching.failures import last_error_line, script_frame
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.policy import WatchPolicy
-from ddptop.supervisor.watching.rules.crash_loop import CrashLoop, alike, repeated_before_first_step
+from ddptop.supervisor.watching.rules.crash_loop import CrashLoop, alike, repeated_before_first_step, same_words
 from ddptop.supervisor.watching.verdict import Verdict, ranks_text
 
 FAILURE_GATHER_S = 0.3
@@ -35,9 +35,9 @@ STOPPED = {0, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP}
 
 
 def _same(a: tuple[int, str, str | None], b: tuple[int, str, str | None]) -> bool:
-    """Two failures (exit status, words, frame) alike as the crash loop counts them: what one
-    left unsaid (which rank spoke before torchrun stopped the others varies) matches anything."""
-    return a[0] == b[0] and (a[1] == b[1] or not a[1] or not b[1]) and (a[2] == b[2] or a[2] is None or b[2] is None)
+    """Two failures (exit status, words, frame) alike: the words as the crash loop compares them
+    (which rank spoke before torchrun stopped the others varies), and a frame unknown to one matches."""
+    return a[0] == b[0] and same_words(a[1], b[1]) and (a[2] == b[2] or a[2] is None or b[2] is None)
 
 
 class CrashRule:

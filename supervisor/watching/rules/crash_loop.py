@@ -24,6 +24,11 @@ def alike(said: str | None) -> str:
     return re.sub(r"0x[0-9a-fA-F]+|\d+", "#", said or "")
 
 
+def same_words(a: str, b: str) -> bool:
+    """Two failures' blanked words alike: what one left unsaid matches anything."""
+    return a == b or not a or not b
+
+
 def repeated_before_first_step(crash: Verdict, attempts: tuple[int, int]) -> Verdict:
     """The same failure, before any step, in two attempts in a row: the code or the setup fails
     the same way every time, and a restart only spends the budget (and the minutes)."""
@@ -50,7 +55,7 @@ class CrashLoop:
         self._crashes.append((now, (exitcode, words)))
         while self._crashes and now - self._crashes[0][0] > self.policy.crash_loop_window:
             self._crashes.popleft()
-        same = [t for t, (code, said_then) in self._crashes if code == exitcode and (said_then == words or not said_then or not words)]
+        same = [t for t, (code, said_then) in self._crashes if code == exitcode and same_words(said_then, words)]
         if len(same) < self.policy.crash_loop:
             return []
         self._crashes.clear()
