@@ -37,6 +37,20 @@ def step(rank: int, n: int, **extra: object) -> dict:
     return {"type": "step", "rank": rank, "step": n, "wall": 0.0, "step_ms": 10.0, **extra}
 
 
+def failure(rank: int, code: int, restart: int = 0, pid: int | None = None, local_rank: int | None = None, node: int = 0) -> dict:
+    """torchrun's probe reporting a worker that failed (pid and local rank default to hello's)."""
+    return {
+        "type": "worker_failure",
+        "node": node,
+        "restart": restart,
+        "rank": rank,
+        "local_rank": rank if local_rank is None else local_rank,
+        "pid": 100 + rank if pid is None else pid,
+        "exitcode": code,
+        "wall": 0.0,
+    }
+
+
 def make(policy: WatchPolicy | None = None, world: int = 4, log: list[str] | None = None) -> tuple[Watchdog, JobState, Clock]:
     state, clock = JobState(), Clock()
     dog = Watchdog(policy or WatchPolicy(), state, lambda failure: log or [], clock)
@@ -173,20 +187,7 @@ def test_crash_picks_the_first_rank_to_go_and_ignores_deaths_we_caused():
     clock.now += 0.01
     feed(dog, state, {"type": "rank_gone", "rank": 0, "wall": 0.0})
     for rank, code, pid in ((0, 1, 100), (2, -11, 102), (3, -9, 103)):
-        feed(
-            dog,
-            state,
-            {
-                "type": "worker_failure",
-                "node": 0,
-                "restart": 0,
-                "rank": rank,
-                "local_rank": rank,
-                "pid": pid,
-                "exitcode": code,
-                "wall": 0.0,
-            },
-        )
+        feed(dog, state, failure(rank, code, pid=pid))
     assert dog.tick() == []  # gathering the failures of one poll
     clock.now += 0.5
     [v] = dog.tick()
@@ -202,20 +203,7 @@ def test_a_rank_killed_by_a_signal_is_the_cause_even_when_its_peers_seemed_to_go
         feed(dog, state, {"type": "rank_gone", "rank": rank, "wall": 0.0})
         clock.now += 0.001
     for rank, code in ((1, 1), (2, -15), (0, -9)):
-        feed(
-            dog,
-            state,
-            {
-                "type": "worker_failure",
-                "node": 0,
-                "restart": 0,
-                "rank": rank,
-                "local_rank": rank,
-                "pid": 100 + rank,
-                "exitcode": code,
-                "wall": 0.0,
-            },
-        )
+        feed(dog, state, failure(rank, code))
     clock.now += 0.5
     [v] = dog.tick()
     assert v.ranks == [0] and v.text.startswith("rank 0 was killed by SIGKILL")
@@ -229,20 +217,7 @@ def test_a_rank_that_exited_on_its_own_is_named_before_one_torchrun_stopped():
     clock.now += 0.01
     feed(dog, state, {"type": "rank_gone", "rank": 1, "wall": 0.0})
     for rank, code in ((0, -15), (1, 2)):
-        feed(
-            dog,
-            state,
-            {
-                "type": "worker_failure",
-                "node": 0,
-                "restart": 0,
-                "rank": rank,
-                "local_rank": rank,
-                "pid": 100 + rank,
-                "exitcode": code,
-                "wall": 0.0,
-            },
-        )
+        feed(dog, state, failure(rank, code))
     clock.now += 0.5
     [v] = dog.tick()
     assert v.ranks == [1] and v.details["exitcode"] == 2, v.text
@@ -251,18 +226,18 @@ def test_a_rank_that_exited_on_its_own_is_named_before_one_torchrun_stopped():
 def test_failures_later_in_the_same_attempt_are_consequences_not_a_second_crash():
     """Across nodes the other node's ranks fail of the broken collective a moment later."""
     dog, state, clock = make()
-    failure = {"type": "worker_failure", "node": 1, "restart": 0, "rank": 2, "local_rank": 0, "pid": 102, "exitcode": -9, "wall": 0.0}
-    feed(dog, state, failure)
+    first = failure(2, -9, local_rank=0, node=1)
+    feed(dog, state, first)
     clock.now += 0.5
     [crash] = dog.tick()
     assert crash.ranks == [2]
     for rank in (0, 1):
-        feed(dog, state, {**failure, "node": 0, "rank": rank, "local_rank": rank, "pid": 100 + rank, "exitcode": 1})
+        feed(dog, state, failure(rank, 1))
     clock.now += 0.5
     assert dog.tick() == []
     # The next attempt's failures count again, even one that comes before its
     # rank's hello (they travel on different connections).
-    feed(dog, state, {**failure, "restart": 1, "rank": 0, "pid": 200, "exitcode": 1})
+    feed(dog, state, {**first, "restart": 1, "rank": 0, "pid": 200, "exitcode": 1})
     clock.now += 0.5
     assert [v.ranks for v in dog.tick()] == [[0]]
 
@@ -272,9 +247,7 @@ def test_crash_quotes_the_ranks_own_exception():
     feed(dog, state, step(0, 4))
     feed(dog, state, {"type": "heartbeat", "rank": 0, "wall": 0.0, "phase": "data", "step": 5, "dropped": 0})
     feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": "Traceback...\nValueError: bad batch\n"})
-    feed(
-        dog, state, {"type": "worker_failure", "node": 0, "restart": 0, "rank": 0, "local_rank": 0, "pid": 100, "exitcode": 1, "wall": 0.0}
-    )
+    feed(dog, state, failure(0, 1))
     [v] = dog.tick(final=True)
     assert v.text == "rank 0 failed with exit code 1 after step 4 (in data): ValueError: bad batch"
 
@@ -287,9 +260,7 @@ def test_a_crash_is_read_from_the_log_of_the_attempt_that_failed_before_its_hell
     state, clock = JobState(), Clock()
     dog = Watchdog(WatchPolicy(), state, lambda failure: logs.get((failure["local_rank"], failure["restart"]), []), clock)
     feed(dog, state, hello(0, restart=0, world=1))
-    feed(
-        dog, state, {"type": "worker_failure", "node": 0, "restart": 2, "rank": 0, "local_rank": 0, "pid": 300, "exitcode": 2, "wall": 0.0}
-    )
+    feed(dog, state, failure(0, 2, restart=2, pid=300))
     clock.now += 0.5
     [crash] = dog.tick()
     assert crash.text.endswith("its log ends: train.py: error: bad --inject"), crash.text
@@ -308,7 +279,7 @@ def crash_once(
     feed(
         dog,
         state,
-        {"type": "worker_failure", "node": 0, "restart": restart, "rank": rank, "local_rank": 0, "pid": 100, "exitcode": code, "wall": 0.0},
+        failure(rank, code, restart=restart, pid=100, local_rank=0),
     )
     clock.now += 1.0
     return dog.tick()
