@@ -119,7 +119,11 @@ class JobState:
         state.last_wall = max(state.last_wall, record["wall"])
 
     def _on_sample(self, record: wire.Frame) -> None:
+        """One node's readings. Its GPUs first, so each of its ranks takes its GPU's new reading
+        (a rank's GPU is on its own node: the other nodes' ranks have nothing new here)."""
         node = record.get("node") or 0
+        for gpu in record.get("gpus", []):
+            self.gpus[(node, gpu["index"])] = GpuState(**gpu)
         for proc in record.get("procs", []):
             if proc["rank"] in self.ranks:
                 state = self.ranks[proc["rank"]]
@@ -129,11 +133,8 @@ class JobState:
                         setattr(state, attr, proc[key])
                 if proc.get("gpu") is not None:
                     state.gpu = (node, proc["gpu"])
-        for gpu in record.get("gpus", []):
-            self.gpus[(node, gpu["index"])] = GpuState(**gpu)
-        for state in self.ranks.values():
-            if state.gpu is not None:
-                state.gpu_reading = self.gpus.get(state.gpu)
+                if state.gpu is not None:
+                    state.gpu_reading = self.gpus.get(state.gpu)
 
     def _on_alert(self, record: wire.Frame) -> None:
         self.alerts += 1

@@ -1,0 +1,42 @@
+"""The job model folding the supervisor's samples: each rank shows its own GPU's latest reading."""
+
+from __future__ import annotations
+
+from ddptop.core.model.job import JobState
+from ddptop.core.model.metrics import GPU_USED, GPU_UTIL
+
+
+def hello(rank: int, node: int) -> dict:
+    return {
+        "type": "rank_hello",
+        "rank": rank,
+        "local_rank": 0,
+        "world_size": 2,
+        "node": node,
+        "host": f"h{node}",
+        "pid": 10 + rank,
+        "restart": 0,
+    }
+
+
+def sample(node: int, rank: int, util: float) -> dict:
+    """One node's sample: its rank on GPU 0, and GPU 0's reading (indices repeat on every node)."""
+    return {
+        "type": "sample",
+        "wall": 1.0,
+        "node": node,
+        "procs": [{"rank": rank, "pid": 10 + rank, "cpu": 50.0, "rss": 1 << 20, "gpu": 0, "gpu_mem": 1 << 30}],
+        "gpus": [{"index": 0, "name": "H100", "util": util, "mem_used": 1 << 30, "mem_total": 80 << 30}],
+    }
+
+
+def test_each_rank_shows_its_own_node_s_gpu_and_its_latest_reading():
+    state = JobState()
+    for rank in (0, 1):
+        state.ingest(hello(rank, node=rank))
+    state.ingest(sample(0, 0, util=30.0))
+    state.ingest(sample(1, 1, util=90.0))
+    assert [GPU_UTIL.read(state.ranks[r]) for r in (0, 1)] == [30.0, 90.0]
+    state.ingest(sample(0, 0, util=40.0))
+    assert [GPU_UTIL.read(state.ranks[r]) for r in (0, 1)] == [40.0, 90.0]
+    assert GPU_USED.format(state.ranks[0]).endswith("1.0 GiB pk -/80.0 GiB")
