@@ -121,6 +121,7 @@ def test_zero_code_instrumentation_of_a_plain_ddp_script(ddptop_home, tmp_path):
     # WHERE: the main thread's innermost line of the script's own code, read by ddptop's sender thread.
     places = {r.get("where") for r in records if r["type"] == "heartbeat"}
     assert any(place and place.startswith("plain_ddp.py:") for place in places), places
+    assert all("where" not in r for r in records if r["type"] == "heartbeat" and r["phase"] == "exit")
 
 
 def final_params(stdout: str) -> str:

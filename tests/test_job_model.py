@@ -40,3 +40,13 @@ def test_each_rank_shows_its_own_node_s_gpu_and_its_latest_reading():
     state.ingest(sample(0, 0, util=40.0))
     assert [GPU_UTIL.read(state.ranks[r]) for r in (0, 1)] == [40.0, 90.0]
     assert GPU_USED.format(state.ranks[0]).endswith("1.0 GiB pk -/80.0 GiB")
+
+
+def test_a_rank_s_last_place_stands_once_its_heartbeats_carry_none():
+    """An exiting rank's main thread has left the script: its final heartbeat says no place."""
+    state = JobState()
+    state.ingest(hello(0, node=0))
+    beat = {"type": "heartbeat", "rank": 0, "wall": 1.0, "phase": "forward", "step": 4, "dropped": 0}
+    state.ingest({**beat, "where": "train.py:51 in train_step"})
+    state.ingest({**beat, "phase": "exit"})
+    assert state.ranks[0].where == "train.py:51 in train_step"

@@ -114,15 +114,19 @@ def activate() -> None:
     tracker = StepTracker(hello["rank"], emit=lambda record: sender.put(record))
 
     def heartbeat() -> wire.Frame:
-        return {
+        record: wire.Frame = {
             "type": "heartbeat",
             "rank": tracker.rank,
             "wall": time.time(),
             "phase": tracker.phase,
-            "where": where(),
             "step": tracker.step,
             "dropped": sender.dropped,
         }
+        # Exiting, the main thread has left the script's code (the interpreter shuts down):
+        # the last place it was in stands.
+        if tracker.phase != "exit":
+            record["where"] = where()
+        return record
 
     sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat)
     report_uncaught(sender.put, tracker.rank)

@@ -114,7 +114,8 @@ class JobState:
     def _on_heartbeat(self, record: wire.Frame) -> None:
         state = self.rank(record["rank"])
         state.phase = record["phase"]
-        state.where = record.get("where")
+        if record.get("where") is not None:  # an exiting rank sends none: where it last was stands
+            state.where = record["where"]
         state.dropped = record["dropped"]
         state.last_wall = max(state.last_wall, record["wall"])
 
