@@ -65,6 +65,13 @@ def step_record(
     return record
 
 
+PLACE = {
+    "where": "job.py:42 in train_step",
+    "stack": ["job.py:60 in <module>", "job.py:42 in train_step", "torch/nn/modules/module.py:1750 in _call_impl"],
+}
+"""Where a synthetic rank's main thread is, as a heartbeat says it."""
+
+
 async def synthetic_rank(
     socket_path: Path,
     rank: int,
@@ -101,7 +108,9 @@ async def synthetic_rank(
             items = [step_record(rank, s, step_ms, rng, total_steps, nan_every, checksum_every, world) for s in range(sent, due)]
             sent = max(sent, due)
             if loop.time() >= next_heartbeat:
-                items.append({"type": "heartbeat", "rank": rank, "wall": time.time(), "phase": "forward", "step": sent, "dropped": 0})
+                items.append(
+                    {"type": "heartbeat", "rank": rank, "wall": time.time(), "phase": "forward", "step": sent, "dropped": 0, **PLACE}
+                )
                 next_heartbeat += 1.0
             if items:
                 writer.write(wire.encode({"type": "batch", "items": items}))

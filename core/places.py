@@ -34,9 +34,32 @@ def _own_folders() -> tuple[str, ...]:
 
 def is_script(path: str) -> bool:
     """Whether a frame's file is the user's own code."""
-    return not path.startswith("<") and not any(part in path for part in NOT_THE_SCRIPT) and not path.startswith(_own_folders())
+    return not path.startswith("<") and not any(part in path for part in NOT_THE_SCRIPT) and not is_ddptop(path)
+
+
+def is_ddptop(path: str) -> bool:
+    """Whether a frame's file is ddptop's own code."""
+    return path.startswith(_own_folders())
 
 
 def place(path: str, line: int | str, function: str) -> str:
     """ "train.py:89 in <module>": the file's name, not its folder, as an editor's jump list shows it."""
     return f"{path.rsplit('/', 1)[-1]}:{line} in {function}"
+
+
+def stack_line(path: str, line: int | str, function: str) -> str:
+    """One frame of a stack as a heartbeat sends it: the script's by file name alone, as
+    place() names them; an installed file's from its package down ("torch/nn/modules/module.py:1750
+    in _call_impl"), the standard library's from its version folder ("python3.11/threading.py:320
+    in wait"); so a line whose file has no folder, and is no "<frozen ...>", is the script's."""
+    if is_script(path):
+        return place(path, line, function)
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            return f"{path.rsplit(marker, 1)[1]}:{line} in {function}"
+    return f"{'/'.join(path.rsplit('/', 2)[-2:])}:{line} in {function}"
+
+
+def is_script_line(text: str) -> bool:
+    """Whether a stack_line() is a frame of the script's own code."""
+    return "/" not in text.split(":", 1)[0] and not text.startswith("<")

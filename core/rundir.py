@@ -74,7 +74,13 @@ class RunDir:
 
     @property
     def stacks_path(self) -> Path:
+        """The stack dumps as read: the main thread's first, ddptop's own threads marked."""
         return self.path / "stacks"
+
+    @property
+    def raw_stacks_path(self) -> Path:
+        """Where each rank's faulthandler writes its dumps as they come (trainer/runtime.py)."""
+        return self.path / "stacks" / "raw"
 
     def read_meta(self) -> dict[str, Any]:
         return json.loads(self.meta_path.read_text())
@@ -120,7 +126,7 @@ def create(script: Path, chosen: Path | None) -> RunDir:
         probe.write_bytes(b"")
         probe.unlink()
         (path / "logs").mkdir(mode=0o700)
-        (path / "stacks").mkdir(mode=0o700)
+        (path / "stacks" / "raw").mkdir(mode=0o700, parents=True)
         if chosen is not None:
             runs_root().mkdir(mode=0o700, parents=True, exist_ok=True)
             (runs_root() / f"{stamp}-{path.name}-{secrets.token_hex(2)}").symlink_to(path)

@@ -170,6 +170,9 @@ class Supervisor:
     async def _carry_out(self, verdict: Verdict) -> None:
         """Alert first (log, dashboards, stderr), then stacks, then the action."""
         self.record(verdict.record())
+        if verdict.notice:
+            print(f"ddptop: {verdict.text}", file=sys.stderr, flush=True)
+            return
         print(f"ddptop: ALERT {verdict.kind}: {verdict.text}", file=sys.stderr, flush=True)
         if verdict.stacks:
             ours = self.torchrun.descendants()
@@ -202,7 +205,7 @@ class Supervisor:
         state = self.state.ranks.get(rank)
         if state is None or state.pid not in ours:
             return
-        got = await stacks.dump(self.run.stacks_path, rank, state.pid)
+        got = await stacks.dump(self.run.raw_stacks_path, self.run.stacks_path, rank, state.pid)
         if got is None:
             self._note(rank, f"rank {rank} gave no stack dump")
             return

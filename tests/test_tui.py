@@ -151,6 +151,9 @@ async def test_detail_logs_and_help_screens(job):
         await pilot.press("down", "enter")
         assert isinstance(app.screen, RankDetailScreen) and app.screen.rank == 1
         assert "rank 1" in str(app.screen.query_one("#detail-title").render())
+        live = app.screen.query_one("#live-stack")
+        await until(lambda: "job.py:42 in train_step" in str(live.render()), "the main thread's stack")
+        assert str(live.render()).splitlines()[-1] == "torch/nn/modules/module.py:1750 in _call_impl"  # innermost last
         await pilot.press("escape")
         await pilot.press("l")
         assert isinstance(app.screen, RankDetailScreen) and app.focused is app.screen.query_one("#log")

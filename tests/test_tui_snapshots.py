@@ -76,6 +76,10 @@ def fixed_run(path: Path) -> rundir.RunDir:
                 }
             )
             record(state.totals().record(BASE + step * 0.05))
+    stack = ["train.py:60 in <module>", "train.py:51 in train_step", "torch/_tensor.py:626 in backward"]
+    for rank in range(4):
+        beat = {"type": "heartbeat", "rank": rank, "wall": BASE + 6, "phase": "comm", "step": 120, "dropped": 0}
+        record({**beat, "where": "train.py:51 in train_step", "stack": stack, "forwards": 120})
     record({"type": "alert", "wall": BASE + 6, "rank": 3, "step": 119, "text": "straggler: 2.0x the median step time"})
     record({"type": "exit", "wall": BASE + 12, "code": 0, "stopped_by_signal": None})
     log.close()

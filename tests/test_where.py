@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
+import subprocess
+import sys
 import threading
+import time
 
-from ddptop.core.places import is_script
+import pytest
+
+from ddptop.core.places import is_script, is_script_line
 from ddptop.trainer import hooks
+from ddptop.trainer import where as where_module
 from ddptop.trainer.where import where
 
 
@@ -27,3 +34,82 @@ def test_ddptop_s_own_frames_are_not_the_script_s_wherever_it_is_installed():
     assert not is_script("/venv/lib/python3.11/site-packages/torch/nn/modules/module.py")
     assert not is_script("/usr/lib/python3.11/threading.py") and not is_script("<frozen importlib._bootstrap>")
     assert is_script("/home/u/ddptop/examples/train.py")  # a user's folder may be named like the tool
+
+
+def sampled_from_another_thread() -> where_module.Sample:
+    """The main thread's sample as the sender thread takes it, while this test's frame is the innermost."""
+    seen: list[where_module.Sample] = []
+    asker = threading.Thread(target=lambda: seen.append(where_module.sample()))
+    asker.start()
+    asker.join()
+    return seen[0]
+
+
+def test_the_stack_runs_outermost_first_with_the_script_s_frames_named_by_file_alone():
+    sample = sampled_from_another_thread()
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    assert sample.stack[-1].startswith(f"{version}/threading.py:")  # start() or join(): the standard library, by version
+    script = [line for line in sample.stack if is_script_line(line)]
+    assert script[-1] == sample.where and sample.where.endswith(" in sampled_from_another_thread")
+    assert any(line.startswith("_pytest/") for line in sample.stack)  # an installed package, from its folder down
+    assert sample.inside is None
+
+
+PARTNER = """
+import sys, time, torch.distributed as dist
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 2), rank=1, world_size=2)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_inside_names_the_torch_distributed_call_the_main_thread_waits_in(tmp_path):
+    """A real gloo barrier that waits for a rank that joined the group but never comes to it."""
+    import torch.distributed as dist
+
+    store = str(tmp_path / "store")
+    partner = subprocess.Popen([sys.executable, "-c", PARTNER, store])
+    try:
+        dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=0, world_size=2)
+        seen: list[where_module.Sample] = []
+
+        def ask() -> None:
+            end = time.monotonic() + 20
+            while time.monotonic() < end:
+                now = where_module.sample()
+                if now.inside is not None:
+                    seen.append(now)
+                    return
+                time.sleep(0.01)  # a poll's pace, not a wait for an event
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        with pytest.raises(RuntimeError):
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=3))
+        asker.join()
+        dist.destroy_process_group()
+    finally:
+        partner.kill()
+        partner.wait()
+    assert seen and seen[0].inside == "monitored_barrier", seen
+    assert seen[0].where.startswith("test_where.py:") and seen[0].where.endswith(
+        " in test_inside_names_the_torch_distributed_call_the_main_thread_waits_in"
+    )
+
+
+def test_deep_recursion_is_walked_to_a_bound_and_no_main_frame_is_native(monkeypatch):
+    def down(n: int) -> where_module.Sample:
+        return down(n - 1) if n else sampled_from_another_thread()
+
+    deep = down(500)
+    assert len(deep.stack) == where_module.STACK_FRAMES and deep.where.endswith(" in sampled_from_another_thread")
+    monkeypatch.setattr(sys, "_current_frames", lambda: {})  # the main thread in C code before any Python ran
+    assert where_module.sample() == where_module.NOWHERE and where_module.NOWHERE.where == "in native code"
+
+
+def test_a_frame_the_walk_cannot_read_gives_nowhere_not_an_exception(monkeypatch):
+    def broken() -> dict:
+        raise RuntimeError("no frames today")
+
+    monkeypatch.setattr(sys, "_current_frames", broken)
+    assert where_module.sample() == where_module.NOWHERE

@@ -213,6 +213,7 @@ def _forward_pre_hook(probe: Probe) -> Any:
         if first:
             first = False
             _ensure_comm_hook(module, probe)
+        tracker.forwards += 1
         if module.training and torch.is_grad_enabled():
             tracker.forward_begin(_batch_size(args, kwargs))
 

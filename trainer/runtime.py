@@ -21,11 +21,10 @@ from collections.abc import Callable
 from types import TracebackType
 
 from ddptop.core import wire
-from ddptop.trainer import importwatch, monitor
+from ddptop.trainer import importwatch, monitor, where
 from ddptop.trainer.policy import STACK_SIGNAL, STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.sender import Sender
 from ddptop.trainer.steps import StepTracker
-from ddptop.trainer.where import where
 
 AGENT_PID_ENV = "DDPTOP_AGENT_PID"
 """torchrun's pid, set by ddptop's probe inside it (supervisor/launching/torchrun_probe.py)."""
@@ -112,20 +111,29 @@ def activate() -> None:
     stacks_on_signal(hello["rank"])
     sender: Sender
     tracker = StepTracker(hello["rank"], emit=lambda record: sender.put(record))
+    last_stack: tuple[str, ...] = ()
 
     def heartbeat() -> wire.Frame:
+        nonlocal last_stack
         record: wire.Frame = {
             "type": "heartbeat",
             "rank": tracker.rank,
             "wall": time.time(),
             "phase": tracker.phase,
             "step": tracker.step,
+            "forwards": tracker.forwards,
             "dropped": sender.dropped,
         }
         # Exiting, the main thread has left the script's code (the interpreter shuts down):
         # the last place it was in stands.
         if tracker.phase != "exit":
-            record["where"] = where()
+            now = where.sample()
+            record["where"] = now.where
+            if now.inside is not None:
+                record["inside"] = now.inside
+            if now.stack != last_stack:
+                record["stack"] = list(now.stack)
+                last_stack = now.stack
         return record
 
     sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat)

@@ -37,6 +37,11 @@ class StepTracker:
         self.rank = rank
         self.phase = "startup"
         self.step = 0
+        """The step in progress: one past the last step finished, which the heartbeat tells
+        the supervisor while that step's record is still held."""
+        self.forwards = 0
+        """The DDP model's forwards so far, evaluation's too: counted by the forward hook,
+        and sent with each heartbeat, so a rank that evaluates is seen to be working."""
         self.total_steps: int | None = None
         self._emit = emit
         self._clock = clock

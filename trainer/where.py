@@ -1,35 +1,84 @@
-"""Where a rank's main thread is: the innermost frame of the script's own code, for the WHERE column.
+"""Where a rank's main thread is, sampled for the heartbeat: the WHERE column, the live stack, stall verdicts.
 
 Read on ddptop's sender thread, once a heartbeat, from the main thread's
 current frame (sys._current_frames): the training thread does nothing for
-it. The walk is bounded, and no failure here may reach the rank.
+it. One bounded walk of the frames gives everything the supervisor asks:
+
+- `where`, the innermost frame of the script's own code ("train.py:51 in
+  train_step"), else the innermost Python frame: what the WHERE column shows;
+- `inside`, the torch.distributed call the main thread is in ("all_reduce",
+  "barrier"), so a rank that waits for the others says so;
+- `stack`, the main thread's frames, outermost first: sent when it changed
+  since the last heartbeat, so the supervisor calls a rank working while it
+  moves and stuck while it stays, and a stuck rank's heartbeats stay small.
+
+No failure here may reach the rank.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from dataclasses import dataclass
 from types import FrameType
 
-from ddptop.core.places import is_script, place
+from ddptop.core.places import is_script, stack_line
 
 MAX_DEPTH = 200
 """Frames walked at most: deep recursion costs the sender thread no more than this."""
 
+STACK_FRAMES = 48
+"""Frames of the main thread's stack sent at most, the innermost ones."""
+
 NATIVE = "in native code"
 """The main thread has no Python frame (inside C code before any Python ran, or gone)."""
+
+COLLECTIVES_FILE = "/torch/distributed/distributed_c10d.py"
+"""Where torch.distributed's collectives (all_reduce, barrier, broadcast...) are defined."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    where: str
+    inside: str | None
+    stack: tuple[str, ...]
+
+
+NOWHERE = Sample(NATIVE, None, ())
+
+
+def sample() -> Sample:
+    """The main thread's place, as of now; NOWHERE rather than an exception on the sender thread."""
+    try:
+        return _walk()
+    except Exception:  # noqa: BLE001 - a frame the walk cannot read must not end the heartbeats
+        return NOWHERE
+
+
+def _walk() -> Sample:
+    frame: FrameType | None = sys._current_frames().get(threading.main_thread().ident or -1)
+    if frame is None:
+        return NOWHERE
+    script: str | None = None
+    inside: str | None = None
+    stack: list[str] = []
+    for _ in range(MAX_DEPTH):
+        if frame is None:
+            break
+        code = frame.f_code
+        path = code.co_filename
+        text = stack_line(path, frame.f_lineno, code.co_name)
+        if script is None and is_script(path):
+            script = text
+        elif inside is None and path.endswith(COLLECTIVES_FILE):
+            inside = code.co_name
+        if len(stack) < STACK_FRAMES:
+            stack.append(text)
+        frame = frame.f_back
+    stack.reverse()
+    return Sample(script or stack[-1], inside, tuple(stack))
 
 
 def where() -> str:
     """The main thread's innermost frame of the script's own code, else its innermost Python frame."""
-    frame: FrameType | None = sys._current_frames().get(threading.main_thread().ident or -1)
-    if frame is None:
-        return NATIVE
-    innermost = frame
-    for _ in range(MAX_DEPTH):
-        if frame is None:
-            break
-        if is_script(frame.f_code.co_filename):
-            return place(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
-        frame = frame.f_back
-    return place(innermost.f_code.co_filename, innermost.f_lineno, innermost.f_code.co_name)
+    return sample().where

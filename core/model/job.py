@@ -75,6 +75,7 @@ class JobState:
             setattr(state, key, record[key])
         state.phase = "startup"
         state.step = -1
+        state.live_stack = []
         state.exited = False
         self.world_size = max(self.world_size, record["world_size"])
 
@@ -116,6 +117,9 @@ class JobState:
         state.phase = record["phase"]
         if record.get("where") is not None:  # an exiting rank sends none: where it last was stands
             state.where = record["where"]
+            state.inside = record.get("inside")
+        if record.get("stack") is not None:  # sent when it changed: the last one stands
+            state.live_stack = record["stack"]
         state.dropped = record["dropped"]
         state.last_wall = max(state.last_wall, record["wall"])
 

@@ -34,6 +34,10 @@ class RankState:
     phase: str = "startup"
     where: str | None = None
     """The main thread's innermost frame of the script's own code, as of the last heartbeat."""
+    inside: str | None = None
+    """The torch.distributed call the main thread is in, as of the last heartbeat."""
+    live_stack: list[str] = field(default_factory=list)
+    """The main thread's frames, outermost first, as of the last heartbeat that changed them."""
     dropped: int = 0
     last_wall: float = 0.0
     loss: float | None = None
@@ -65,14 +69,15 @@ class RankState:
         return comm / step if comm is not None and step else None
 
     def busy_ms(self) -> float | None:
-        """Mean step time less time in communication: the rank's own work.
+        """The median step's own work: step time less time in communication.
 
         In DDP every rank's step takes as long as the slowest one's, because
         the fast ones wait for it in the all-reduce; what sets a straggler
-        apart is that its time is its own, not waiting.
+        apart is that its time is its own, not waiting. The median, not the
+        mean: a straggler is slower on most steps, and one long step (rank 0
+        evaluating alone between two steps) is a pause, not a slow rank.
         """
-        step = self.window.mean("step_ms")
-        return None if step is None else step - (self.window.mean("comm_ms") or 0.0)
+        return self.window.busy_ms(50)
 
     def clip_rate(self) -> float | None:
         return self.clipped / self.clip_checked if self.clip_checked else None

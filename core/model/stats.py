@@ -53,6 +53,10 @@ class StepPoint:
     tokens: int | None
 
 
+def _busy(point: StepPoint) -> float:
+    return point.step_ms - (point.comm_ms or 0.0)
+
+
 _SUMMED = ("step_ms", "data_ms", "comm_ms", "comm_bytes", "samples", "tokens")
 
 
@@ -71,14 +75,18 @@ class RollingWindow:
         self._sums = dict.fromkeys(_SUMMED, 0.0)
         self._counts = dict.fromkeys(_SUMMED, 0)
         self._sorted_step_ms: list[float] = []
+        self._sorted_busy_ms: list[float] = []
 
     def add(self, point: StepPoint) -> None:
         if len(self.points) == self.points.maxlen:
-            self._account(self.points[0], -1)
-            del self._sorted_step_ms[bisect.bisect_left(self._sorted_step_ms, self.points[0].step_ms)]
+            old = self.points[0]
+            self._account(old, -1)
+            del self._sorted_step_ms[bisect.bisect_left(self._sorted_step_ms, old.step_ms)]
+            del self._sorted_busy_ms[bisect.bisect_left(self._sorted_busy_ms, _busy(old))]
         self.points.append(point)
         self._account(point, 1)
         bisect.insort(self._sorted_step_ms, point.step_ms)
+        bisect.insort(self._sorted_busy_ms, _busy(point))
 
     def _account(self, point: StepPoint, sign: int) -> None:
         for attr in _SUMMED:
@@ -89,6 +97,10 @@ class RollingWindow:
 
     def step_ms(self, q: float) -> float | None:
         return nearest_rank(self._sorted_step_ms, q)
+
+    def busy_ms(self, q: float) -> float | None:
+        """Percentile of the steps' own work: step time less comm wait."""
+        return nearest_rank(self._sorted_busy_ms, q)
 
     def mean(self, attr: str) -> float | None:
         count = self._counts[attr]

@@ -64,7 +64,15 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "phase": (_STR, True),
         # The main thread's innermost frame of the script's code, "train.py:51 in train_step" (trainer/where.py).
         "where": (_STR, False),
+        # The torch.distributed call the main thread is in ("all_reduce", "barrier").
+        "inside": (_STR, False),
+        # The main thread's frames, outermost first (core/places.py stack_line); only when they
+        # changed since the rank's previous heartbeat.
+        "stack": (_LIST, False),
+        # The step in progress: the rank has finished every step before it.
         "step": (_INT, True),
+        # The DDP model's forwards so far, evaluation's included.
+        "forwards": (_INT, False),
         "dropped": (_INT, True),
     },
     # torchrun's own agent, through ddptop's probe (supervisor/launching/torchrun_probe.py).
@@ -253,6 +261,9 @@ def validate(frame: Frame) -> Frame:
             if not isinstance(item, dict) or item.get("type") not in RANK_RECORD_TYPES:
                 raise FrameError("batch item is not a rank record")
             validate(item)
+    elif kind == "heartbeat":
+        if any(not isinstance(line, str) for line in frame.get("stack") or ()):
+            raise FrameError("heartbeat: stack lines must be strings")
     elif kind == "summary":
         for key, value in frame["metrics"].items():
             if not isinstance(key, str) or not (value is None or (isinstance(value, _NUM) and value.__class__ is not bool)):

@@ -63,7 +63,7 @@ def plan_job(args: LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir) -> t
         log_dir=run.logs_path,
         address=f"unix:{run.socket_path}",
         cpu_only=not gpus,
-        stacks_dir=run.stacks_path,
+        stacks_dir=run.raw_stacks_path,
         guard=GuardPolicy(on_nan=opts.on_nan, clip_grad=opts.clip_grad, desync_every=opts.desync_every),
         visible_gpus=visible,
         nnodes=opts.nnodes,

@@ -17,6 +17,14 @@ class Liveness:
     """rank -> the restart count of its latest hello."""
     progress: dict[int, float] = field(default_factory=dict)
     """rank -> when it last finished a step (or said hello)."""
+    done: dict[int, int] = field(default_factory=dict)
+    """rank -> the last step it finished, as its step records and heartbeats tell: a heartbeat
+    tells it while the step's record is still held in the rank (until its next forward)."""
+    moved: dict[int, float] = field(default_factory=dict)
+    """rank -> when it was last seen working: its stack changed, its model ran a forward, or it
+    finished a step. A rank that waits or is stuck sits still."""
+    forwards: dict[int, int] = field(default_factory=dict)
+    """rank -> its model's forwards so far, as its last heartbeat counted them."""
     heard: dict[int, float] = field(default_factory=dict)
     """rank -> when it last sent anything."""
     stepped: set[int] = field(default_factory=set)
@@ -31,20 +39,45 @@ class Liveness:
         if kind == "rank_hello":
             rank = record["rank"]
             self.attempt[rank] = record["restart"]
-            self.progress[rank] = self.heard[rank] = now
+            self.progress[rank] = self.heard[rank] = self.moved[rank] = now
+            self.done.pop(rank, None)
+            self.forwards.pop(rank, None)
             self.stepped.discard(rank)
             self.exceptions.pop(rank, None)
             self.gone.pop(rank, None)
         elif kind == "step":
             rank = record["rank"]
-            self.progress[rank] = self.heard[rank] = now
-            self.stepped.add(rank)
+            self.heard[rank] = now
+            self._finished(rank, record["step"], now)
         elif kind == "heartbeat":
-            self.heard[record["rank"]] = now
+            self._heartbeat(record, now)
         elif kind == "exception":
             self.exceptions[record["rank"]] = record["text"]
         elif kind == "rank_gone":
             self.gone[record["rank"]] = now
+
+    def _finished(self, rank: int, step: int, now: float) -> None:
+        if step > self.done.get(rank, -1) or rank not in self.stepped:
+            self.done[rank] = max(step, self.done.get(rank, step))
+            self.progress[rank] = self.moved[rank] = now
+            self.stepped.add(rank)
+
+    def _heartbeat(self, record: wire.Frame, now: float) -> None:
+        rank = record["rank"]
+        self.heard[rank] = now
+        if rank not in self.done:  # the first since hello: where a resumed rank starts, no step yet
+            self.done[rank] = record["step"] - 1
+        elif record["step"] - 1 > self.done[rank]:
+            self._finished(rank, record["step"] - 1, now)
+        forwards = record.get("forwards")
+        if record.get("stack") is not None or (forwards is not None and forwards != self.forwards.get(rank, forwards)):
+            self.moved[rank] = now
+        if forwards is not None:
+            self.forwards[rank] = forwards
+
+    def still(self, rank: int, now: float) -> float:
+        """Seconds the rank has sat still: no step, no forward, its stack the same."""
+        return now - self.moved.get(rank, now)
 
     def live(self) -> list[int]:
         """Ranks that said hello and whose connection has not closed since."""

@@ -1,20 +1,26 @@
 """Getting a stuck rank's Python stacks: py-spy when installed, else faulthandler.
 
 The ranks' bootstrap registers faulthandler on STACK_SIGNAL with a file in
-the run's stacks/ folder (trainer/runtime.py). Asking for a dump is sending
-the signal and reading what the file gained; faulthandler writes from its C
-signal handler, so a rank blocked in a collective still answers. py-spy,
-when on PATH and allowed to attach, also shows native frames; its dump is
-kept next to the others.
+the run's stacks/raw/ folder (trainer/runtime.py). Asking for a dump is
+sending the signal and reading what the file gained; faulthandler writes
+from its C signal handler, so a rank blocked in a collective still answers.
+py-spy, when on PATH and allowed to attach, also shows native frames.
+
+Either dump lists threads in no order a reader needs. What the alert, the
+event log, the dashboard and stacks/rank<R>.<pid>.txt get is script_first():
+the main thread first (the script's own stack), then the other threads,
+then ddptop's own, marked; threads in no Python code are left out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 from pathlib import Path
 
+from ddptop.core.places import is_ddptop
 from ddptop.trainer.policy import STACK_SIGNAL
 
 DUMP_WAIT_S = 2.0
@@ -27,14 +33,82 @@ def stack_file(folder: Path, rank: int, pid: int) -> Path:
     return folder / f"rank{rank}.{pid}.txt"
 
 
-async def dump(folder: Path, rank: int, pid: int) -> tuple[str, str] | None:
-    """(source, text) of the rank's stacks now, or None when it cannot say."""
+async def dump(raw: Path, folder: Path, rank: int, pid: int) -> tuple[str, str] | None:
+    """(source, text) of the rank's stacks now, script first, or None when it cannot say.
+
+    raw is where the rank's faulthandler writes; the ordered dump is added to
+    the rank's file in folder.
+    """
+    got: tuple[str, str] | None = None
     if shutil.which("py-spy"):
         text = await _py_spy(pid)
         if text:
-            (folder / f"rank{rank}.{pid}.py-spy.txt").write_text(text)
-            return "py-spy", text
-    return await _faulthandler(stack_file(folder, rank, pid), pid)
+            got = "py-spy", text
+    if got is None:
+        got = await _faulthandler(stack_file(raw, rank, pid), pid)
+    if got is None:
+        return None
+    source, text = got
+    ordered = script_first(text)
+    with stack_file(folder, rank, pid).open("a") as stream:
+        stream.write(f"--- {source}\n{ordered}\n")
+    return source, ordered
+
+
+_THREAD = re.compile(r"^(Current thread|Thread) ")
+_PATHS = re.compile(r'File "([^"]+)"|\(([^():]+):\d+\)')
+OWN_MARK = "  [ddptop's own thread]"
+
+
+def script_first(text: str) -> str:
+    """A dump's threads reordered: the main thread's first, ddptop's own last and marked.
+
+    Reads faulthandler's dumps ("Thread 0x... (most recent call first):" then
+    `File "...", line N in f` lines) and py-spy's ("Thread 123 (idle):
+    "MainThread"" then `f (path:N)` lines). The main thread is py-spy's
+    MainThread, else the one thread whose outermost frame is not threading's
+    _bootstrap. Lines before the first thread (py-spy's process line) stay first.
+    """
+    lines = text.rstrip("\n").splitlines()
+    head: list[str] = []
+    blocks: list[list[str]] = []
+    for line in lines:
+        if _THREAD.match(line):
+            blocks.append([line])
+        elif blocks:
+            blocks[-1].append(line)
+        else:
+            head.append(line)
+    main: list[list[str]] = []
+    others: list[list[str]] = []
+    own: list[list[str]] = []
+    native = 0
+    for block in blocks:
+        frames = [line for line in block[1:] if line.strip()]
+        if not frames or all("<no Python frame>" in line for line in frames):
+            native += 1
+        elif '"ddptop-' in block[0] or any(is_ddptop(_frame_path(line)) for line in frames):
+            own.append([block[0] + OWN_MARK, *block[1:]])
+        elif '"MainThread"' in block[0] or "_bootstrap" not in frames[-1]:
+            main.append(block)
+        else:
+            others.append(block)
+    out = head + [line for block in main + others + own for line in _spaced(block)]
+    if native:
+        out.append(f"({native} thread{'s' if native > 1 else ''} in no Python code left out)")
+    return "\n".join(out).rstrip("\n")
+
+
+def _frame_path(line: str) -> str:
+    match = _PATHS.search(line)
+    return (match[1] or match[2]) if match else ""
+
+
+def _spaced(block: list[str]) -> list[str]:
+    """A block ending in one blank line, as both dumps separate threads."""
+    while block and not block[-1].strip():
+        block = block[:-1]
+    return [*block, ""]
 
 
 async def _py_spy(pid: int) -> str | None:

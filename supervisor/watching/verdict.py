@@ -20,8 +20,12 @@ class Verdict:
     stacks: list[int] = field(default_factory=list)
     """Ranks whose Python stacks to collect before acting."""
     details: dict[str, Any] = field(default_factory=dict)
+    notice: bool = False
+    """What the watchdog saw and explains, but does not alert on (a pause between steps)."""
 
     def record(self) -> wire.Frame:
+        if self.notice:
+            return {"type": "notice", "wall": time.time(), "text": self.text}
         return {
             "type": "alert",
             "wall": time.time(),

@@ -22,6 +22,7 @@ from ddptop.supervisor.watching.rules.crash import CrashRule
 from ddptop.supervisor.watching.rules.desync import DesyncRule
 from ddptop.supervisor.watching.rules.hang import HangRule
 from ddptop.supervisor.watching.rules.nan import NanRule
+from ddptop.supervisor.watching.rules.stall import StallRule
 from ddptop.supervisor.watching.rules.straggler import StragglerRule
 from ddptop.supervisor.watching.verdict import Verdict
 
@@ -42,6 +43,7 @@ class Watchdog:
             NanRule(policy, state, self.liveness),
             DesyncRule(state, self.liveness),
             self.crashes,
+            StallRule(policy, state, self.liveness),
             HangRule(policy, state, self.liveness),
             StragglerRule(state),
         ]

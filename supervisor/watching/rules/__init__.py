@@ -4,7 +4,9 @@
 |------------|-------------------------------------------------------|--------------------|
 | nan        | step records marked non-finite (the ranks' guard.py)  | --on-nan           |
 | desync     | parameter checksums of one step that differ           | --on-desync        |
-| hang       | no rank's step advanced for --hang-timeout            | stacks, --on-hang  |
+| stall      | no step, every rank still, for a pace-derived window  | stacks, alert only |
+| pause      | no step, some rank still working (a notice, no alert) | none               |
+| hang       | no step, every rank still, for --hang-timeout         | stacks, --on-hang  |
 | straggler  | a rank's own work per step over STRAGGLER_ALERT x     | alert only         |
 | crash      | torchrun's worker_failure records (its probe)         | torchrun restarts  |
 | crash-loop | the same crash --crash-loop times in the window       | stop               |

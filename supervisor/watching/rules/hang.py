@@ -1,17 +1,22 @@
-"""Hang: no rank's step advanced for --hang-timeout (longer before a rank's first step).
+"""Hang: no rank finished a step, and none worked, for --hang-timeout (longer before a rank's first step).
 
-The verdict names every stuck rank with the phase it waits in and the step
-it last finished, grouped, and which ranks sent nothing at all; the ranks
-still talking are the ones whose stacks are worth collecting.
+The disruptive verdict: its action is --on-hang. The diagnosis comes sooner,
+from the stall rule (stall.py); this one waits for the user's timeout. A
+rank that works (an evaluation, a checkpoint being written: its stack moves,
+its model runs forwards) is not hung, however long it takes. The verdict
+names every stuck rank where it stands (stuck.py), and which ranks sent
+nothing at all; the ranks still talking are the ones whose stacks are worth
+collecting.
 """
 
 from __future__ import annotations
 
 from ddptop.core import wire
 from ddptop.core.model.job import JobState
+from ddptop.supervisor.watching import stuck
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.policy import WatchPolicy
-from ddptop.supervisor.watching.verdict import Verdict, ranks_text
+from ddptop.supervisor.watching.verdict import Verdict
 
 STARTUP_GRACE_S = 120.0
 """Least time a rank gets before its first step: importing torch, joining
@@ -44,33 +49,26 @@ class HangRule:
         timeout = self.policy.hang_timeout
         startup = max(timeout, STARTUP_GRACE_S)
         limit = {r: timeout if r in seen.stepped else startup for r in live}
-        if not any(now - seen.progress[r] > limit[r] for r in live):
+        if not any(now - seen.progress[r] > limit[r] for r in live) or any(self._working(r, now) for r in live):
             return []
         # The first rank past the limit is named with every rank stuck alongside
         # it: a rank whose last step landed a moment later waits just the same.
-        stuck = [r for r in live if now - seen.progress[r] > limit[r] / 2]
+        stuck_ranks = [r for r in live if now - seen.progress[r] > limit[r] / 2]
         self._reported = True
-        silent = sorted(r for r in stuck if now - seen.heard.get(r, 0.0) > timeout)
-        where: dict[tuple[str, int], list[int]] = {}
-        for rank in stuck:
-            if rank in silent:
-                continue
-            state = self.state.ranks.get(rank)
-            phase, step = (state.phase, state.step) if state else ("startup", -1)
-            where.setdefault((phase, step), []).append(rank)
-        parts = [
-            f"{ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in {phase} "
-            + ("before the first step" if step < 0 else f"after step {step}")
-            for (phase, step), ranks in sorted(where.items(), key=lambda item: -len(item[1]))
-        ]
-        if silent:
-            parts.append(f"{ranks_text(silent)} sent nothing for {now - max(seen.heard.get(r, 0.0) for r in silent):.0f} s")
+        silent = {r: now - seen.heard.get(r, 0.0) for r in stuck_ranks if now - seen.heard.get(r, 0.0) > timeout}
+        standing = {r: stuck.standing(r, self.state, seen) for r in stuck_ranks if r not in silent}
+        text = stuck.describe(standing, {r: seen.still(r, now) for r in standing}, silent)
         return [
             Verdict(
                 "hang",
-                f"no step for {now - min(seen.progress[r] for r in stuck):.0f} s: " + "; ".join(parts),
-                ranks=sorted(stuck),
-                step=max((s.step for r in stuck if (s := self.state.ranks.get(r))), default=None),
-                stacks=sorted(set(stuck) - set(silent)) or sorted(stuck),
+                f"no step for {now - min(seen.progress[r] for r in stuck_ranks):.0f} s: {text}",
+                ranks=sorted(stuck_ranks),
+                step=max((seen.done.get(r, -1) for r in stuck_ranks), default=None),
+                stacks=sorted(standing) or sorted(stuck_ranks),
             )
         ]
+
+    def _working(self, rank: int, now: float) -> bool:
+        """Seen working, not stepping, within the timeout: an evaluation or a checkpoint, not a hang."""
+        seen = self.liveness
+        return seen.moved[rank] > seen.progress[rank] and seen.still(rank, now) < self.policy.hang_timeout

@@ -1,0 +1,120 @@
+"""Stall verdicts in seconds, pauses that are not stalls, stragglers that are not one long step: plain records."""
+
+from __future__ import annotations
+
+from test_watchdog import feed, make, step
+
+from ddptop.supervisor.watching.policy import WatchPolicy
+from ddptop.supervisor.watching.rules.stall import MOVING_S, STALL_MIN_S, STALL_PACE
+from ddptop.supervisor.watching.stuck import Standing, describe
+
+
+def beat(rank: int, step_in_progress: int, phase: str, **extra: object) -> dict:
+    return {"type": "heartbeat", "rank": rank, "wall": 0.0, "phase": phase, "step": step_in_progress, "dropped": 0, **extra}
+
+
+def test_the_text_groups_ranks_by_where_they_stand_largest_group_first():
+    waiting = Standing(True, "all-reduce", "train.py:51 in train_step", 199)
+    stuck = Standing(False, "data", "data.py:43 in batches", 199)
+    text = describe({0: waiting, 1: waiting, 2: waiting, 3: stuck}, {0: 20.0, 3: 25.4}, {})
+    assert text == (
+        "ranks 0,1,2 wait in all-reduce at train.py:51 in train_step, after step 199; "
+        "rank 3 stuck 25 s in data at data.py:43 in batches, after step 199"
+    )
+    early = Standing(False, "startup", None, -1)
+    assert describe({1: early, 2: early}, {1: 3.0, 2: 130.0}, {0: 41.0}) == (
+        "ranks 1,2 stuck 130 s in startup, before the first step; rank 0 sent nothing for 41 s"
+    )
+
+
+def stepping(world: int, steps: int, clock, dog, state, step_s: float = 0.1) -> None:
+    for n in range(steps):
+        clock.now += step_s
+        for rank in range(world):
+            feed(dog, state, step(rank, n, step_ms=step_s * 1000))
+
+
+def test_a_rank_stuck_in_its_data_while_the_others_wait_is_named_within_the_window():
+    """The stuck rank's last step record is still held in the rank: its heartbeat says it finished it."""
+    dog, state, clock = make(world=4)
+    stepping(4, 30, clock, dog, state)
+    assert dog.liveness.done == dict.fromkeys(range(4), 29)
+    clock.now += 0.05
+    # Ranks 0-2 wait in step 30's all-reduce.
+    for rank in range(3):
+        feed(
+            dog,
+            state,
+            beat(rank, 30, "comm", where="train.py:51 in train_step", stack=["train.py:60 in <module>", "train.py:51 in train_step"]),
+        )
+    # Rank 3 finished step 30 (record held until its next forward) and sits in its loader.
+    feed(dog, state, beat(3, 31, "data", where="data.py:43 in batches", stack=["train.py:58 in <module>", "data.py:43 in batches"]))
+    assert dog.liveness.done[3] == 30
+    window = STALL_MIN_S
+    for _ in range(int(window) - 1):
+        clock.now += 1.0
+        for rank in range(4):  # heartbeats go on; nothing moves
+            feed(dog, state, beat(rank, 30 if rank < 3 else 31, "comm" if rank < 3 else "data"))
+        assert [v for v in dog.tick() if v.kind != "straggler"] == []
+    clock.now += 1.1
+    [v] = dog.tick()
+    assert v.kind == "stall" and v.action == "none" and v.ranks == [3] and v.stacks == [0, 1, 2, 3]
+    assert v.text == (
+        "no step for 15 s: ranks 0,1,2 wait in all-reduce at train.py:51 in train_step, after step 29; "
+        "rank 3 stuck 15 s in data at data.py:43 in batches, after step 30"
+    )
+    assert v.details["window_s"] == window
+    clock.now += 5
+    assert dog.tick() == []  # one verdict per stall
+
+
+def test_the_window_follows_the_job_s_pace_and_leaves_a_longer_one_to_the_hang_rule():
+    dog, state, clock = make(world=2, policy=WatchPolicy(hang_timeout=60))
+    stepping(2, 20, clock, dog, state, step_s=2.0)
+    rule = next(r for r in dog.rules if type(r).__name__ == "StallRule")
+    assert rule.window() == STALL_PACE * 2.0
+    clock.now += STALL_PACE * 2.0 + 1
+    [v] = dog.tick()
+    assert v.kind == "stall"
+    dog, state, clock = make(world=2, policy=WatchPolicy(hang_timeout=30))
+    stepping(2, 20, clock, dog, state, step_s=2.0)
+    clock.now += 31
+    assert [v.kind for v in dog.tick()] == ["hang"]  # a 40 s window is past the user's 30 s timeout
+
+
+def test_a_rank_that_evaluates_while_the_others_wait_is_a_pause_not_a_stall_or_a_hang():
+    dog, state, clock = make(world=4, policy=WatchPolicy(hang_timeout=30))
+    stepping(4, 100, clock, dog, state)
+    for rank in range(1, 4):
+        feed(dog, state, beat(rank, 100, "comm", stack=["train.py:51 in train_step"]))
+    verdicts = []
+    for second in range(45):  # rank 0 evaluates for 45 s: forwards advance, its stack moves
+        clock.now += 1.0
+        where = "train.py:120 in evaluate"
+        feed(dog, state, beat(0, 100, "data", where=where, forwards=1000 + second, stack=[f"model.py:{10 + second % 7} in forward"]))
+        for rank in range(1, 4):
+            feed(dog, state, beat(rank, 100, "comm"))
+        verdicts += dog.tick()
+    [note] = verdicts
+    assert note.notice and note.kind == "pause" and note.record()["type"] == "notice"
+    assert note.text == "ranks 1,2,3 wait for rank 0, at train.py:120 in evaluate"
+    for rank in range(4):  # the evaluation ends, and the ranks finish step 100
+        feed(dog, state, step(rank, 100))
+    clock.now += MOVING_S + STALL_MIN_S + 1  # then every rank sits still: now it is a stall
+    assert [v.kind for v in dog.tick()] == ["stall"]
+
+
+def test_one_long_step_is_not_a_straggler_but_a_slower_median_is():
+    dog, state, _ = make(world=4)
+    for n in range(60):
+        for rank in range(4):
+            evaluating = rank == 0 and n == 30
+            busy = 40_000.0 if evaluating else 10.0
+            comm = 0.0 if evaluating else (40_000.0 if n == 30 else 5.0)
+            feed(dog, state, {**step(rank, n), "step_ms": busy + comm, "comm_ms": comm})
+    assert [v for _ in range(5) for v in dog.tick() if v.kind == "straggler"] == []
+    for n in range(60, 120):
+        for rank in range(4):
+            busy = 25.0 if rank == 2 else 10.0
+            feed(dog, state, {**step(rank, n), "step_ms": 30.0, "comm_ms": 30.0 - busy})
+    assert [v.ranks for _ in range(5) for v in dog.tick() if v.kind == "straggler"] == [[2]]
