@@ -169,6 +169,8 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "step": (_INT, False),
         "checksums": (_MAP, False),
         "ratio": (_NUM, False),
+        # stall: the window no step came in, seconds (rules/stall.py).
+        "window_s": (_NUM, False),
         "exitcode": (_INT, False),
         "exit_status": (_INT, False),
         "log": (_LIST, False),

@@ -1,0 +1,83 @@
+"""Stalls named in seconds with default settings, and a pause that is no stall: real gloo jobs of scripts
+written the way trainers are (tests/scripts/stuck_loader.py, eval_pause.py)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import DDPTOP, SCRIPTS, recorded, wait_for
+
+from ddptop.core import rundir
+from ddptop.supervisor.watching.rules.stall import STALL_MIN_S
+
+pytestmark = pytest.mark.slow
+
+
+def line_of(script: Path, marker: str) -> int:
+    return next(n for n, line in enumerate(script.read_text().splitlines(), 1) if marker in line)
+
+
+def test_a_rank_stuck_in_its_data_loader_is_named_at_its_line_within_the_window(ddptop_home, tmp_path):
+    """No --hang-timeout given: the default 300 s would restart; the stall verdict comes in seconds."""
+    script = SCRIPTS / "stuck_loader.py"
+    run = rundir.RunDir(tmp_path / "run")
+    mark = tmp_path / "stuck-at"
+    proc = subprocess.Popen(
+        [DDPTOP, "launch", "--headless", "--run-dir", str(run.path), str(script), "--gpus", "3", "--mark", str(mark)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        alerts = wait_for(
+            lambda: [r for r in rundir.read_events(run) if r["type"] == "alert"] if run.events_path.exists() else [],
+            timeout=120,
+            what="the stall alert",
+            interval=0.2,
+        )
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    [stall] = alerts
+    assert stall["kind"] == "stall" and stall["action"] == "none" and stall["ranks"] == [1], stall
+    loader_line = line_of(script, "# stuck here")
+    backward_line = line_of(script, "loss.backward()")
+    assert stall["text"] == (
+        f"no step for {STALL_MIN_S:.0f} s: ranks 0,2 wait in all-reduce at stuck_loader.py:{backward_line} in main, after step 29; "
+        f"rank 1 stuck {STALL_MIN_S:.0f} s in data at stuck_loader.py:{loader_line} in __getitem__, after step 29"
+    )
+    onset = float(mark.read_text())
+    assert stall["wall"] - onset < stall["window_s"] + 5  # heartbeats and ticks add about two seconds
+    assert f"ALERT stall: {stall['text']}" in stderr
+
+    records = recorded(run)
+    dumps = {r["rank"]: r["text"] for r in records if r["type"] == "stack"}
+    assert sorted(dumps) == [0, 1, 2]
+    assert dumps[1].startswith("Current thread") and f"line {loader_line} in __getitem__" in dumps[1].split("\n\n")[0]
+    assert "[ddptop's own thread]" in dumps[1]
+    [kept] = run.stacks_path.glob("rank1.*.txt")
+    assert kept.read_text().startswith("--- faulthandler\nCurrent thread")
+
+
+def test_rank_0_evaluating_alone_for_40_s_is_a_pause_with_no_alert(ddptop_home, tmp_path):
+    script = SCRIPTS / "eval_pause.py"
+    run = rundir.RunDir(tmp_path / "run")
+    proc = subprocess.run(
+        [DDPTOP, "launch", "--headless", "--run-dir", str(run.path), str(script), "--gpus", "3"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = recorded(run)
+    assert [r for r in records if r["type"] == "alert"] == []
+    assert re.search(r"step 100: val loss [\d.]+", proc.stdout)
+    notes = [r["text"] for r in records if r["type"] == "notice" and "wait for" in r["text"]]
+    assert notes == [f"ranks 1,2 wait for rank 0, at eval_pause.py:{line_of(script, 'losses.append(')} in estimate_loss"]
+    steps = [r for r in records if r["type"] == "step"]
+    assert {(r["rank"], r["step"]) for r in steps} == {(rank, n) for rank in range(3) for n in range(150)}
