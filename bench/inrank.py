@@ -17,6 +17,10 @@ queue would take them.
     python bench/inrank.py --ranks 4 --blocks 100   # the example as `--gpus 4` runs it
     python bench/inrank.py --floor   # beside it, the least the measurements asked for can cost
 
+Last, it times the heartbeat's look at the main thread (trainer/where.py)
+from another thread while the instrumented job trains: the one in-rank cost
+that is not on the training thread's path but holds the GIL once a second.
+
 With --ranks N it runs itself under torchrun with N ranks on gloo (one GPU
 each on CUDA), all ranks alternating in step, since every step all-reduces.
 
@@ -197,10 +201,42 @@ def measure(args: argparse.Namespace) -> None:
         shift = i % len(order)
         for name, job in order[shift:] + order[:shift]:
             times[name].append(block(job, args.block_steps))
+    sampled = heartbeat_samples(lambda: hooked.run(args.block_steps))
     world = dist.get_world_size()
     dist.destroy_process_group()
     if leader:
         report(args, world, times)
+        print(
+            f"heartbeat's look at the main thread (trainer/where.py), on ddptop's thread once a second: "
+            f"median {statistics.median(sampled) * 1e6:.1f} µs a look ({len(sampled)} looks while the job trained), "
+            f"{statistics.median(sampled) * 100:.4f}% of each second"
+        )
+
+
+def heartbeat_samples(train: Callable[[], None], looks: int = 2000) -> list[float]:
+    """Wall seconds of each of `looks` samples of the main thread taken from another thread while it trains.
+
+    The heartbeat takes one a second; the training thread is held for at most
+    that long (the look holds the GIL), so its cost to training is this per second.
+    """
+    import threading
+
+    from ddptop.trainer import where
+
+    took: list[float] = []
+    done = threading.Event()
+
+    def look() -> None:
+        for _ in range(looks):
+            start = time.perf_counter()
+            where.sample()
+            took.append(time.perf_counter() - start)
+        done.set()
+
+    threading.Thread(target=look, daemon=True).start()
+    while not done.is_set():
+        train()
+    return took
 
 
 def profile(run: Callable[[], Any]) -> None:

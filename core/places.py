@@ -32,8 +32,12 @@ def _own_folders() -> tuple[str, ...]:
     return tuple(folders)
 
 
+@functools.lru_cache(maxsize=4096)
 def is_script(path: str) -> bool:
-    """Whether a frame's file is the user's own code."""
+    """Whether a frame's file is the user's own code.
+
+    Cached: a heartbeat asks it of every frame of the main thread's stack,
+    and a process runs code from a few hundred files at most."""
     return not path.startswith("<") and not any(part in path for part in NOT_THE_SCRIPT) and not is_ddptop(path)
 
 

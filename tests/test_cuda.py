@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import EXAMPLE, run_ddptop
+from conftest import EXAMPLE, SCRIPTS, run_ddptop
 
 from ddptop.core import rundir
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
@@ -187,3 +187,17 @@ def test_on_nan_skip_skips_the_step_on_cuda_too(ddptop_home, tmp_path):
     assert rows[100]["skipped"] == "nan" and rows[100]["nonfinite"] is True
     assert all(math.isfinite(r["loss"]) for r in rows[101:]), "a skipped NaN step must leave the weights finite"
     assert "step skipped on all ranks" in stderr
+
+
+@pytest.mark.slow
+def test_the_flight_recorder_is_on_and_a_rank_that_sits_still_reports_its_nccl_collectives(ddptop_home, tmp_path):
+    result = run_ddptop(
+        "launch", "--headless", "--run-dir", str(tmp_path / "run"), str(SCRIPTS / "nccl_waits.py"), "--gpus", "1", timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "flight recorder buffer 2000" in result.stdout
+    told = [r["collectives"] for r in rundir.read_events(rundir.RunDir(tmp_path / "run")) if r.get("collectives")]
+    assert told, "no heartbeat carried the flight recorder's sequence numbers"
+    enqueued, completed = told[-1]
+    assert enqueued >= 10 and completed == enqueued, told  # ten steps' all-reduces, all done
+    print(f"flight recorder status from the heartbeats: {told}")

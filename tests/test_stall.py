@@ -6,7 +6,7 @@ from test_watchdog import feed, make, step
 
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.stall import MOVING_S, STALL_MIN_S, STALL_PACE
-from ddptop.supervisor.watching.stuck import Standing, describe
+from ddptop.supervisor.watching.stuck import Standing, describe, lag
 
 
 def beat(rank: int, step_in_progress: int, phase: str, **extra: object) -> dict:
@@ -118,3 +118,40 @@ def test_one_long_step_is_not_a_straggler_but_a_slower_median_is():
             busy = 25.0 if rank == 2 else 10.0
             feed(dog, state, {**step(rank, n), "step_ms": 30.0, "comm_ms": 30.0 - busy})
     assert [v.ranks for _ in range(5) for v in dog.tick() if v.kind == "straggler"] == [[2]]
+
+
+def test_the_flight_recorder_names_the_rank_whose_collectives_lag():
+    assert lag({0: 58, 1: 58, 2: 58, 3: 57}) == "flight recorder: rank 3 enqueued collective 57 last, ranks 0,1,2 58"
+    assert lag({0: 58, 1: 58}) is None and lag({0: 3}) is None
+    waiting = Standing(True, "all-reduce", None, 9)
+    assert describe({0: waiting}, {}, {}, {0: 12, 1: 11}).endswith("; flight recorder: rank 1 enqueued collective 11 last, rank 0 12")
+
+
+def test_a_real_gloo_group_s_recorder_is_read_and_its_absence_is_none(tmp_path, monkeypatch):
+    """The recorder as the launcher turns it on (the variable is read when the group is made)."""
+    import torch
+    import torch.distributed as dist
+
+    from ddptop.trainer import flightrecorder
+
+    assert flightrecorder.collectives() is None  # no group yet
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", flightrecorder.FR_ENTRIES)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        for _ in range(3):
+            dist.all_reduce(torch.ones(4))
+        assert flightrecorder.collectives() == [3, 3]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_launcher_turns_the_recorder_on_unless_the_user_chose(tmp_path):
+    from pathlib import Path
+
+    from ddptop.supervisor.launching.torchrun import JobPlan, environment
+
+    plan = JobPlan(Path("train.py"), [], 2, 0, tmp_path, "unix:/s", True, tmp_path)
+    on = environment(plan, {})
+    assert on["TORCH_FR_BUFFER_SIZE"] == on["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    off = environment(plan, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})
+    assert off["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0" and "TORCH_FR_BUFFER_SIZE" not in off

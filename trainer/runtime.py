@@ -21,7 +21,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from ddptop.core import wire
-from ddptop.trainer import importwatch, monitor, where
+from ddptop.trainer import flightrecorder, importwatch, monitor, where
 from ddptop.trainer.policy import STACK_SIGNAL, STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.sender import Sender
 from ddptop.trainer.steps import StepTracker
@@ -112,9 +112,11 @@ def activate() -> None:
     sender: Sender
     tracker = StepTracker(hello["rank"], emit=lambda record: sender.put(record))
     last_stack: tuple[str, ...] = ()
+    on_step = (tracker.step, time.monotonic())
+    """The step in progress, and since when: a rank that sits on one reads the flight recorder."""
 
     def heartbeat() -> wire.Frame:
-        nonlocal last_stack
+        nonlocal last_stack, on_step
         record: wire.Frame = {
             "type": "heartbeat",
             "rank": tracker.rank,
@@ -134,6 +136,10 @@ def activate() -> None:
             if now.stack != last_stack:
                 record["stack"] = list(now.stack)
                 last_stack = now.stack
+        if tracker.step != on_step[0]:
+            on_step = (tracker.step, time.monotonic())
+        elif time.monotonic() - on_step[1] >= flightrecorder.READ_AFTER_S and (seq := flightrecorder.collectives()) is not None:
+            record["collectives"] = seq
         return record
 
     sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat)

@@ -73,6 +73,9 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "step": (_INT, True),
         # The DDP model's forwards so far, evaluation's included.
         "forwards": (_INT, False),
+        # [last enqueued, last completed] collective of the default process group, from torch's
+        # flight recorder; only from a rank that has sat on one step a while (trainer/flightrecorder.py).
+        "collectives": (_LIST, False),
         "dropped": (_INT, True),
     },
     # torchrun's own agent, through ddptop's probe (supervisor/launching/torchrun_probe.py).
@@ -266,6 +269,9 @@ def validate(frame: Frame) -> Frame:
     elif kind == "heartbeat":
         if any(not isinstance(line, str) for line in frame.get("stack") or ()):
             raise FrameError("heartbeat: stack lines must be strings")
+        seq = frame.get("collectives")
+        if seq is not None and (len(seq) != 2 or any(not isinstance(n, int) or isinstance(n, bool) for n in seq)):
+            raise FrameError("heartbeat: collectives must be two integers")
     elif kind == "summary":
         for key, value in frame["metrics"].items():
             if not isinstance(key, str) or not (value is None or (isinstance(value, _NUM) and value.__class__ is not bool)):

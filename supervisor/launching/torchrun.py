@@ -26,6 +26,7 @@ import psutil
 
 import ddptop.trainer.bootstrap
 from ddptop.core.model.events import exit_status
+from ddptop.trainer import flightrecorder
 from ddptop.trainer.policy import STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.runtime import AGENT_PID_ENV
 
@@ -105,6 +106,9 @@ def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, 
     # group hangs or fails to connect (seen with torch 2.13, plain torchrun
     # too). A store per rendezvous round, torch's own opt-out, restarts clean.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # The flight recorder: a stall verdict names the rank whose collectives lag (trainer/flightrecorder.py).
+    if not any(name in env for name in flightrecorder.FR_ENV):
+        env.update(dict.fromkeys(flightrecorder.FR_ENV, flightrecorder.FR_ENTRIES))
     env[STACKS_DIR_ENV] = str(plan.stacks_dir)
     env[BACKOFF_ENV] = str(plan.restart_backoff)
     env.update(plan.guard.to_env())

@@ -25,6 +25,9 @@ class Liveness:
     finished a step. A rank that waits or is stuck sits still."""
     forwards: dict[int, int] = field(default_factory=dict)
     """rank -> its model's forwards so far, as its last heartbeat counted them."""
+    collectives: dict[int, int] = field(default_factory=dict)
+    """rank -> the last collective it enqueued in the default group, from the flight recorder
+    (only ranks that sat on one step a while send it)."""
     heard: dict[int, float] = field(default_factory=dict)
     """rank -> when it last sent anything."""
     stepped: set[int] = field(default_factory=set)
@@ -42,6 +45,7 @@ class Liveness:
             self.progress[rank] = self.heard[rank] = self.moved[rank] = now
             self.done.pop(rank, None)
             self.forwards.pop(rank, None)
+            self.collectives.pop(rank, None)
             self.stepped.discard(rank)
             self.exceptions.pop(rank, None)
             self.gone.pop(rank, None)
@@ -74,6 +78,10 @@ class Liveness:
             self.moved[rank] = now
         if forwards is not None:
             self.forwards[rank] = forwards
+        if record.get("collectives") is not None:
+            self.collectives[rank] = record["collectives"][0]
+        else:
+            self.collectives.pop(rank, None)
 
     def still(self, rank: int, now: float) -> float:
         """Seconds the rank has sat still: no step, no forward, its stack the same."""

@@ -40,9 +40,12 @@ def standing(rank: int, state: JobState, seen: Liveness) -> Standing:
     return Standing(False, phase, where, done)
 
 
-def describe(stuck: dict[int, Standing], still: dict[int, float], silent: dict[int, float]) -> str:
+def describe(
+    stuck: dict[int, Standing], still: dict[int, float], silent: dict[int, float], collectives: dict[int, int] | None = None
+) -> str:
     """The verdict's text, the largest group first. still maps a rank to how long it has sat
-    still (a group that does not wait says its longest); silent, to how long it has sent nothing."""
+    still (a group that does not wait says its longest); silent, to how long it has sent nothing;
+    collectives, to the last collective it enqueued (lag())."""
     groups: dict[Standing, list[int]] = {}
     for rank, place in stuck.items():
         groups.setdefault(place, []).append(rank)
@@ -52,7 +55,22 @@ def describe(stuck: dict[int, Standing], still: dict[int, float], silent: dict[i
     ]
     if silent:
         parts.append(f"{ranks_text(sorted(silent))} sent nothing for {max(silent.values()):.0f} s")
+    if collectives and (lagging := lag(collectives)):
+        parts.append(lagging)
     return "; ".join(parts)
+
+
+def lag(collectives: dict[int, int]) -> str | None:
+    """Which ranks' collectives lag, as the flight recorder counts them: "rank 3 enqueued
+    collective 57 last, ranks 0,1,2 58". The ranks behind never issued the collective the
+    others wait in. None when fewer than two ranks told, or all agree."""
+    if len(collectives) < 2 or len(set(collectives.values())) < 2:
+        return None
+    behind = min(collectives.values())
+    lagging = sorted(r for r, seq in collectives.items() if seq == behind)
+    ahead = {seq: sorted(r for r, s in collectives.items() if s == seq) for seq in set(collectives.values()) if seq != behind}
+    others = ", ".join(f"{ranks_text(ranks)} {seq}" for seq, ranks in sorted(ahead.items()))
+    return f"flight recorder: {ranks_text(lagging)} enqueued collective {behind} last, {others}"
 
 
 def _group(place: Standing, ranks: list[int], still: float) -> str:

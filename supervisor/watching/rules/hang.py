@@ -57,7 +57,7 @@ class HangRule:
         self._reported = True
         silent = {r: now - seen.heard.get(r, 0.0) for r in stuck_ranks if now - seen.heard.get(r, 0.0) > timeout}
         standing = {r: stuck.standing(r, self.state, seen) for r in stuck_ranks if r not in silent}
-        text = stuck.describe(standing, {r: seen.still(r, now) for r in standing}, silent)
+        text = stuck.describe(standing, {r: seen.still(r, now) for r in standing}, silent, seen.collectives)
         return [
             Verdict(
                 "hang",

@@ -84,7 +84,7 @@ class StallRule:
         self._said = last_step
         silent = {r: now - seen.heard.get(r, 0.0) for r in live if now - seen.heard.get(r, 0.0) > window}
         standing = {r: stuck.standing(r, self.state, seen) for r in live if r not in silent}
-        text = stuck.describe(standing, {r: seen.still(r, now) for r in standing}, silent)
+        text = stuck.describe(standing, {r: seen.still(r, now) for r in standing}, silent, seen.collectives)
         return [
             Verdict(
                 "stall",

@@ -1,0 +1,44 @@
+"""The default process group's collective sequence numbers, read from torch's flight recorder.
+
+The launcher turns the recorder on for every rank (FR_ENV, unless the user
+set either name: TORCH_NCCL_TRACE_BUFFER_SIZE is the NCCL-era name, torch
+2.7+ reads TORCH_FR_BUFFER_SIZE first and records gloo's collectives too).
+Its status per group is what torch's own flight-recorder analysis matches
+ranks by: the last collective each rank enqueued and completed. A rank
+whose last enqueued collective is behind the others' never issued the one
+they wait in.
+
+Read on the sender thread, and only once the rank has sat on one step for
+READ_AFTER_S: the status dump takes the recorder's lock for tens of
+microseconds, which a rank that steps never pays. Never imports torch: a
+script that has not imported torch.distributed has no group to read.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+
+FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_ENTRIES = "2000"
+"""Collectives the recorder keeps per rank: torch's own suggestion for debugging hangs."""
+
+READ_AFTER_S = 5.0
+DEFAULT_GROUP = "0"
+"""The default process group's id in the recorder's status (DDP's, unless the script passes one)."""
+
+
+def collectives() -> list[int] | None:
+    """[last enqueued, last completed] collective of the default group; None without a recorder."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    if dump is None:
+        return None
+    try:
+        status = pickle.loads(dump(includeCollectives=False, includeStackTraces=False, onlyActive=True))["pg_status"][DEFAULT_GROUP]
+        return [int(status["last_enqueued_collective"]), int(status["last_completed_collective"])]
+    except Exception:  # noqa: BLE001 - no recorder, an older layout: the verdict goes without it
+        return None
