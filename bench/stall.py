@@ -39,8 +39,10 @@ def one_stall(ranks: int, stuck_at: int) -> tuple[float, float, str]:
     with tempfile.TemporaryDirectory() as tmp:
         run, mark = rundir.RunDir(Path(tmp) / "run"), Path(tmp) / "mark"
         proc = subprocess.Popen(
-            [DDPTOP, "launch", "--headless", "--run-dir", str(run.path), str(SCRIPT), "--gpus", str(ranks)]
-            + ["--stuck-rank", str(ranks - 1), "--stuck-at", str(stuck_at), "--mark", str(mark)],
+            [
+                *(DDPTOP, "launch", "--headless", "--run-dir", str(run.path), str(SCRIPT), "--gpus", str(ranks)),
+                *("--stuck-rank", str(ranks - 1), "--stuck-at", str(stuck_at), "--mark", str(mark)),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
