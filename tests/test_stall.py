@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from test_watchdog import feed, make, step
 
 from ddptop.supervisor.watching.policy import WatchPolicy
@@ -127,22 +131,23 @@ def test_the_flight_recorder_names_the_rank_whose_collectives_lag():
     assert describe({0: waiting}, {}, {}, {0: 12, 1: 11}).endswith("; flight recorder: rank 1 enqueued collective 11 last, rank 0 12")
 
 
-def test_a_real_gloo_group_s_recorder_is_read_and_its_absence_is_none(tmp_path, monkeypatch):
-    """The recorder as the launcher turns it on (the variable is read when the group is made)."""
-    import torch
-    import torch.distributed as dist
+RECORDED = """
+import sys, torch, torch.distributed as dist
+from ddptop.trainer import flightrecorder
+assert flightrecorder.collectives() is None  # no group yet
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+for _ in range(3):
+    dist.all_reduce(torch.ones(4))
+print(flightrecorder.collectives())
+"""
 
-    from ddptop.trainer import flightrecorder
 
-    assert flightrecorder.collectives() is None  # no group yet
-    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", flightrecorder.FR_ENTRIES)
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        for _ in range(3):
-            dist.all_reduce(torch.ones(4))
-        assert flightrecorder.collectives() == [3, 3]
-    finally:
-        dist.destroy_process_group()
+def test_a_real_gloo_group_s_recorder_is_read_in_a_fresh_process_as_a_rank_s(tmp_path):
+    """The recorder is process-wide and counts every group the process made: a rank's own process, not pytest's."""
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
+    out = subprocess.run([sys.executable, "-c", RECORDED, str(tmp_path / "store")], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[3, 3]"
 
 
 def test_the_launcher_turns_the_recorder_on_unless_the_user_chose(tmp_path):

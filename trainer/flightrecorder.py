@@ -25,7 +25,9 @@ FR_ENTRIES = "2000"
 
 READ_AFTER_S = 5.0
 DEFAULT_GROUP = "0"
-"""The default process group's id in the recorder's status (DDP's, unless the script passes one)."""
+"""The status key of a process's first group: the default one, DDP's unless the script passes
+another. Keys count the groups a process made, and are not reused: after a destroy and a new
+init the default group is another key, and the verdict goes without the lag."""
 
 
 def collectives() -> list[int] | None:
