@@ -130,8 +130,12 @@ def test_hang_is_named_with_stacks_then_the_group_restarts(ddptop_home, tmp_path
     )
     assert job.proc.returncode == 0, job.proc.stderr[-3000:]
     [hang] = job.alerts("hang")
-    assert "ranks 0,1,3 wait in comm after step 19" in hang["text"]
-    assert "rank 2 waits in backward after step 19" in hang["text"]
+    lines = EXAMPLE.read_text().splitlines()
+    blocked = next(n for n, line in enumerate(lines, 1) if "threading.Event().wait()" in line)
+    assert hang["text"].startswith("no step for 1")
+    assert f"ranks 0,1,3 wait in all-reduce at train.py:{blocked + 1} in main, after step 19; " in hang["text"]
+    assert "rank 2 stuck 1" in hang["text"] and f" s in backward at train.py:{blocked} in main, after step 19" in hang["text"]
+    assert re.search(r"flight recorder: rank 2 enqueued collective (\d+) last, ranks 0,1,3 \d+$", hang["text"])
     last_step = max(r["wall"] for r in job.of("step") if r["step"] == 19)
     assert hang["wall"] - last_step <= 12.0
 
@@ -139,7 +143,8 @@ def test_hang_is_named_with_stacks_then_the_group_restarts(ddptop_home, tmp_path
     assert sorted(stacks) == [0, 1, 2, 3]
     assert "in main" in stacks[2] and "wait" in stacks[2]
     assert "backward" in stacks[0]  # waiting for rank 2 inside the all-reduce
-    assert len(list(job.run.stacks_path.glob("rank2.*.txt"))) == 2  # one per attempt; the first holds the dump
+    assert len(list(job.run.stacks_path.glob("rank2.*.txt"))) == 1  # the dump, main thread first
+    assert len(list(job.run.raw_stacks_path.glob("rank2.*.txt"))) == 2  # faulthandler's file, one per attempt
 
     assert [r["restart"] for r in job.of("group_restart")] == [1]
     assert sorted(job.steps(restart=1)[0]) == list(range(40))
