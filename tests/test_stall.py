@@ -156,9 +156,12 @@ def test_the_launcher_turns_the_recorder_on_unless_the_user_chose(tmp_path):
     from pathlib import Path
 
     from ddptop.supervisor.launching.torchrun import JobPlan, environment
+    from ddptop.trainer import flightrecorder
 
     plan = JobPlan(Path("train.py"), [], 2, 0, tmp_path, "unix:/s", True, tmp_path)
-    on = environment(plan, {})
-    assert on["TORCH_FR_BUFFER_SIZE"] == on["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    on = environment(plan, {})  # torch 2.13 here: the new name only, no deprecation warning on every rank
+    assert on["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in on
     off = environment(plan, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})
     assert off["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0" and "TORCH_FR_BUFFER_SIZE" not in off
+    assert flightrecorder.env_for("2.7.1+cu126") == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
+    assert flightrecorder.env_for("2.8.0") == flightrecorder.env_for("unknown") == {"TORCH_FR_BUFFER_SIZE": "2000"}

@@ -1,8 +1,9 @@
 """The default process group's collective sequence numbers, read from torch's flight recorder.
 
-The launcher turns the recorder on for every rank (FR_ENV, unless the user
-set either name: TORCH_NCCL_TRACE_BUFFER_SIZE is the NCCL-era name, torch
-2.7+ reads TORCH_FR_BUFFER_SIZE first and records gloo's collectives too).
+The launcher turns the recorder on for every rank (env_for(), unless the
+user set either name): torch 2.8 and later read TORCH_FR_BUFFER_SIZE (and
+record gloo's collectives too) and warn on every rank that the older name,
+TORCH_NCCL_TRACE_BUFFER_SIZE, is deprecated; earlier ones read only that.
 Its status per group is what torch's own flight-recorder analysis matches
 ranks by: the last collective each rank enqueued and completed. A rank
 whose last enqueued collective is behind the others' never issued the one
@@ -22,6 +23,17 @@ import sys
 FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 FR_ENTRIES = "2000"
 """Collectives the recorder keeps per rank: torch's own suggestion for debugging hangs."""
+NEW_NAME_SINCE = (2, 8)
+
+
+def env_for(torch_version: str | None) -> dict[str, str]:
+    """The variable that turns the recorder on in ranks running this torch ("2.13.0+cpu")."""
+    try:
+        major, minor = (int(part) for part in (torch_version or "").split(".")[:2])
+    except ValueError:
+        return {FR_ENV[0]: FR_ENTRIES}  # a version we cannot read is a new one
+    return {FR_ENV[0] if (major, minor) >= NEW_NAME_SINCE else FR_ENV[1]: FR_ENTRIES}
+
 
 READ_AFTER_S = 5.0
 DEFAULT_GROUP = "0"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
+import importlib.metadata
 import os
 import signal
 import sys
@@ -108,7 +109,7 @@ def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, 
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # The flight recorder: a stall verdict names the rank whose collectives lag (trainer/flightrecorder.py).
     if not any(name in env for name in flightrecorder.FR_ENV):
-        env.update(dict.fromkeys(flightrecorder.FR_ENV, flightrecorder.FR_ENTRIES))
+        env.update(flightrecorder.env_for(_torch_version()))
     env[STACKS_DIR_ENV] = str(plan.stacks_dir)
     env[BACKOFF_ENV] = str(plan.restart_backoff)
     env.update(plan.guard.to_env())
@@ -117,6 +118,14 @@ def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, 
     elif plan.visible_gpus is not None and "CUDA_VISIBLE_DEVICES" not in env:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, plan.visible_gpus))
     return env
+
+
+def _torch_version() -> str | None:
+    """The torch the ranks run (this interpreter's), from its metadata: nothing is imported."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _die_with(supervisor_pid: int) -> None:
