@@ -14,9 +14,11 @@ order and then the current one, whichever form each is in when it looks.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -33,8 +35,19 @@ ZSTD_LEVEL = 3
 _SEGMENT = re.compile(r"^events\.(\d{6,})\.log(\.zst)?$")
 
 
+BUFFER_BYTES = 1 << 16
+"""Frames are written out when this much is buffered, and at each flush (about once a second)."""
+
+
 class EventLog:
-    """Append-only log of wire frames; flushed by the supervisor about once a second."""
+    """Append-only log of wire frames; flushed by the supervisor about once a second.
+
+    Frames reach the file whole or not at all: a write that fails (a full
+    disk) is cut back to the last whole frame and its frames are dropped,
+    counted, and raised as the OSError; the supervisor says so (its
+    outlets.py) and goes on. The first write that succeeds after a loss puts
+    a `notice` of the gap in the log, where the gap is.
+    """
 
     def __init__(self, path: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.path = path
@@ -42,64 +55,142 @@ class EventLog:
         self.bytes_written = 0
         """Bytes in the current segment (what a reader of events.log finds there)."""
         self.total_bytes = 0
+        self.lost_frames = 0
+        """Frames never written: the disk was full, the file gone."""
+        self._gap: tuple[float, int, OSError] | None = None
+        """(since when, frames, the error) of the loss not yet noted in the log."""
         self._next = max((index for index, _ in _segment_files(path)), default=0) + 1
         # One long-lived thread compresses segments in turn: a thread per
         # segment would leave the allocator an arena per thread, and the
         # supervisor's memory would creep up with every rotation.
         self._compressor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddptop-log-compress")
         self._compressing: list[Future[None]] = []
-        self._file = self._open()
+        self._buffer = bytearray()
+        self._buffered_frames = 0
+        self._fd: int | None = None
+        self._fd = self._open()
 
-    def _open(self) -> BinaryIO:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        return os.fdopen(fd, "ab", buffering=1 << 16)
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def append(self, record: wire.Frame) -> None:
         self.write(wire.encode(record))
 
     def write(self, data: bytes) -> None:
-        """Append a frame already encoded (the supervisor encodes once for log and viewers)."""
-        self._file.write(data)
-        self.bytes_written += len(data)
-        self.total_bytes += len(data)
+        """Append a frame already encoded (the supervisor encodes once for log and viewers).
+
+        Never raises: a write out that fails here is counted, and said by the next flush().
+        """
+        self._buffer += data
+        self._buffered_frames += 1
+        if len(self._buffer) >= BUFFER_BYTES or self.bytes_written + len(self._buffer) >= self.segment_bytes:
+            with contextlib.suppress(OSError):
+                self.flush()
+
+    def flush(self) -> None:
+        """Write out the buffered frames, whole frames or none: OSError when none, or when
+        frames were lost since the last flush and nothing has been written since."""
+        if not self._buffer:
+            if self._gap is not None:
+                raise OSError(self._gap[2].errno, self._gap[2].strerror)
+            return
+        if self._gap is not None:
+            since, frames, error = self._gap
+            text = (
+                f"event log gap: {frames} records since {time.strftime('%H:%M:%S', time.localtime(since))} "
+                f"were not written ({error.strerror or error})"
+            )
+            gap = wire.encode({"type": "notice", "wall": time.time(), "text": text})
+            self._buffer[:0] = gap
+            self._buffered_frames += 1
+        try:
+            if self._fd is None:
+                self._fd = self._open()
+            start = os.fstat(self._fd).st_size
+            self._write_all(self._fd, start)
+        except OSError as exc:
+            self._lose(exc)
+            raise
+        self._gap = None
+        self.bytes_written += len(self._buffer)
+        self.total_bytes += len(self._buffer)
+        self._buffer.clear()
+        self._buffered_frames = 0
         if self.bytes_written >= self.segment_bytes:
             self.rotate()
 
+    def _write_all(self, fd: int, start: int) -> None:
+        written = 0
+        with memoryview(self._buffer) as view:
+            try:
+                while written < len(view):
+                    written += os.write(fd, view[written:])
+            except OSError:
+                if written:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, start)  # back to the last whole frame
+                raise
+
+    def _lose(self, exc: OSError) -> None:
+        frames = self._buffered_frames - (1 if self._gap is not None else 0)
+        since, before = self._gap[:2] if self._gap is not None else (time.time(), 0)
+        self._gap = (since, before + frames, exc)
+        self.lost_frames += frames
+        self._buffer.clear()
+        self._buffered_frames = 0
+
     def rotate(self) -> None:
         """Close the current segment under its number and start a new one; compress the old in the background."""
-        self._file.close()
         closed = self.path.with_name(f"events.{self._next:06d}.log")
+        os.replace(self.path, closed)  # a read-only or removed folder raises here, and the segment goes on
         self._next += 1
-        os.replace(self.path, closed)
-        self._file = self._open()
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = None
         self.bytes_written = 0
         self._compressing = [f for f in self._compressing if not f.done()]
         self._compressing.append(self._compressor.submit(compress, closed))
+        self._fd = self._open()
 
     def open_history(self) -> list[BinaryIO]:
-        """Readers of everything logged so far, opened now: later rotations cannot move them."""
-        self.flush()
-        return [*(open_segment(path) for path in closed_segments(self.path)), self.path.open("rb")]
+        """Readers of everything logged so far, opened now: later rotations cannot move them.
 
-    def flush(self) -> None:
-        self._file.flush()
+        What cannot be written or opened now (a full disk, a removed folder) is
+        left out: the writer's own flush reports it.
+        """
+        with contextlib.suppress(OSError):
+            self.flush()
+        readers: list[BinaryIO] = []
+        for path in [*closed_segments(self.path), self.path]:
+            with contextlib.suppress(OSError):
+                readers.append(open_segment(path) if path != self.path else path.open("rb"))
+        return readers
 
     def close(self) -> None:
-        """Close the current segment and wait for the closed ones to be compressed."""
-        self._file.close()
-        self._compressor.shutdown(wait=True)
-        for future in self._compressing:
-            future.result()
+        """Write what is buffered, close the current segment and wait for the closed ones to be compressed."""
+        try:
+            self.flush()
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            self._compressor.shutdown(wait=True)
+            for future in self._compressing:
+                future.result()
 
 
 def compress(path: Path) -> None:
     """path -> path.zst, complete before it has that name; then the plain file goes."""
     target = path.with_name(path.name + ".zst")
     temp = path.with_name(path.name + ".zst.tmp")
-    with path.open("rb") as source, open(temp, "wb") as sink:
-        zstandard.ZstdCompressor(level=ZSTD_LEVEL).copy_stream(source, sink)
-        sink.flush()
-        os.fsync(sink.fileno())
+    try:
+        with path.open("rb") as source, open(temp, "wb") as sink:
+            zstandard.ZstdCompressor(level=ZSTD_LEVEL).copy_stream(source, sink)
+            sink.flush()
+            os.fsync(sink.fileno())
+    except OSError:
+        temp.unlink(missing_ok=True)  # a full disk: the plain segment stays, and is read as it is
+        raise
     os.chmod(temp, 0o600)
     os.replace(temp, target)
     path.unlink()

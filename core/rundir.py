@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from ddptop.core import wire
 from ddptop.core.eventlog import read_all
 
 
@@ -88,18 +89,35 @@ class RunDir:
     def write_meta(self, meta: dict[str, Any]) -> None:
         """Atomically: a reader never sees half a file."""
         tmp = self.meta_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, self.meta_path)
-
-    def update_meta(self, **changes: Any) -> None:
-        self.write_meta({**self.read_meta(), **changes})
+        try:
+            tmp.write_text(json.dumps(meta, indent=1))
+            os.replace(tmp, self.meta_path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk: no half-written file left behind
+            raise
 
     def state(self) -> str:
-        """running, finished or failed; a run whose supervisor vanished failed."""
-        meta = self.read_meta()
-        if meta.get("state") == "running" and not _alive(meta.get("supervisor_pid"), meta.get("supervisor_started")):
-            return "failed"
-        return str(meta.get("state", "failed"))
+        """running, finished or failed, as the job truly ended.
+
+        meta.json says so once the supervisor is done. A supervisor that died
+        (or could not write meta.json) before saying so leaves it "running":
+        the event log's last record tells, an `exit` record written when the
+        job ended; without one, the job was lost with its supervisor: failed.
+        """
+        try:
+            meta = self.read_meta()
+        except (OSError, ValueError):
+            meta = {"state": "running"}
+        if meta.get("state") != "running" or _alive(meta.get("supervisor_pid"), meta.get("supervisor_started")):
+            return str(meta.get("state", "failed"))
+        try:
+            with self.events_path.open("rb") as stream:
+                last = wire.last_frame(stream)
+        except (OSError, wire.FrameError):
+            last = None
+        if last is not None and last.get("type") == "exit":
+            return "finished" if last.get("code") == 0 else "failed"
+        return "failed"
 
 
 def _alive(pid: Any, started: Any) -> bool:

@@ -26,6 +26,7 @@ from ddptop.supervisor.cluster import placement as cluster
 from ddptop.supervisor.launching import args as launchargs
 from ddptop.supervisor.launching.plan import check_script, check_torch, cluster_notices, plan_job
 from ddptop.supervisor.launching.torchrun import Torchrun
+from ddptop.supervisor.outlets import Outlets
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
 from ddptop.supervisor.supervise import Supervisor
 from ddptop.supervisor.watching.policy import WatchPolicy
@@ -45,11 +46,12 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
     place = cluster.plan(args.options)
     nvml = load_nvml()
     run = rundir.create(args.script, args.options.run_dir)
-    endpoints.write_token(run.token_path, place.token)
+    outlets = Outlets()
+    outlets.write("the token file", endpoints.write_token, run.token_path, place.token)
     plan, notices = plan_job(args, nvml, run)
     notices += cluster_notices(place, run)
     for notice in notices:
-        print(f"ddptop: {notice}", file=sys.stderr, flush=True)
+        outlets.line(sys.stderr, f"ddptop: {notice}")
     me = psutil.Process()
     meta = {
         "id": run.id,
@@ -70,7 +72,7 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
         "state": "running",
         "version": ddptop.__version__,
     }
-    run.write_meta(meta)
+    outlets.write("meta.json", run.write_meta, meta)
     with_dashboard = not args.options.headless and sys.stdout.isatty()
     if with_dashboard:
         release_nvml(nvml)  # NVML is not fork-safe: the supervisor child opens its own
@@ -80,7 +82,7 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
         _become_detached_supervisor(run)
         nvml = load_nvml()
         meta.update(supervisor_pid=os.getpid(), supervisor_started=psutil.Process().create_time())
-        run.write_meta(meta)
+        outlets.write("meta.json", run.write_meta, meta)
     opts = args.options
     watch = WatchPolicy(
         on_nan=opts.on_nan,
@@ -90,7 +92,12 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
         crash_loop=opts.crash_loop,
         crash_loop_window=opts.crash_loop_window,
     )
-    supervisor = Supervisor(run, Torchrun(plan), Sampler(nvml), opts.summary_every, watch, place, prometheus)
+
+    def warn(text: str) -> None:
+        outlets.line(sys.stderr, f"ddptop: {text}")
+
+    sampler = Sampler(nvml, warn)
+    supervisor = Supervisor(run, Torchrun(plan), sampler, opts.summary_every, watch, place, prometheus, outlets=outlets)
     for notice in notices:
         supervisor.record({"type": "notice", "wall": time.time(), "text": notice})
     code = asyncio.run(supervisor.main({**meta, "wall": meta["started"]}))

@@ -31,6 +31,7 @@ from ddptop.supervisor.cluster import endpoints
 from ddptop.supervisor.cluster.placement import Cluster
 from ddptop.supervisor.cluster.role import role_of
 from ddptop.supervisor.launching.torchrun import Torchrun
+from ddptop.supervisor.outlets import Outlets
 from ddptop.supervisor.sampler import Sampler
 from ddptop.supervisor.serving.hub import Hub
 from ddptop.supervisor.serving.prometheus import PrometheusExporter
@@ -40,6 +41,7 @@ from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.verdict import Verdict
 from ddptop.supervisor.watching.watchdog import Watchdog
 
+META = "meta.json"
 WATCH_S = 0.25
 """Period of the watchdog's tick: how late a verdict may be carried out."""
 CRASH_LOG_LINES = 20
@@ -66,6 +68,7 @@ class Supervisor:
         cluster: Cluster | None = None,
         prometheus: tuple[str, int] | None = None,
         out: TextIO = sys.stdout,
+        outlets: Outlets | None = None,
     ) -> None:
         self.run = run
         self.torchrun = torchrun
@@ -74,7 +77,11 @@ class Supervisor:
         self.cluster = cluster or Cluster()
         self.prometheus_address = prometheus
         self.out = out
-        self.hub = Hub(run, self.on_command, observer=self._observe)
+        self.outlets = outlets or Outlets()
+        self.hub = Hub(run, self.on_command, observer=self._observe, outlets=self.outlets)
+        for text in self.outlets.early:  # said already, on stderr: now for the event log too
+            self.hub.note(text)
+        self.outlets.notify = self._outlet_notice
         self.state = self.hub.state
         self.record = self.hub.record
         self.watchdog = Watchdog(watch or WatchPolicy(), self.state, self._crash_log)
@@ -86,6 +93,8 @@ class Supervisor:
         self._stop_signal: int | None = None
         self._stop_code: int | None = None
         self._stopping: asyncio.Task | None = None
+        self.meta: dict[str, Any] = {}
+        """What meta.json says of the run (launch.py writes it first)."""
         self._restarts_held: list[int] = []
         """Restarts torchrun's probe holds until the watchdog has judged their failure."""
 
@@ -139,7 +148,7 @@ class Supervisor:
     def _observe(self, record: wire.Frame) -> None:
         kind = record["type"]
         if kind == "group_restart":
-            print(f"ddptop: {restart_text(record)}", file=sys.stderr, flush=True)
+            self.say(restart_text(record))
             # Another node's restart too (its node field is torchrun's group
             # rank, not ours): a probe lets through only its own number's go.
             self._restarts_held.append(record["restart"])
@@ -171,9 +180,9 @@ class Supervisor:
         """Alert first (log, dashboards, stderr), then stacks, then the action."""
         self.record(verdict.record())
         if verdict.notice:
-            print(f"ddptop: {verdict.text}", file=sys.stderr, flush=True)
+            self.say(verdict.text)
             return
-        print(f"ddptop: ALERT {verdict.kind}: {verdict.text}", file=sys.stderr, flush=True)
+        self.say(f"ALERT {verdict.kind}: {verdict.text}")
         if verdict.stacks:
             ours = self.torchrun.descendants()
             await asyncio.gather(*(self._collect_stack(rank, ours) for rank in verdict.stacks))
@@ -205,20 +214,22 @@ class Supervisor:
         state = self.state.ranks.get(rank)
         if state is None or state.pid not in ours:
             return
-        got = await stacks.dump(self.run.raw_stacks_path, self.run.stacks_path, rank, state.pid)
+        got = await stacks.dump(self.run.raw_stacks_path, rank, state.pid)
         if got is None:
             self._note(rank, f"rank {rank} gave no stack dump")
             return
         source, text = got
+        self.outlets.write("the stack files", stacks.keep, self.run.stacks_path, rank, state.pid, source, text)
         self.record({"type": "stack", "rank": rank, "wall": time.time(), "source": source, "text": text})
 
     def _note(self, rank: int | None, text: str) -> None:
         self.record({"type": "action", "wall": time.time(), "rank": rank, "text": text})
-        print(f"ddptop: {text}", file=sys.stderr, flush=True)
+        self.say(text)
 
     async def main(self, meta: dict[str, Any]) -> int:
         """Run the job to its end; return the exit status for `ddptop launch`."""
         loop = asyncio.get_running_loop()
+        self.meta = {key: value for key, value in meta.items() if key != "wall"}
         await self.hub.start()
         if self.cluster.listener is not None:
             await self.hub.collector.start_tcp(self.cluster.listener, self.cluster.token)
@@ -227,7 +238,7 @@ class Supervisor:
             self._start_exporter(*self.prometheus_address)
         self.record({"type": "run", **meta})
         await self.torchrun.start()
-        self.run.update_meta(torchrun_pid=self.torchrun.pid)
+        self._update_meta(torchrun_pid=self.torchrun.pid)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(signum, self._on_signal, signum)
         periodic = [
@@ -256,16 +267,15 @@ class Supervisor:
         if self.exporter is not None:
             self.exporter.stop()
         await self._print_summary()
-        self.run.update_meta(state="finished" if code == 0 else "failed", ended=time.time(), exit_code=code)
-        print(
-            f"ddptop: job {'finished' if code == 0 else 'failed'} (exit {code}); run directory {self.run.path}", file=self.out, flush=True
-        )
+        state = "finished" if code == 0 else "failed"
+        self._update_meta(state=state, ended=time.time(), exit_code=code)
+        self.outlets.line(self.out, f"ddptop: job {state} (exit {code}); run directory {self.run.path}")
         return code
 
     def _on_signal(self, signum: int) -> None:
         """First signal: stop the job in order. A second: kill it now."""
         if self._stopping is None:
-            print(f"ddptop: {signal.Signals(signum).name}: stopping the job", file=sys.stderr, flush=True)
+            self.say(f"{signal.Signals(signum).name}: stopping the job")
         self._request_stop(signum)
 
     def _request_stop(self, signum: int) -> None:
@@ -292,7 +302,7 @@ class Supervisor:
             self._note(None, f"no Prometheus endpoint: cannot listen on {endpoints.text(host, port)}: {exc.strerror or exc}")
             return
         self.exporter = exporter
-        self.run.update_meta(prometheus=endpoints.text(host, exporter.port or port))
+        self._update_meta(prometheus=endpoints.text(host, exporter.port or port))
 
     async def _record_totals(self) -> None:
         self.hub.record_totals()
@@ -300,10 +310,26 @@ class Supervisor:
             self.exporter.refresh()
 
     async def _print_summary(self) -> None:
-        print(summary.line(self.state.totals(), time.time() - self.state.started), file=self.out, flush=True)
+        self.outlets.line(self.out, summary.line(self.state.totals(), time.time() - self.state.started))
 
     async def _flush(self) -> None:
-        self.hub.log.flush()
+        self.hub.flush()
+        if META in self.outlets.down:  # written whole each time: once there is room, it is all there
+            self._update_meta()
+
+    def _update_meta(self, **changes: Any) -> None:
+        """meta.json from the supervisor's own copy: a file it could not write or read back is no loss."""
+        self.meta.update(changes)
+        self.outlets.write(META, self.run.write_meta, self.meta)
+
+    def say(self, text: str) -> None:
+        """A line for the user on stderr, as every alert, notice and action is said."""
+        self.outlets.line(sys.stderr, f"ddptop: {text}")
+
+    def _outlet_notice(self, text: str) -> None:
+        """An outlet failed or came back: a notice for the log and the dashboards, and a line."""
+        self.hub.note(text)
+        self.say(text)
 
     async def _trim_heap(self) -> None:
         heap.trim()

@@ -6,7 +6,7 @@ Callers import this package (`from ddptop.core import wire`); it loads only
 the standard library and msgpack, since every training rank imports it.
 """
 
-from ddptop.core.wire.frames import MAX_BATCH, MAX_FRAME, Frame, FrameDecoder, FrameError, encode, read_frames
+from ddptop.core.wire.frames import MAX_BATCH, MAX_FRAME, Frame, FrameDecoder, FrameError, encode, last_frame, read_frames
 from ddptop.core.wire.schemas import AGENT_RECORD_TYPES, COMMANDS, FORWARDED_TYPES, RANK_RECORD_TYPES, SCHEMAS, validate
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "FrameDecoder",
     "FrameError",
     "encode",
+    "last_frame",
     "read_frames",
     "validate",
 ]

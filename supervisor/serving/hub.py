@@ -17,31 +17,50 @@ from ddptop.core import wire
 from ddptop.core.eventlog import EventLog
 from ddptop.core.model.job import JobState
 from ddptop.core.rundir import RunDir
+from ddptop.supervisor.outlets import Outlets
 from ddptop.supervisor.serving.collector import Collector
 from ddptop.supervisor.serving.viewers import CommandHandler, Viewers
 
+EVENT_LOG = "the event log"
+
 
 class Hub:
-    def __init__(self, run: RunDir, on_command: CommandHandler, observer: Callable[[wire.Frame], None] | None = None) -> None:
-        """observer sees every record after the state has folded it in (the watchdog)."""
+    def __init__(
+        self,
+        run: RunDir,
+        on_command: CommandHandler,
+        observer: Callable[[wire.Frame], None] | None = None,
+        outlets: Outlets | None = None,
+    ) -> None:
+        """observer sees every record after the state has folded it in (the watchdog); outlets
+        handles the event log's write errors: the state, the dashboards and the watchdog go on
+        from memory while the log cannot be written."""
         self.run = run
         self.observer = observer
+        self.outlets = outlets or Outlets()
         self.state = JobState()
         self.log = EventLog(run.events_path)
-        self.viewers = Viewers(self.log)
+        self.viewers = Viewers(self.log, on_drop=self.note)
         self.collector = Collector(self.record, self.viewers, on_command)
         self.taps: list[Callable[[wire.Frame, bytes], None]] = []
         """Also given every record and its encoding: a node's uplink to the aggregator."""
 
     def record(self, frame: wire.Frame) -> None:
         data = wire.encode(frame)
-        self.log.write(data)
+        self.log.write(data)  # never raises: its failures are said by the flush below
         self.state.ingest(frame)
         self.viewers.broadcast(data)
         for tap in self.taps:
             tap(frame, data)
         if self.observer is not None:
             self.observer(frame)
+
+    def note(self, text: str) -> None:
+        """A notice of the supervisor's own, for the log and every dashboard."""
+        self.record({"type": "notice", "wall": time.time(), "text": text})
+
+    def flush(self) -> None:
+        self.outlets.write(EVENT_LOG, self.log.flush)
 
     async def start(self) -> None:
         await self.collector.start_unix(self.run.socket_path)
@@ -57,4 +76,4 @@ class Hub:
         self.record({"type": "exit", "wall": time.time(), "code": code, "stopped_by_signal": stopped_by_signal})
         self.viewers.close_all()
         await self.collector.close()
-        self.log.close()
+        self.outlets.write(EVENT_LOG, self.log.close)

@@ -25,9 +25,11 @@ CommandHandler = Callable[[wire.Frame], None]
 
 
 class Viewers:
-    def __init__(self, log: EventLog) -> None:
+    def __init__(self, log: EventLog, on_drop: Callable[[str], None] = lambda text: None) -> None:
+        """on_drop is told, in words, of each viewer dropped for lagging (the hub logs it)."""
         self._log = log
-        self._queues: set[asyncio.Queue[bytes | None]] = set()
+        self._on_drop = on_drop
+        self._queues: dict[asyncio.Queue[bytes | None], asyncio.StreamWriter] = {}
 
     @property
     def attached(self) -> int:
@@ -35,14 +37,22 @@ class Viewers:
         return len(self._queues)
 
     def broadcast(self, data: bytes) -> None:
-        """Queue an encoded frame for every viewer; drop those that lag."""
-        for queue in list(self._queues):
+        """Queue an encoded frame for every viewer; drop those that lag.
+
+        A viewer QUEUE_MAX frames behind (suspended with Ctrl-Z, or a client
+        that never reads) is cut off at once: its queue and its socket's
+        buffers are freed, so the supervisor's memory stays bounded however
+        long it stalls, and the other viewers and the ranks never wait.
+        """
+        for queue, writer in list(self._queues.items()):
             try:
                 queue.put_nowait(data)
             except asyncio.QueueFull:
-                self._queues.discard(queue)
-                queue.get_nowait()
-                queue.put_nowait(None)
+                del self._queues[queue]
+                writer.transport.abort()
+                peer = writer.get_extra_info("peername")
+                where = f" at {peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
+                self._on_drop(f"dropped a dashboard{where} that fell {QUEUE_MAX} records behind; it may attach again")
 
     def close_all(self) -> None:
         """The job is over: each viewer gets what is queued, then end of stream."""
@@ -63,7 +73,7 @@ class Viewers:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUE_MAX)
         history = self._log.open_history() if hello.get("history", True) else []
         history_end = self._log.bytes_written  # of the current segment, the last of history
-        self._queues.add(queue)
+        self._queues[queue] = writer
         sender = asyncio.create_task(self._send(writer, queue, history, history_end))
         commands = asyncio.create_task(_read_commands(stream, on_command))
         try:
@@ -71,7 +81,7 @@ class Viewers:
             for task in done:
                 task.result()
         finally:
-            self._queues.discard(queue)
+            self._queues.pop(queue, None)
             sender.cancel()
             commands.cancel()
 

@@ -33,11 +33,10 @@ def stack_file(folder: Path, rank: int, pid: int) -> Path:
     return folder / f"rank{rank}.{pid}.txt"
 
 
-async def dump(raw: Path, folder: Path, rank: int, pid: int) -> tuple[str, str] | None:
+async def dump(raw: Path, rank: int, pid: int) -> tuple[str, str] | None:
     """(source, text) of the rank's stacks now, script first, or None when it cannot say.
 
-    raw is where the rank's faulthandler writes; the ordered dump is added to
-    the rank's file in folder.
+    raw is where the rank's faulthandler writes.
     """
     got: tuple[str, str] | None = None
     if shutil.which("py-spy"):
@@ -46,13 +45,13 @@ async def dump(raw: Path, folder: Path, rank: int, pid: int) -> tuple[str, str] 
             got = "py-spy", text
     if got is None:
         got = await _faulthandler(stack_file(raw, rank, pid), pid)
-    if got is None:
-        return None
-    source, text = got
-    ordered = script_first(text)
+    return None if got is None else (got[0], script_first(got[1]))
+
+
+def keep(folder: Path, rank: int, pid: int, source: str, text: str) -> None:
+    """Add a dump to the rank's file in the run's stacks/, as the user reads them."""
     with stack_file(folder, rank, pid).open("a") as stream:
-        stream.write(f"--- {source}\n{ordered}\n")
-    return source, ordered
+        stream.write(f"--- {source}\n{text}\n")
 
 
 _THREAD = re.compile(r"^(Current thread|Thread) ")
