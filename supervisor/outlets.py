@@ -67,10 +67,7 @@ class Outlets:
             return False
         outage = self.down.pop(outlet, None)
         if outage is not None:
-            self.notify(
-                f"writing {outlet} again after {time.time() - outage.since:.0f} s; "
-                f"{outage.dropped} write{'s' if outage.dropped != 1 else ''} dropped meanwhile ({outage.error})"
-            )
+            self.notify(f"writing {outlet} again, after {time.time() - outage.since:.0f} s of '{outage.error}'")
         return True
 
     def line(self, stream: TextIO, text: str) -> bool:

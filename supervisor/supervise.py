@@ -79,9 +79,6 @@ class Supervisor:
         self.out = out
         self.outlets = outlets or Outlets()
         self.hub = Hub(run, self.on_command, observer=self._observe, outlets=self.outlets)
-        for text in self.outlets.early:  # said already, on stderr: now for the event log too
-            self.hub.note(text)
-        self.outlets.notify = self._outlet_notice
         self.state = self.hub.state
         self.record = self.hub.record
         self.watchdog = Watchdog(watch or WatchPolicy(), self.state, self._crash_log)
@@ -97,6 +94,9 @@ class Supervisor:
         """What meta.json says of the run (launch.py writes it first)."""
         self._restarts_held: list[int] = []
         """Restarts torchrun's probe holds until the watchdog has judged their failure."""
+        for text in self.outlets.early:  # said already, on stderr: now for the event log too
+            self.hub.note(text)
+        self.outlets.notify = self._outlet_notice
 
     def on_command(self, command: wire.Frame) -> None:
         """A dashboard's request: stop the job, restart the group, kill a rank.
@@ -273,7 +273,16 @@ class Supervisor:
         return code
 
     def _on_signal(self, signum: int) -> None:
-        """First signal: stop the job in order. A second: kill it now."""
+        """SIGINT or SIGTERM: stop the job in order; a second one: kill it now.
+
+        SIGHUP is the terminal going away (an ssh session dropped under
+        --headless): the job goes on, watched, and what cannot be printed
+        any more is dropped (outlets.py). It is said, in case anyone reads.
+        """
+        if signum == signal.SIGHUP:
+            self.hub.note(f"SIGHUP: the terminal is gone; the job goes on (SIGTERM to pid {os.getpid()} stops it)")
+            self.say(f"SIGHUP: the terminal is gone; the job goes on (SIGTERM to pid {os.getpid()} stops it)")
+            return
         if self._stopping is None:
             self.say(f"{signal.Signals(signum).name}: stopping the job")
         self._request_stop(signum)

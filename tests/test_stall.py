@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from test_watchdog import feed, make, step
 
 from ddptop.supervisor.watching.policy import WatchPolicy
@@ -143,6 +144,7 @@ print(flightrecorder.collectives())
 """
 
 
+@pytest.mark.slow
 def test_a_real_gloo_group_s_recorder_is_read_in_a_fresh_process_as_a_rank_s(tmp_path):
     """The recorder is process-wide and counts every group the process made: a rank's own process, not pytest's."""
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
