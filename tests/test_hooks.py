@@ -9,6 +9,7 @@ clipping, GradScaler). Every global the hooks patch is restored afterwards.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import importlib
 import io
@@ -39,7 +40,8 @@ def gloo_world_of_one() -> Iterator[None]:
 def records(gloo_world_of_one: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
     """ddptop's hooks installed as in a rank; the step records they emit."""
     ddp_methods = ("__init__", "__getstate__", "__setstate__", "register_comm_hook")
-    for cls, name in (*((DistributedDataParallel, name) for name in ddp_methods), (torch.amp.GradScaler, "step")):
+    patched = (*((DistributedDataParallel, name) for name in ddp_methods), (torch.amp.GradScaler, "step"), (torch.amp.GradScaler, "scale"))
+    for cls, name in (*patched, (torch.autograd, "backward")):
         monkeypatch.setattr(cls, name, getattr(cls, name))
     optimizer_module = importlib.import_module("torch.optim.optimizer")
     monkeypatch.setattr(optimizer_module, "_global_optimizer_pre_hooks", collections.OrderedDict())
@@ -259,3 +261,68 @@ def test_an_optimizer_stepped_inside_another_is_part_of_its_step(records):
     record = last_step(records, model)
     assert [r["step"] for r in records if r["type"] == "step"] == [0, 1, 2]
     assert record["grad_norm"] == pytest.approx(expected, rel=1e-6) and record["comm_bytes"] > 0
+
+
+class TokenModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(input_ids))
+
+
+def test_the_loss_is_what_backward_was_called_on_summed_over_accumulation_and_tokens_are_counted(records):
+    torch.manual_seed(0)
+    model = DistributedDataParallel(TokenModel())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    expected = 0.0
+    for micro in range(3):
+        ids = torch.randint(0, 16, (4, 5))
+        with model.no_sync() if micro < 2 else contextlib.nullcontext():
+            loss = model(input_ids=ids).logsumexp(-1).mean() / 3
+            expected += float(loss.detach())
+            loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    model(input_ids=torch.randint(0, 16, (1, 5)))  # the next forward releases the held record
+    record = [r for r in records if r["type"] == "step"][-1]
+    assert record["loss"] == expected and record["tokens"] == 3 * 4 * 5
+
+
+def test_a_grad_scaler_s_loss_is_recorded_unscaled(records):
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    record = last_step(records, model)
+    assert record["loss"] == float(loss.detach()) and "tokens" not in record  # float inputs are no tokens
+
+
+def test_what_is_not_a_step_s_loss_records_none_and_monitor_step_wins(records):
+    from ddptop.trainer import monitor
+
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    outside = nn.Linear(8, 1)
+    outside(torch.randn(2, 8)).sum().backward()  # before any DDP forward of the step: not its loss
+    out = model(torch.randn(4, 8))
+    out.backward(torch.ones_like(out))  # non-scalar, with a gradient: no loss for it
+    with pytest.raises(RuntimeError):
+        torch.ones(3, requires_grad=True).sum().long().backward()  # an integer loss raises, as without ddptop
+    optimizer.step()
+    assert "loss" not in last_step(records, model)
+
+    tracker = StepTracker(0, emit=records.append)
+    monitor.bind(tracker)
+    try:
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        optimizer.step()
+        monitor.step(loss=123.0)
+    finally:
+        monitor.bind(None)
+    assert [r for r in records if r["type"] == "step"][-1]["loss"] == 123.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
@@ -295,3 +296,19 @@ def test_log_tail_reads_only_the_end_of_a_long_log(tmp_path):
     tail = log_tail(tmp_path, local_rank=1, restart=0, lines=3)
     assert tail == ["[stdout] line 99997", "[stdout] line 99998", "[stdout] line 99999"]
     assert log_tail(tmp_path, local_rank=2, restart=0) == ["(nothing logged yet)"]
+
+
+async def test_the_tokens_column_appears_once_a_rank_reads_token_ids(job):
+    job.feed(world=2)
+    app = dashboard(job)
+    async with app.run_test(size=(220, 40)) as pilot:
+        await until(lambda: table(app).row_count == 2, "rows")
+        await pilot.pause()
+        assert "TOKENS/S" not in table(app).render_line(0).text  # a job of images has no token column
+        for n in range(3):
+            step = {"type": "step", "rank": 7, "step": n, "wall": time.time() + n, "step_ms": 10.0, "tokens": 4096, "loss": 2.5}
+            job.hub.record(step)
+        await until(lambda: "TOKENS/S" in table(app).render_line(0).text, "the tokens column")
+        assert column(app, "tokens_per_s")[-1] == "4,096"
+        header = str(app.query_one("#header").render())
+        assert "4,096 tokens/s" in header and re.search(r"  loss [\d.]+  ", header), header  # the ranks' mean

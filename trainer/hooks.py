@@ -64,6 +64,9 @@ class Probe:
         """The models running ddptop's default hook, until the script registers its own."""
         self.forward_hooks: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
         """The ids of the forward hooks ddptop added to each model, to leave out of its copies."""
+        self.scaled: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+        """Tensors a GradScaler scaled, by id, with the scale they were multiplied by: the
+        loss that goes to backward() is divided back (the latest SCALED_KEPT kept)."""
 
     def buckets(self, model: Any) -> guard.ReducedBuckets:
         """The model's reduced buckets, made at first use: DDP's own __init__
@@ -96,6 +99,7 @@ def install(tracker: StepTracker, policy: GuardPolicy) -> None:
     probe = Probe(tracker, policy)
     _wrap_ddp(probe)
     _wrap_grad_scaler(probe)
+    _wrap_backward(probe)
     register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(probe, optimizer))
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _optimizer_end(probe, optimizer))
     atexit.register(_before_exit, probe)
@@ -180,12 +184,28 @@ def _without_hooks(state: dict[str, Any], ours: frozenset[int]) -> dict[str, Any
     return state
 
 
+SCALED_KEPT = 16
+
+
 def _wrap_grad_scaler(probe: Probe) -> None:
-    """End the step that GradScaler skips: optimizer.step() never runs for it."""
+    """End the step that GradScaler skips: optimizer.step() never runs for it. And
+    remember what it scaled, so the loss is recorded unscaled."""
     scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if scaler_class is None:
         return
     original_step = scaler_class.step
+    original_scale = scaler_class.scale
+
+    @functools.wraps(original_scale)
+    def scale(self: Any, outputs: Any) -> Any:
+        scaled = original_scale(self, outputs)
+        if isinstance(scaled, torch.Tensor) and scaled is not outputs and self._scale is not None:
+            probe.scaled[id(scaled)] = (weakref.ref(scaled), self._scale)
+            if len(probe.scaled) > SCALED_KEPT:
+                del probe.scaled[next(iter(probe.scaled))]
+        return scaled
+
+    scaler_class.scale = scale
 
     @functools.wraps(original_step)
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -203,6 +223,54 @@ def _wrap_grad_scaler(probe: Probe) -> None:
     scaler_class.step = step
 
 
+def _wrap_backward(probe: Probe) -> None:
+    """The step's loss with no line of the script changed: what it called backward() on.
+
+    torch.autograd.backward is wrapped; Tensor.backward calls it. Once the
+    original returns (a backward that raised records nothing), each scalar,
+    real floating-point tensor it was called on adds its value to the step's
+    sum, if a training forward of a DDP model ran since the last step ended
+    (a backward outside any DDP step is not the step's loss). So gradient
+    accumulation sums its micro-steps, as the script's own loop optimises
+    them (a loop that divides each micro-batch's loss by the accumulation
+    steps gets the step's mean), and a second backward in one step (a GAN's
+    two losses, retain_graph) adds to it. A loss GradScaler scaled is divided
+    back by its scale. On CUDA the value stays on the device (an add queued
+    per backward) and leaves as a Late value, a step late; on the CPU it is a
+    float at once. A backward on a non-scalar (with a gradient), integer or
+    complex tensor records nothing for it. monitor.step(loss=...) wins.
+    """
+    original = torch.autograd.backward
+    tracker = probe.tracker
+
+    @functools.wraps(original)
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(tensors, torch.Tensor):
+            tensors = tuple(tensors)  # the original takes any iterable: read it once, for both
+        result = original(tensors, *args, **kwargs)
+        if tracker.in_step():
+            for tensor in (tensors,) if isinstance(tensors, torch.Tensor) else tensors:
+                value = _loss_value(probe, tensor)
+                if value is not None:
+                    tracker.backward_value(value)
+        return result
+
+    torch.autograd.backward = backward
+
+
+def _loss_value(probe: Probe, tensor: Any) -> Any:
+    """A backward's value for the step's loss: a float, a device tensor on CUDA, or None."""
+    if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1 or not tensor.is_floating_point():
+        return None
+    known = probe.scaled.get(id(tensor))
+    scale = known[1] if known is not None and known[0]() is tensor else None
+    value = tensor.detach()
+    if value.device.type == "cpu":
+        return float(value) / float(scale) if scale is not None else float(value)
+    value = value.float().reshape(())
+    return value / scale.reshape(()) if scale is not None else value
+
+
 def _forward_pre_hook(probe: Probe) -> Any:
     tracker = probe.tracker
 
@@ -215,7 +283,7 @@ def _forward_pre_hook(probe: Probe) -> Any:
             _ensure_comm_hook(module, probe)
         tracker.forwards += 1
         if module.training and torch.is_grad_enabled():
-            tracker.forward_begin(_batch_size(args, kwargs))
+            tracker.forward_begin(_batch_size(args, kwargs), _tokens(args, kwargs))
 
     return hook
 
@@ -386,6 +454,17 @@ def _after_step(probe: Probe) -> dict[str, Any]:
     if every and probe.tracker.step % every == 0:
         values["checksum"] = guard.checksum(probe.parameters())
     return values
+
+
+def _tokens(args: tuple, kwargs: dict) -> int | None:
+    """Elements of the forward's token ids: its `input_ids`, else its first positional
+    tensor, when that is 2-D and of integers (images and 1-D labels are not tokens)."""
+    ids = kwargs.get("input_ids")
+    if ids is None:
+        ids = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        return None
+    return ids.numel()
 
 
 def _batch_size(args: tuple, kwargs: dict) -> int | None:

@@ -10,6 +10,9 @@ monitor.step(). The tracker owns the step boundaries and the record:
   forward;
 - samples is the batch dimension of the DDP forward input, summed over the
   forwards of the step (gradient accumulation), unless the script says;
+- tokens, the elements of the forward's token ids (hooks.py finds them),
+  summed the same way; loss, the sum of what the script called backward()
+  on during the step (hooks.py), unless the script says;
 - a finished record is held until the next forward so that a monitor.step()
   after optimizer.step() (the usual place) can still add the loss to it.
 
@@ -48,20 +51,33 @@ class StepTracker:
         self._last_end: float | None = None
         self._first_forward: float | None = None
         self._samples = 0
+        self._tokens = 0
+        self._loss: Any = None
+        """The step's backward() values so far: a float, or on CUDA a tensor on the device."""
         self._values: dict[str, Any] = {}
         self._lates: dict[str, late.Late] = {}
         self._optimizer_seen = False
         self._finished: tuple[wire.Frame, dict[str, late.Late]] | None = None
         self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
 
-    def forward_begin(self, samples: int | None) -> None:
+    def forward_begin(self, samples: int | None, tokens: int | None = None) -> None:
         now = self._clock()
         self._release_finished()
         if self._first_forward is None:
             self._first_forward = now
         if samples:
             self._samples += samples
+        if tokens:
+            self._tokens += tokens
         self.phase = "forward"
+
+    def in_step(self) -> bool:
+        """Whether a training forward ran since the last step ended: a backward now is the step's."""
+        return self._first_forward is not None
+
+    def backward_value(self, value: Any) -> None:
+        """What backward() was called on, a float or a device tensor (added there, not read)."""
+        self._loss = value if self._loss is None else self._loss + value
 
     def forward_end(self) -> None:
         self.phase = "backward"
@@ -132,12 +148,18 @@ class StepTracker:
             record["data_ms"] = max(0.0, (self._first_forward - self._last_end) * 1000.0)
         if self._samples:
             record["samples"] = self._samples
+        if self._tokens:
+            record["tokens"] = self._tokens
+        if self._loss is not None and "loss" not in self._values and "loss" not in self._lates:
+            _add(self._values, self._lates, {"loss": late.scalar(self._loss)})
         if self.total_steps is not None:
             record["total_steps"] = self.total_steps
         record.update(self._values)
         self._finished = (record, self._lates)
         self._values, self._lates = {}, {}
         self._samples = 0
+        self._tokens = 0
+        self._loss = None
         self._first_forward = None
         self._last_end = now
         self.step += 1

@@ -44,6 +44,10 @@ def middle(values: Sequence[float]) -> float | None:
     return median(list(values))
 
 
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 @dataclass(frozen=True)
 class Prometheus:
     """A metric's Prometheus family: its name after `ddptop_rank_`, in base units."""
@@ -71,6 +75,8 @@ class Metric:
     prometheus: Prometheus | None = None
     plot: str | None = None
     summary: str | None = None
+    optional: bool = False
+    """Its column is left out of the rank table until a rank has it (tokens/s: language models only)."""
 
     def format(self, rank: RankState) -> str:
         return self.cell(rank) if self.cell is not None else self.text(self.read(rank))
@@ -119,8 +125,10 @@ TOKENS_PER_S = Metric(
     lambda r: r.window.rate("tokens"),
     count,
     job=total,
+    column="TOKENS/S",
     prometheus=Prometheus("tokens_per_second", "tokens per second over the recent steps"),
     summary="{} tokens/s",
+    optional=True,
 )
 STEP_MS_P50 = Metric(
     "step_ms_p50",
@@ -176,10 +184,11 @@ LOSS = Metric(
     "",
     lambda r: r.loss,
     number("{:.4g}"),
-    job=middle,
+    job=mean,
     column="LOSS",
-    prometheus=Prometheus("loss", "the last loss the script reported"),
+    prometheus=Prometheus("loss", "the last step's loss: what backward() was called on, or what the script reported"),
     plot="loss",
+    summary="loss {}",
 )
 GRAD_NORM = Metric(
     "grad_norm",

@@ -6,7 +6,7 @@ from textual.widgets import Static
 
 from ddptop.core.format import count, duration, ms
 from ddptop.core.model.job import JobState
-from ddptop.core.model.metrics import COMM_MS, SAMPLES_PER_S, STEP_MS_P50, STEP_MS_P95
+from ddptop.core.model.metrics import COMM_MS, LOSS, SAMPLES_PER_S, STEP_MS_P50, STEP_MS_P95, TOKENS_PER_S
 from ddptop.core.model.summary import guard_parts
 from ddptop.core.model.totals import JobTotals
 
@@ -39,7 +39,9 @@ class JobHeader(Static):
             + "\n"
             f"steps {progress}  ETA {eta(state, totals)}  "
             f"[b]{count(totals.of(SAMPLES_PER_S))}[/b] samples/s  "
-            f"step {ms(totals.of(STEP_MS_P50))}/{ms(totals.of(STEP_MS_P95))} ms  "
+            + ("" if (tokens := totals.of(TOKENS_PER_S)) is None else f"{count(tokens)} tokens/s  ")
+            + ("" if (loss := totals.of(LOSS)) is None else f"loss {LOSS.text(loss)}  ")
+            + f"step {ms(totals.of(STEP_MS_P50))}/{ms(totals.of(STEP_MS_P95))} ms  "
             f"comm {ms(totals.of(COMM_MS))} ms" + "".join(f"  {part}" for part in guard_parts(totals))
         )
         if text != self._shown:  # re-rendering markup ten times a second is not free

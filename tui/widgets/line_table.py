@@ -36,10 +36,13 @@ class LineTable(ScrollView, can_focus=True):
         Binding("end", "cursor(1000000)", show=False),
     ]
 
-    def __init__(self, header: list[str], **kwargs: Any) -> None:
+    def __init__(self, header: list[str], optional: frozenset[int] = frozenset(), **kwargs: Any) -> None:
+        """optional: the columns left out until a row has something in them other than "-"
+        (tokens/s, in a job that reads no token ids)."""
         super().__init__(**kwargs)
         self._header = header
-        self._widths = [len(label) for label in header]
+        self._optional = optional
+        self._widths = [0 if i in optional else len(label) for i, label in enumerate(header)]
         self._order: list[int] = []
         self._cursor: int | None = None
         self._styles: dict[str, Style] = {}
@@ -60,17 +63,20 @@ class LineTable(ScrollView, can_focus=True):
         return self._styles[name]
 
     def _widen(self, texts: list[str]) -> None:
-        self._widths = [max(w, len(text)) for w, text in zip(self._widths, texts)]
+        for i, text in enumerate(texts):
+            if self._widths[i] or text != "-":
+                self._widths[i] = max(self._widths[i], len(text), len(self._header[i]))
 
     def _line(self, texts: list[str]) -> str:
-        return " " + GAP.join(t.ljust(w) for t, w in zip(texts, self._widths)) + " "
+        return " " + GAP.join(t.ljust(w) for t, w in zip(texts, self._widths) if w) + " "
 
     def _set_order(self, order: list[int]) -> None:
         """New rows are in place: keep the cursor on its id, size the view, redraw."""
         self._order = order
         if self._cursor not in order:
             self._cursor = order[0] if order else None
-        size = Size(sum(self._widths) + len(GAP) * (len(self._widths) - 1) + 2, len(order) + 1)
+        shown = [w for w in self._widths if w]
+        size = Size(sum(shown) + len(GAP) * (len(shown) - 1) + 2, len(order) + 1)
         if size != self.virtual_size:  # a new virtual size costs a layout pass
             self.virtual_size = size
         self.refresh()

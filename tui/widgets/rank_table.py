@@ -40,6 +40,8 @@ class Column:
     header: str
     render: Callable[[RankState, float, bool], str]
     sort_of: Callable[[RankState], Any]
+    optional: bool = False
+    """Left out until some rank has a value in it."""
 
 
 def _metric_column(header: str, metrics: list[Metric]) -> Column:
@@ -50,7 +52,8 @@ def _metric_column(header: str, metrics: list[Metric]) -> Column:
         value = first.read(rank)
         return value is None, value or 0.0
 
-    return Column(first.key, header, lambda r, now, live: "/".join(m.format(r) for m in metrics), sort_of)
+    optional = all(m.optional for m in metrics)
+    return Column(first.key, header, lambda r, now, live: "/".join(m.format(r) for m in metrics), sort_of, optional)
 
 
 IDENTITY = [
@@ -87,7 +90,7 @@ class RankTable(LineTable):
     }
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__([c.header for c in COLUMNS], **kwargs)
+        super().__init__([c.header for c in COLUMNS], frozenset(i for i, c in enumerate(COLUMNS) if c.optional), **kwargs)
         self.sort_key = "rank"
         self.sort_reverse = False
         self.filter_text = ""
@@ -157,6 +160,8 @@ class RankTable(LineTable):
         """Character spans of the highlighted columns in a line."""
         spans, at = [], 1
         for key, width in zip(_KEYS, self._widths):
+            if not width:
+                continue
             if key in HIGHLIGHTED:
                 spans.append((at, at + width))
             at += width + len(GAP)

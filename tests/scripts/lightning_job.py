@@ -1,0 +1,60 @@
+"""A PyTorch Lightning job as its docs teach it, run by torchrun (Lightning joins the ranks torchrun
+made): a LightningModule over token ids, DDP, gradient accumulation. ddptop is never mentioned.
+
+Each micro-batch prints `[micro] GLOBAL_STEP LOSS` (the loss training_step returns, before
+Lightning divides it by the accumulation for backward), so a test can compare ddptop's loss.
+"""
+
+import argparse
+
+import lightning as L
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--max-steps", type=int, default=12)
+parser.add_argument("--accumulate", type=int, default=2)
+args = parser.parse_args()
+
+
+class Tokens(Dataset):
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.randint(0, 50, (17,), generator=torch.Generator().manual_seed(index))
+
+
+class TinyLM(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 32)
+        self.head = nn.Linear(32, 50)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        idx, targets = batch[:, :-1], batch[:, 1:]
+        logits = self.head(self.embed(idx))
+        loss = F.cross_entropy(logits.reshape(-1, 50), targets.reshape(-1))
+        self.log("train_loss", loss)
+        print(f"[micro] {self.global_step} {loss.item()!r}", flush=True)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+if __name__ == "__main__":
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_steps=args.max_steps,
+        accumulate_grad_batches=args.accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(TinyLM(), DataLoader(Tokens(), batch_size=8))
