@@ -201,3 +201,34 @@ def test_the_flight_recorder_is_on_and_a_rank_that_sits_still_reports_its_nccl_c
     enqueued, completed = told[-1]
     assert enqueued >= 10 and completed == enqueued, told  # ten steps' all-reduces, all done
     print(f"flight recorder status from the heartbeats: {told}")
+
+
+def test_the_zero_code_loss_never_synchronises(monkeypatch):
+    """Two micro-steps' losses, one scaled by a GradScaler, summed and sent on: under the
+    sync debug mode "error", any read of a CUDA value on the host would raise."""
+    import weakref
+
+    from ddptop.trainer import hooks
+    from ddptop.trainer.policy import GuardPolicy
+    from ddptop.trainer.steps import StepTracker
+
+    monkeypatch.setattr(torch.amp.GradScaler, "scale", torch.amp.GradScaler.scale)
+    records: list = []
+    probe = hooks.Probe(StepTracker(0, emit=records.append), GuardPolicy())
+    hooks._wrap_grad_scaler(probe)
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
+    x = torch.randn(64, 64, device="cuda", requires_grad=True)
+    first, second = (x @ x).pow(2).mean(), (x * 3).pow(2).mean()
+    warm = late.scalar(first.detach())  # the pinned buffer's first allocation may wait: not the step's
+    warm.get()
+    scaled = scaler.scale(second)
+    assert probe.scaled[id(scaled)][0]() is scaled and isinstance(weakref.ref(scaled), weakref.ref)
+    probe.tracker.forward_begin(None)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for loss in (first, scaled):
+            probe.tracker.backward_value(hooks._loss_value(probe, loss))
+        value = late.scalar(probe.tracker._loss)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert value.get() == pytest.approx(first.item() + second.item(), rel=1e-6)
