@@ -167,3 +167,19 @@ def test_the_launcher_turns_the_recorder_on_unless_the_user_chose(tmp_path):
     assert off["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0" and "TORCH_FR_BUFFER_SIZE" not in off
     assert flightrecorder.env_for("2.7.1+cu126") == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
     assert flightrecorder.env_for("2.8.0") == flightrecorder.env_for("unknown") == {"TORCH_FR_BUFFER_SIZE": "2000"}
+
+
+def test_the_wall_clock_stepping_back_and_forth_gives_no_verdict():
+    """Ranks' wall times jump an hour back, then a day forward (NTP, a VM resumed): every duration
+    the watchdog judges is on the supervisor's monotonic clock, so nothing is said of it."""
+    dog, state, clock = make(world=4, policy=WatchPolicy(hang_timeout=30))
+    verdicts = []
+    for n in range(300):
+        clock.now += 0.1
+        wall = 1_800_000_000.0 + n * 0.1 + (-3600.0 if 100 <= n < 200 else 86_400.0 if n >= 200 else 0.0)
+        for rank in range(4):
+            verdicts += feed(dog, state, step(rank, n, step_ms=100.0, wall=wall))
+            if n % 10 == 0:
+                verdicts += feed(dog, state, beat(rank, n + 1, "data", wall=wall))
+        verdicts += dog.tick()
+    assert verdicts == []
