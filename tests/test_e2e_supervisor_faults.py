@@ -27,6 +27,11 @@ pytestmark = pytest.mark.slow
 WEATHER = SCRIPTS / "disk_weather.py"
 
 
+def headless(run_path: Path, script: Path, *args: str) -> list[str]:
+    """`ddptop launch --headless` of script on 2 ranks, as a user types it."""
+    return [DDPTOP, "launch", "--headless", "--run-dir", str(run_path), str(script), "--gpus", "2", *args]
+
+
 def mount_namespace() -> list[str]:
     """A command prefix that runs in a mount namespace of its own, where a tmpfs may be mounted:
     as root, or as a user where user namespaces are allowed. The test skips where neither is."""
@@ -85,20 +90,7 @@ cp -r {fs}/run {out}/run
 def test_the_run_directory_removed_mid_run(ddptop_home, tmp_path):
     run_path = tmp_path / "run"
     proc = subprocess.run(
-        [
-            DDPTOP,
-            "launch",
-            "--headless",
-            "--run-dir",
-            str(run_path),
-            str(WEATHER),
-            "--gpus",
-            "2",
-            "--remove-run-at",
-            "50",
-            "--steps",
-            "150",
-        ],
+        headless(run_path, WEATHER, "--remove-run-at", "50", "--steps", "150"),
         capture_output=True,
         text=True,
         timeout=240,
@@ -116,20 +108,7 @@ def test_a_closed_stdout_loses_the_summaries_not_the_job(ddptop_home, tmp_path):
     """`ddptop launch --headless ... | head -1`: the reader goes away after the first line."""
     run_path = tmp_path / "run"
     proc = subprocess.Popen(
-        [
-            DDPTOP,
-            "launch",
-            "--headless",
-            "--run-dir",
-            str(run_path),
-            str(WEATHER),
-            "--gpus",
-            "2",
-            "--steps",
-            "200",
-            "--summary-every",
-            "0.2",
-        ],
+        headless(run_path, WEATHER, "--steps", "200", "--summary-every", "0.2"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -198,7 +177,7 @@ def test_sighup_is_the_terminal_gone_and_the_job_goes_on(ddptop_home, tmp_path):
     """An ssh session dropped under --headless: SIGINT and SIGTERM stop the job (test_e2e_restart.py), SIGHUP does not."""
     run = rundir.RunDir(tmp_path / "run")
     proc = subprocess.Popen(
-        [DDPTOP, "launch", "--headless", "--run-dir", str(run.path), str(WEATHER), "--gpus", "2", "--steps", "300"],
+        headless(run.path, WEATHER, "--steps", "300"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -216,7 +195,7 @@ def test_sighup_is_the_terminal_gone_and_the_job_goes_on(ddptop_home, tmp_path):
 def test_a_rank_that_floods_records_is_bounded_and_counted_and_starves_nothing(ddptop_home, tmp_path):
     run = rundir.RunDir(tmp_path / "run")
     proc = subprocess.run(
-        [DDPTOP, "launch", "--headless", "--run-dir", str(run.path), str(SCRIPTS / "flood.py"), "--gpus", "2"],
+        headless(run.path, SCRIPTS / "flood.py"),
         capture_output=True,
         text=True,
         timeout=240,

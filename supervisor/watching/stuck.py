@@ -29,6 +29,14 @@ class Standing:
     """The last step it finished; -1 before its first."""
 
 
+def named(ranks: list[int], state: JobState, seen: Liveness, now: float, silent_after: float) -> tuple[dict[int, Standing], str]:
+    """Where each of ranks stands (those heard from in the last silent_after seconds), and the text
+    that names them all, the silent ones and any lag the flight recorder shows."""
+    silent = {r: now - seen.heard.get(r, 0.0) for r in ranks if now - seen.heard.get(r, 0.0) > silent_after}
+    places = {r: standing(r, state, seen) for r in ranks if r not in silent}
+    return places, describe(places, {r: seen.still(r, now) for r in places}, silent, seen.collectives)
+
+
 def standing(rank: int, state: JobState, seen: Liveness) -> Standing:
     rank_state = state.ranks.get(rank)
     inside = rank_state.inside if rank_state else None

@@ -55,9 +55,7 @@ class HangRule:
         # it: a rank whose last step landed a moment later waits just the same.
         stuck_ranks = [r for r in live if now - seen.progress[r] > limit[r] / 2]
         self._reported = True
-        silent = {r: now - seen.heard.get(r, 0.0) for r in stuck_ranks if now - seen.heard.get(r, 0.0) > timeout}
-        standing = {r: stuck.standing(r, self.state, seen) for r in stuck_ranks if r not in silent}
-        text = stuck.describe(standing, {r: seen.still(r, now) for r in standing}, silent, seen.collectives)
+        standing, text = stuck.named(stuck_ranks, self.state, seen, now, silent_after=timeout)
         return [
             Verdict(
                 "hang",

@@ -82,9 +82,7 @@ class StallRule:
         if self._said == last_step or min(seen.still(r, now) for r in live) < window:
             return []
         self._said = last_step
-        silent = {r: now - seen.heard.get(r, 0.0) for r in live if now - seen.heard.get(r, 0.0) > window}
-        standing = {r: stuck.standing(r, self.state, seen) for r in live if r not in silent}
-        text = stuck.describe(standing, {r: seen.still(r, now) for r in standing}, silent, seen.collectives)
+        standing, text = stuck.named(live, self.state, seen, now, silent_after=window)
         return [
             Verdict(
                 "stall",
