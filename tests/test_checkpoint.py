@@ -124,6 +124,7 @@ monitor.checkpoint(model, step=2, directory=sys.argv[1])
 """
 
 
+@pytest.mark.slow
 def test_a_writer_killed_mid_checkpoint_leaves_the_previous_one_to_resume(tmp_path):
     proc = subprocess.run([sys.executable, "-c", KILLED_MID_WRITE, str(tmp_path)], capture_output=True, timeout=60)
     assert proc.returncode == -9, proc.stderr

@@ -8,12 +8,15 @@ import random
 import time
 from pathlib import Path
 
+import pytest
 from conftest import run_ddptop, until
 from synthetic import hello, step_record, synthetic_job
 
 from ddptop.core import rundir, wire
 from ddptop.core.model.job import JobState
 from ddptop.supervisor.serving.hub import Hub
+
+pytestmark = pytest.mark.slow  # hundreds of synthetic ranks: seconds each
 
 RANKS, RATE, STEPS = 256, 10.0, 20
 
