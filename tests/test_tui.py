@@ -305,8 +305,9 @@ async def test_the_tokens_column_appears_once_a_rank_reads_token_ids(job):
         await until(lambda: table(app).row_count == 2, "rows")
         await pilot.pause()
         assert "TOKENS/S" not in table(app).render_line(0).text  # a job of images has no token column
+        base = time.time()
         for n in range(3):
-            step = {"type": "step", "rank": 7, "step": n, "wall": time.time() + n, "step_ms": 10.0, "tokens": 4096, "loss": 2.5}
+            step = {"type": "step", "rank": 7, "step": n, "wall": base + n, "step_ms": 10.0, "tokens": 4096, "loss": 2.5}
             job.hub.record(step)
         await until(lambda: "TOKENS/S" in table(app).render_line(0).text, "the tokens column")
         assert column(app, "tokens_per_s")[-1] == "4,096"
