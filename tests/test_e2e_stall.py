@@ -81,6 +81,8 @@ def test_rank_0_evaluating_alone_for_40_s_is_a_pause_with_no_alert(ddptop_home, 
     assert [r for r in records if r["type"] == "alert"] == []
     assert re.search(r"step 100: val loss [\d.]+", proc.stdout)
     notes = [r["text"] for r in records if r["type"] == "notice" and "wait for" in r["text"]]
-    assert notes == [f"ranks 1,2 wait for rank 0, at eval_pause.py:{line_of(script, 'losses.append(')} in estimate_loss"]
+    # Where rank 0 was when the note was made: one of the evaluation loop's lines, as it happened.
+    [note] = notes
+    assert re.fullmatch(r"ranks 1,2 wait for rank 0, at eval_pause\.py:(\d+) in estimate_loss", note), note
     steps = [r for r in records if r["type"] == "step"]
     assert {(r["rank"], r["step"]) for r in steps} == {(rank, n) for rank in range(3) for n in range(150)}
