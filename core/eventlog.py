@@ -55,8 +55,6 @@ class EventLog:
         self.bytes_written = 0
         """Bytes in the current segment (what a reader of events.log finds there)."""
         self.total_bytes = 0
-        self.lost_frames = 0
-        """Frames never written: the disk was full, the file gone."""
         self._gap: tuple[float, int, OSError] | None = None
         """(since when, frames, the error) of the loss not yet noted in the log."""
         self._next = max((index for index, _ in _segment_files(path)), default=0) + 1
@@ -67,8 +65,7 @@ class EventLog:
         self._compressing: list[Future[None]] = []
         self._buffer = bytearray()
         self._buffered_frames = 0
-        self._fd: int | None = None
-        self._fd = self._open()
+        self._fd: int | None = self._open()
 
     def _open(self) -> int:
         return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -135,7 +132,6 @@ class EventLog:
         frames = self._buffered_frames - (1 if self._gap is not None else 0)
         since, before = self._gap[:2] if self._gap is not None else (time.time(), 0)
         self._gap = (since, before + frames, exc)
-        self.lost_frames += frames
         self._buffer.clear()
         self._buffered_frames = 0
 

@@ -13,13 +13,12 @@ import pytest
 from ddptop.core.places import is_script, is_script_line
 from ddptop.trainer import hooks
 from ddptop.trainer import where as where_module
-from ddptop.trainer.where import where
 
 
 def test_where_names_the_main_thread_s_innermost_line_of_the_script_s_own_code():
     """Asked from another thread (as the sender asks), past the standard library's frames (join)."""
     seen: list[str] = []
-    asker = threading.Thread(target=lambda: seen.append(where()))
+    asker = threading.Thread(target=lambda: seen.append(where_module.sample().where))
 
     def waiting_here() -> None:
         asker.start()

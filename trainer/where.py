@@ -77,8 +77,3 @@ def _walk() -> Sample:
         frame = frame.f_back
     stack.reverse()
     return Sample(script or stack[-1], inside, tuple(stack))
-
-
-def where() -> str:
-    """The main thread's innermost frame of the script's own code, else its innermost Python frame."""
-    return sample().where
