@@ -159,7 +159,9 @@ def list_runs(argv: list[str]) -> int:
                 "id": run.id,
                 "script": meta.get("script"),
                 "state": run.state(),
-                "ranks": meta.get("nproc_per_node"),
+                "ranks": meta.get("nproc_per_node") if meta.get("launch_style", "torchrun") == "torchrun" else meta.get("gpus"),
+                "launch_style": meta.get("launch_style", "torchrun"),
+                "launch_reason": meta.get("launch_reason"),
                 "nnodes": meta.get("nnodes"),
                 "started": meta.get("started"),
                 "path": str(run.path),
@@ -174,7 +176,7 @@ def list_runs(argv: list[str]) -> int:
     print(f"{'ID':<40} {'STATE':<9} {'RANKS':>5}  {'STARTED':<19}  SCRIPT")
     for row in rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started"] or 0))
-        print(f"{row['id']:<40} {row['state']:<9} {row['ranks']!s:>5}  {started:<19}  {row['script']}")
+        print(f"{row['id']:<40} {row['state']:<9} {row['ranks'] or '?'!s:>5}  {started:<19}  {row['script']}")
     return 0
 
 

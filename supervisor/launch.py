@@ -25,11 +25,12 @@ from ddptop.supervisor.cluster import endpoints
 from ddptop.supervisor.cluster import placement as cluster
 from ddptop.supervisor.launching import args as launchargs
 from ddptop.supervisor.launching.plan import check_script, check_torch, cluster_notices, plan_job
+from ddptop.supervisor.launching.style import chosen
 from ddptop.supervisor.launching.torchrun import Torchrun
 from ddptop.supervisor.outlets import Outlets
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
 from ddptop.supervisor.supervise import Supervisor
-from ddptop.supervisor.watching.policy import WatchPolicy
+from ddptop.supervisor.watching.policy import Started, WatchPolicy
 
 Dashboard = Callable[[rundir.RunDir], int]
 """Runs the dashboard on the run whose supervisor this process forked; returns the exit status."""
@@ -40,6 +41,7 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
     args = launchargs.split(argv)
     check_torch()
     check_script(args.script)
+    style = chosen(args.script, args.options.launch_style)
     prometheus = endpoints.parse(args.options.prometheus, what="--prometheus") if args.options.prometheus else None
     if prometheus is not None:
         endpoints.check_bindable(*prometheus, "Prometheus")
@@ -48,7 +50,7 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
     run = rundir.create(args.script, args.options.run_dir)
     outlets = Outlets()
     outlets.write("the token file", endpoints.write_token, run.token_path, place.token)
-    plan, notices = plan_job(args, nvml, run)
+    plan, notices = plan_job(args, nvml, run, style)
     notices += cluster_notices(place, run)
     for notice in notices:
         outlets.line(sys.stderr, f"ddptop: {notice}")
@@ -58,6 +60,9 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
         "script": str(args.script),
         "args": args.script_args,
         "nproc_per_node": plan.nproc_per_node,
+        "launch_style": style.name,
+        "launch_reason": style.reason,
+        "port_set_at": style.port_set_at,
         "nnodes": plan.nnodes or "1",
         "node_rank": place.node,
         "listen": place.listen_address,
@@ -65,6 +70,7 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
         "prometheus": None if prometheus is None else endpoints.text(*prometheus),
         "host": socket.gethostname(),
         "cpu_only": plan.cpu_only,
+        "gpus": args.options.gpus,
         "address": plan.address,
         "started": time.time(),
         "supervisor_pid": os.getpid(),
@@ -91,6 +97,7 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
         hang_timeout=opts.hang_timeout,
         crash_loop=opts.crash_loop,
         crash_loop_window=opts.crash_loop_window,
+        started=Started(style.name, args.script.name, opts.gpus, style.port_set_at),
     )
 
     def warn(text: str) -> None:

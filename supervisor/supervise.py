@@ -137,7 +137,9 @@ class Supervisor:
             return
         ours = self.torchrun.descendants()
         pids = {r.pid for r in self.state.ranks.values() if not r.exited and (only is None or r.rank == only)} & ours
-        self.watchdog.expect_deaths(pids)
+        # A script that starts its own ranks fails when one is killed: that worker's death is ours too.
+        spawners = self.torchrun.workers() - {r.pid for r in self.state.ranks.values()}
+        self.watchdog.expect_deaths(pids | spawners)
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
 

@@ -80,6 +80,16 @@ async def test_a_row_per_rank_and_the_header_update_live(job):
         assert column(app, "rank") == ["0", "1", "2", "3"]
 
 
+async def test_the_header_says_how_the_script_started_its_ranks(job):
+    job.hub.record({"type": "run", "wall": time.time(), "script": "/data/dp.py", "launch_style": "single", "gpus": 2})
+    job.feed(world=1)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 40)):
+        await until(lambda: "1 process (DataParallel, 2 GPUs)" in str(app.query_one("#header").render()), "DataParallel in the header")
+        job.hub.record({"type": "run", "wall": time.time(), "script": "/data/spawn.py", "launch_style": "spawn"})
+        await until(lambda: "world 1  spawned by the script" in str(app.query_one("#header").render()), "spawned ranks in the header")
+
+
 async def test_sort_and_reverse(job):
     job.feed(world=4, slow_rank=2)
     app = dashboard(job)

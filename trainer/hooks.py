@@ -27,7 +27,7 @@ import atexit
 import functools
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -98,6 +98,7 @@ class Probe:
 def install(tracker: StepTracker, policy: GuardPolicy) -> None:
     probe = Probe(tracker, policy)
     _wrap_ddp(probe)
+    _wrap_data_parallel(probe)
     _wrap_grad_scaler(probe)
     _wrap_backward(probe)
     register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(probe, optimizer))
@@ -170,7 +171,7 @@ def _instrument(model: Any, probe: Probe) -> None:
     """A new DDP model's forward hooks: step start and samples, phase."""
     probe.buckets(model)
     tracker = probe.tracker
-    begin = model.register_forward_pre_hook(_forward_pre_hook(probe), with_kwargs=True)
+    begin = model.register_forward_pre_hook(_forward_pre_hook(probe, _ensure_comm_hook), with_kwargs=True)
     end = model.register_forward_hook(lambda module, args, output: tracker.forward_end())
     probe.forward_hooks[model] = frozenset((begin.id, end.id))
 
@@ -271,16 +272,31 @@ def _loss_value(probe: Probe, tensor: Any) -> Any:
     return value / scale.reshape(()) if scale is not None else value
 
 
-def _forward_pre_hook(probe: Probe) -> Any:
+def _wrap_data_parallel(probe: Probe) -> None:
+    """One process driving several GPUs (nn.DataParallel) has steps too: its
+    model's training forwards start them, as a DDP model's do; nothing is
+    all-reduced, so there is no comm hook."""
+    original_init = torch.nn.DataParallel.__init__
     tracker = probe.tracker
 
-    first = True
+    @functools.wraps(original_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self.register_forward_pre_hook(_forward_pre_hook(probe), with_kwargs=True)
+        self.register_forward_hook(lambda module, args, output: tracker.forward_end())
+
+    torch.nn.DataParallel.__init__ = __init__  # type: ignore[method-assign]
+
+
+def _forward_pre_hook(probe: Probe, first_forward: Callable[[Any, Probe], None] | None = None) -> Any:
+    tracker = probe.tracker
+    first = first_forward is not None
 
     def hook(module: Any, args: tuple, kwargs: dict) -> None:
         nonlocal first
-        if first:
+        if first and first_forward is not None:
             first = False
-            _ensure_comm_hook(module, probe)
+            first_forward(module, probe)
         tracker.forwards += 1
         if module.training and torch.is_grad_enabled():
             tracker.forward_begin(_batch_size(args, kwargs), _tokens(args, kwargs))

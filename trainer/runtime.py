@@ -37,14 +37,17 @@ TRACEBACK_MAX = 8192
 """Characters of an uncaught exception's traceback sent along (its end)."""
 
 
-def rank_hello() -> wire.Frame:
-    """This rank's identity, from the variables torchrun sets."""
+def rank_hello(given: tuple[int, int] | None = None) -> wire.Frame:
+    """This rank's identity: from the variables torchrun sets, or as given
+    (rank, world size) by the init_process_group call of a rank that a
+    script started itself (trainer/spawned.py), on one node."""
     env = os.environ
+    rank, world = (int(env["RANK"]), int(env.get("WORLD_SIZE", "1"))) if given is None else given
     return {
         "type": "rank_hello",
-        "rank": int(env["RANK"]),
-        "local_rank": int(env.get("LOCAL_RANK", "0")),
-        "world_size": int(env.get("WORLD_SIZE", "1")),
+        "rank": rank,
+        "local_rank": int(env.get("LOCAL_RANK", "0")) if given is None else rank,
+        "world_size": world,
         "node": int(env.get("GROUP_RANK", "0")),
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -52,7 +55,7 @@ def rank_hello() -> wire.Frame:
     }
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent_env: str | None = AGENT_PID_ENV) -> None:
     """Ask the kernel to kill this rank when torchrun dies (no orphans).
 
     torchrun starts each worker in a session of its own, so a kill of
@@ -68,8 +71,8 @@ def die_with_parent() -> None:
     pr_set_pdeathsig = 1
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    agent = os.environ.get(AGENT_PID_ENV)
-    if agent is not None and os.getppid() != int(agent):
+    parent = None if parent_env is None else os.environ.get(parent_env)
+    if parent is not None and os.getppid() != int(parent):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -89,7 +92,11 @@ def stacks_on_signal(rank: int) -> None:
         faulthandler.register(STACK_SIGNAL, file=stream, all_threads=True, chain=False)
 
 
-def report_uncaught(put: Callable[[wire.Frame], None], rank: int) -> None:
+Report = Callable[[BaseException], None]
+"""Sends an exception's traceback to the supervisor (for a failure the interpreter's excepthook never sees)."""
+
+
+def report_uncaught(put: Callable[[wire.Frame], None], rank: int) -> Report:
     """Send an uncaught exception's traceback to the supervisor, then print it as usual.
 
     So the crash alert can quote the first failing rank's own error without
@@ -97,17 +104,22 @@ def report_uncaught(put: Callable[[wire.Frame], None], rank: int) -> None:
     """
     previous = sys.excepthook
 
-    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        text = "".join(traceback.format_exception(kind, value, tb))[-TRACEBACK_MAX:]
+    def report(value: BaseException) -> None:
+        text = "".join(traceback.format_exception(type(value), value, value.__traceback__))[-TRACEBACK_MAX:]
         put({"type": "exception", "rank": rank, "wall": time.time(), "text": text})
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        report(value.with_traceback(tb))
         previous(kind, value, tb)
 
     sys.excepthook = hook
+    return report
 
 
-def activate() -> None:
-    hello = rank_hello()
-    die_with_parent()
+def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGENT_PID_ENV) -> Report:
+    """Report this process as a rank: identity from torchrun's variables or given (rank, world size)."""
+    hello = rank_hello(given)
+    die_with_parent(parent_env)
     stacks_on_signal(hello["rank"])
     sender: Sender
     tracker = StepTracker(hello["rank"], emit=lambda record: sender.put(record))
@@ -143,7 +155,7 @@ def activate() -> None:
         return record
 
     sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat)
-    report_uncaught(sender.put, tracker.rank)
+    report = report_uncaught(sender.put, tracker.rank)
     monitor.bind(tracker)
     sender.start()
 
@@ -163,3 +175,4 @@ def activate() -> None:
         sender.close(EXIT_FLUSH_S)
 
     atexit.register(at_exit)
+    return report

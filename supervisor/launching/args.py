@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddptop.core.usage import OneLineParser, UsageError
+from ddptop.supervisor.launching.style import STYLES
 from ddptop.supervisor.watching.policy import CRASH_LOOP, CRASH_LOOP_WINDOW_S, HANG_TIMEOUT_S
 from ddptop.trainer.policy import DESYNC_EVERY, ON_DESYNC, ON_HANG, ON_NAN
 
@@ -55,6 +56,14 @@ _non_negative_float.__name__ = "non-negative number"
 OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     (("--gpus",), {"type": _positive_int, "help": "ranks on this node, one GPU each (CPU ranks on gloo without a GPU)"}),
     (("--nproc-per-node", "--nproc_per_node"), {"type": _positive_int, "help": "ranks on this node (torchrun's spelling)"}),
+    (
+        ("--launch-style",),
+        {
+            "choices": STYLES,
+            "default": "auto",
+            "help": "how the script starts its ranks: torchrun (one copy per GPU), spawn (the script starts them itself), single (one process, nn.DataParallel); auto reads the script",
+        },
+    ),
     (("--nnodes",), {"help": "number of nodes, or MIN:MAX"}),
     (("--node-rank", "--node_rank"), {"type": _non_negative_int, "help": "this node's rank"}),
     (("--rdzv-endpoint", "--rdzv_endpoint"), {"help": "HOST:PORT of the rendezvous"}),

@@ -16,6 +16,7 @@ from ddptop.core import rundir
 from ddptop.core.usage import UsageError
 from ddptop.supervisor.cluster.placement import Cluster
 from ddptop.supervisor.launching.args import LaunchArgs
+from ddptop.supervisor.launching.style import TORCHRUN, Style
 from ddptop.supervisor.launching.torchrun import JobPlan
 from ddptop.supervisor.sampler import gpu_count
 from ddptop.trainer.policy import GuardPolicy
@@ -39,8 +40,21 @@ def check_script(script: Path) -> None:
         raise UsageError(f"{script} is not a Python script ({type(exc).__name__}: {exc})") from None
 
 
-def plan_job(args: LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir) -> tuple[JobPlan, list[str]]:
-    """Decide ranks and devices from the options and the GPUs this machine has."""
+def style_notice(style: Style, script: Path, gpus: int | None) -> str | None:
+    """What a user is told once when their script is started once rather than per GPU."""
+    devices = f" on {gpus} GPU{'s' if gpus != 1 else ''}" if gpus else ""
+    if style.name == "spawn":
+        return f"{style.reason}: started once{devices}, its ranks are watched"
+    if style.name == "single":
+        return (
+            f"{style.reason}: started once, one process driving every GPU{devices}; "
+            f"DistributedDataParallel is faster (one process per GPU): https://pytorch.org/tutorials/intermediate/ddp_tutorial.html"
+        )
+    return None
+
+
+def plan_job(args: LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir, style: Style = TORCHRUN) -> tuple[JobPlan, list[str]]:
+    """Decide ranks and devices from the options, the script's launch style and the GPUs this machine has."""
     opts = args.options
     gpus = gpu_count(nvml)
     notices = []
@@ -52,12 +66,20 @@ def plan_job(args: LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir) -> t
         visible = list(range(opts.gpus)) if gpus else None
     else:
         nproc = opts.nproc_per_node or 1
+    if style.name != "torchrun" and (opts.nnodes or opts.rdzv_endpoint):
+        raise UsageError(f"{args.script} starts its ranks itself (launch style {style.name}): it runs on one node, without --nnodes")
+    notice = style_notice(style, args.script, opts.gpus if gpus else None)
+    if notice is not None:
+        notices.append(notice)
+        nproc = 1  # the script starts its own ranks, or drives every GPU from one process
     if not gpus:
-        notices.append(f"no CUDA GPU found: starting {nproc} CPU rank{'s' if nproc > 1 else ''} on gloo")
+        what = f"{nproc} CPU rank{'s' if nproc > 1 else ''} on gloo" if style.name == "torchrun" else "it on the CPU"
+        notices.append(f"no CUDA GPU found: starting {what}")
     plan = JobPlan(
         script=args.script,
         script_args=args.script_args,
         nproc_per_node=nproc,
+        style=style.name,
         max_restarts=opts.max_restarts,
         restart_backoff=opts.restart_backoff,
         log_dir=run.logs_path,

@@ -27,7 +27,7 @@ import psutil
 
 import ddptop.trainer.bootstrap
 from ddptop.core.model.events import exit_status
-from ddptop.trainer import flightrecorder
+from ddptop.trainer import flightrecorder, spawned
 from ddptop.trainer.policy import STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.runtime import AGENT_PID_ENV
 
@@ -58,6 +58,8 @@ class JobPlan:
     rdzv_endpoint: str | None = None
     rdzv_backend: str | None = None
     rdzv_id: str | None = None
+    style: str = "torchrun"
+    """How the script starts its ranks (launching/style.py): anything but torchrun runs one worker."""
 
 
 def command(plan: JobPlan) -> list[str]:
@@ -96,7 +98,7 @@ def command(plan: JobPlan) -> list[str]:
 def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     # The token is the supervisor's secret: the ranks talk to it over its Unix socket only.
-    for inherited in ("RANK", "LOCAL_RANK", "DDPTOP_RANK_PID", AGENT_PID_ENV, "DDPTOP_TOKEN"):
+    for inherited in ("RANK", "LOCAL_RANK", "DDPTOP_RANK_PID", AGENT_PID_ENV, "DDPTOP_TOKEN", spawned.SPAWNER_ENV):
         env.pop(inherited, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
     env["DDPTOP_ADDRESS"] = plan.address
@@ -111,6 +113,7 @@ def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, 
     if not any(name in env for name in flightrecorder.FR_ENV):
         env.update(flightrecorder.env_for(_torch_version()))
     env[STACKS_DIR_ENV] = str(plan.stacks_dir)
+    env[spawned.STYLE_ENV] = plan.style
     env[BACKOFF_ENV] = str(plan.restart_backoff)
     env.update(plan.guard.to_env())
     if plan.cpu_only:
@@ -159,6 +162,15 @@ class Torchrun:
             return set()
         try:
             return {p.pid for p in psutil.Process(self.pid).children(recursive=True)}
+        except psutil.Error:
+            return set()
+
+    def workers(self) -> set[int]:
+        """Pids of torchrun's own workers: the ranks, or a script that starts its ranks itself."""
+        if self.pid is None:
+            return set()
+        try:
+            return {p.pid for p in psutil.Process(self.pid).children()}
         except psutil.Error:
             return set()
 

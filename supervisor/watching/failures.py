@@ -61,3 +61,12 @@ def script_frame(traceback_text: str) -> str | None:
         if match and is_script(match["path"]):
             found = place(match["path"], match["line"], match["function"])
     return found
+
+
+_PORT_IN_USE = re.compile(r"port:? (\d+)\b[^\n]*EADDRINUSE|EADDRINUSE[^\n]*port:? (\d+)\b")
+
+
+def port_in_use(text: str) -> int | None:
+    """The port a rendezvous could not listen on, from torch's error (`port: 12355, ..., name: EADDRINUSE`)."""
+    found = _PORT_IN_USE.search(text)
+    return None if found is None else int(found.group(1) or found.group(2))

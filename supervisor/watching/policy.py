@@ -22,6 +22,19 @@ NONE, RESTART, STOP = "none", "restart", "stop"
 
 
 @dataclass(frozen=True)
+class Started:
+    """How the script was started (supervisor/launching/style.py): what the
+    verdicts about a script that starts its own ranks need to know."""
+
+    style: str = "torchrun"
+    script: str = "the script"
+    gpus: int | None = None
+    """--gpus, when given."""
+    port_set_at: str | None = None
+    """Where the script sets MASTER_PORT itself, `file:line`."""
+
+
+@dataclass(frozen=True)
 class WatchPolicy:
     on_nan: str = "auto"
     on_desync: str = "warn"
@@ -29,6 +42,7 @@ class WatchPolicy:
     hang_timeout: float = HANG_TIMEOUT_S
     crash_loop: int = CRASH_LOOP
     crash_loop_window: float = CRASH_LOOP_WINDOW_S
+    started: Started = Started()
 
     def action_for(self, kind: str) -> str:
         """The action a verdict of this kind calls for."""

@@ -4,7 +4,9 @@ Python imports the first `sitecustomize` it finds at start-up, so this file
 must (1) still run the one it shadows, if any, and (2) cost nothing unless
 this process is a rank of a ddptop job: a torchrun worker (RANK is set) with
 a supervisor address, and not a subprocess that a rank started itself (the
-rank marks its own pid in the environment its children inherit).
+rank marks its own pid in the environment its children inherit). A script
+that starts its own ranks is the exception: its children become ranks at
+their init_process_group (trainer/spawned.py).
 """
 
 import os
@@ -28,13 +30,28 @@ def _is_ddptop_rank() -> bool:
     return bool(env.get("DDPTOP_ADDRESS")) and "RANK" in env and env.get("DDPTOP_RANK_PID", me) == me
 
 
-_chain_to_shadowed_sitecustomize()
+def _start() -> None:
+    """A script that starts its own ranks (trainer/spawned.py): its torchrun
+    worker is no rank, the processes it starts are; any other torchrun
+    worker is a rank from the start."""
+    if os.environ.get("DDPTOP_LAUNCH_STYLE") == "spawn":
+        from ddptop.trainer import spawned
 
-if _is_ddptop_rank():
-    os.environ["DDPTOP_RANK_PID"] = str(os.getpid())
-    try:
+        if spawned.is_spawner():
+            spawned.become_spawner()
+        elif spawned.is_spawned():
+            spawned.arm_spawned()
+    elif _is_ddptop_rank():
         from ddptop.trainer import runtime
 
+        os.environ["DDPTOP_RANK_PID"] = str(os.getpid())
         runtime.activate()
+
+
+_chain_to_shadowed_sitecustomize()
+
+if os.environ.get("DDPTOP_ADDRESS"):
+    try:
+        _start()
     except Exception as _exc:  # noqa: BLE001 - a broken monitor must never stop training
         print(f"ddptop: instrumentation off: {_exc}", file=sys.stderr)

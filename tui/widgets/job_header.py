@@ -19,6 +19,14 @@ def eta(state: JobState, totals: JobTotals) -> str:
     return duration(max(0, total - done) * step_ms / 1000.0)
 
 
+def world(state: JobState) -> str:
+    """The ranks, and how the script started them when it was not one rank per torchrun worker."""
+    style, gpus = state.meta.get("launch_style"), state.meta.get("gpus")
+    if style == "single":
+        return "1 process (DataParallel" + (f", {gpus} GPUs)" if gpus else ")")
+    return f"world {state.world_size or '?'}" + ("  spawned by the script" if style == "spawn" else "")
+
+
 class JobHeader(Static):
     """Two lines that never wrap (CSS), so an update never needs a layout pass."""
 
@@ -33,7 +41,7 @@ class JobHeader(Static):
         script = str(meta.get("script", "?")).rsplit("/", 1)[-1]
         text = (
             f"[b]{script}[/b]  {status}  "
-            f"world {state.world_size or '?'}  nodes {nodes}  up {duration(now - state.started)}  "
+            f"{world(state)}  nodes {nodes}  up {duration(now - state.started)}  "
             f"restarts {state.restarts}  alerts {state.alerts}"
             + ("" if state.checkpoint_step is None else f"  ckpt {state.checkpoint_step}")
             + "\n"

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from ddptop.core import wire
 from ddptop.core.model.events import exit_reason
 from ddptop.core.model.job import JobState
-from ddptop.supervisor.watching.failures import last_error_line, script_frame
+from ddptop.supervisor.watching.failures import last_error_line, port_in_use, script_frame
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.crash_loop import CrashLoop, alike, repeated_before_first_step, same_words
@@ -52,6 +52,7 @@ class CrashRule:
         clock: Callable[[], float],
     ) -> None:
         self.state = state
+        self.started = policy.started
         self.clock = clock
         self.liveness = liveness
         self.log_tail = log_tail
@@ -94,23 +95,29 @@ class CrashRule:
         failures, self._failures = self._failures, []
         failures.sort(key=self._cause_first)
         first = failures[0]
-        rank = first["rank"]
+        rank = self._rank_of(first)
         # What fails later in this attempt failed of this: on other nodes the
         # broken collective surfaces a moment after, in a gather of its own.
         self.end_attempt(first["restart"])
         state = self.state.ranks.get(rank)
         where = "" if state is None else (" before its first step" if state.step < 0 else f" after step {state.step} (in {state.phase})")
         tail = self.log_tail(first)
-        error = self._error_line(first, tail)
         exceptions = self.liveness.exceptions
         traceback = exceptions.get(rank) or first.get("message")
+        error = traceback.strip().splitlines()[-1] if traceback and traceback.strip() else self._error_line(first, tail)
         frame = script_frame(traceback or "\n".join(tail))
         text = f"rank {rank} {'failed with ' if first['exitcode'] >= 0 else 'was '}{exit_reason(first['exitcode'])}{where}"
         if error is not None:
             text += f": {error}" if traceback else f"; its log ends: {error}"
             if frame is not None and frame not in error:
                 text += f" at {frame}"
-        others = sorted({f["rank"] for f in failures} - {rank})
+        port = port_in_use(traceback or "\n".join(tail))
+        if port is not None:
+            text += f"; port {port} is already in use" + (
+                f" (MASTER_PORT is set at {self.started.port_set_at})" if self.started.port_set_at else ""
+            )
+        # The workers of a script that starts its own ranks are no ranks: only the cause is known.
+        others = sorted({f["rank"] for f in failures} - {rank}) if self.started.style != "spawn" else []
         if others:
             text += f" ({ranks_text(others)} failed after it)"
         crash = Verdict(
@@ -131,6 +138,17 @@ class CrashRule:
         else:
             self._early = None
         return [crash, *self.loop.after(crash, said, self.clock())]
+
+    def _rank_of(self, failure: wire.Frame) -> int:
+        """The rank a failure is of: torchrun's worker, or, for a script that starts
+        its own ranks (the failed worker is their parent), the first of its ranks
+        in that attempt to go, one that left an exception before one that did not."""
+        if self.started.style != "spawn":
+            return failure["rank"]
+        seen = self.liveness
+        ranks = [r for r, attempt in seen.attempt.items() if attempt == failure["restart"]]
+        said = [r for r in ranks if r in seen.exceptions]
+        return min(said or ranks, key=lambda r: seen.gone.get(r, float("inf")), default=failure["rank"])
 
     def _cause_first(self, failure: wire.Frame) -> tuple[int, float, float]:
         """A rank killed by a hard signal (SIGKILL, SIGSEGV...) is a cause, never

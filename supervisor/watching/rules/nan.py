@@ -30,10 +30,15 @@ class NanRule(PerStepRule):
 
     def judge(self, step: int, values: dict[int, tuple[bool | None, bool]]) -> Verdict:
         named = sorted(r for r, (bad, _) in values.items() if bad)
-        source = f"{ranks_text(named)}'s own gradients were" if named else "no rank's own gradients were seen as"
+        if named:
+            source = f"{ranks_text(named)}'s own gradients were"
+        elif all(bad is None for bad, _ in values.values()):  # no DDP: one process, nothing all-reduced
+            source = "the gradients were"
+        else:
+            source = "no rank's own gradients were seen as"
         then = {"restart": "; restarting the group", "stop": "; stopping the job"}.get(self.policy.on_nan, "")
         if all(skipped for _, skipped in values.values()):
-            handling = "step skipped on all ranks" + then
+            handling = ("step skipped on all ranks" if self.state.world_size > 1 else "step skipped") + then
         elif self.policy.on_nan == "auto":
             handling = "applied: CUDA ranks read this check a step late instead of waiting for it (--on-nan skip skips such steps)"
         else:
