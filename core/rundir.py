@@ -97,7 +97,7 @@ class RunDir:
             raise
 
     def state(self) -> str:
-        """running, finished or failed, as the job truly ended.
+        """running, finished, stopped (by the user: Ctrl-C, SIGTERM, `ddptop stop`) or failed, as the job truly ended.
 
         meta.json says so once the supervisor is done. A supervisor that died
         (or could not write meta.json) before saying so leaves it "running":
@@ -116,7 +116,7 @@ class RunDir:
         except (OSError, wire.FrameError):
             last = None
         if last is not None and last.get("type") == "exit":
-            return "finished" if last.get("code") == 0 else "failed"
+            return "finished" if last.get("code") == 0 else "stopped" if last.get("stopped_by_signal") else "failed"
         return "failed"
 
 

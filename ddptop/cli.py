@@ -1,4 +1,4 @@
-"""The `ddptop` command: launch, attach, replay, ls, export.
+"""The `ddptop` command: launch, attach, replay, ls, export, stop, restart, kill, logs.
 
 This is where the parts meet: `launch` is the supervisor's
 (ddptop.supervisor.launch), and the dashboard it opens, like `attach` and
@@ -10,20 +10,21 @@ before anything is started, so a mistake never leaves a process behind.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ddptop
+from ddptop import control
 from ddptop.core import rundir
 from ddptop.core.rundir import RunDirError
 from ddptop.core.usage import OneLineParser, UsageError
+from ddptop.logs import logs
+from ddptop.ls import list_runs
 from ddptop.supervisor.cluster import endpoints, remote
 from ddptop.supervisor.launch import launch as supervisor_launch
 from ddptop.supervisor.launching import args as launchargs
-from ddptop.trainer.sender import connect
 
 if TYPE_CHECKING:
     from ddptop.tui.app import DdptopApp
@@ -34,8 +35,12 @@ USAGE = """\
 usage: ddptop launch [options] SCRIPT [script args]   run a DDP job under torchrun and supervise it
        ddptop attach [RUN | HOST:PORT[,...]]          the dashboard on a running job (default: newest)
        ddptop replay RUN                              the dashboard over a run's recorded events
-       ddptop ls [--json]                             list runs and their state
+       ddptop ls [--running] [--json]                 list runs, newest last, and how each ended
        ddptop export RUN                              print a run's event log as JSON lines
+       ddptop stop [RUN]                              stop a running job (as Ctrl-C in launch does)
+       ddptop restart [RUN]                           restart its worker group
+       ddptop kill [RUN] --rank R                     kill one rank (torchrun restarts the group)
+       ddptop logs [RUN] [--rank R] [--attempt N | --all] [-f]   the ranks' output, across restarts
 
 launch options (anywhere before --; the rest goes to the script):
 """
@@ -74,28 +79,10 @@ def _dashboard_for_launch(run: rundir.RunDir) -> int:
     return int(end["code"])
 
 
-def _live_run(spec: str | None) -> rundir.RunDir:
-    """The run to attach to: named, or this user's newest running one; checked."""
-    if spec is None:
-        running = [r for r in rundir.all_runs() if r.state() == "running"]
-        if not running:
-            raise RunDirError("no running job of yours to attach to (ddptop ls lists runs)")
-        run = running[-1]
-    else:
-        run = rundir.find(spec)
-    state = run.state()
-    if state != "running":
-        raise RunDirError(f"run {run.id} has {'finished' if state == 'finished' else 'failed'}; ddptop replay {run.id} shows it")
-    sock = run.socket_path
-    if not sock.exists():
-        raise RunDirError(f"run {run.id} has no socket; its supervisor is gone")
-    if sock.stat().st_uid != os.getuid():
-        raise RunDirError(f"the socket of run {run.id} belongs to another user")
-    try:
-        connect(f"unix:{sock}", timeout=2.0).close()
-    except OSError as exc:
-        raise RunDirError(f"run {run.id} does not answer on its socket ({exc.strerror}); its supervisor is gone") from None
-    return run
+def _attachable(spec: str | None) -> rundir.RunDir:
+    live = control.live_run(spec, "attach to")
+    live.sock.close()  # it answers: the dashboard opens its own connection
+    return live.run
 
 
 def _dashboard(run: rundir.RunDir, mode: str) -> DdptopApp:
@@ -127,7 +114,7 @@ def attach(argv: list[str]) -> int:
     parser.add_argument("--token-file", type=Path, help=f"the run's token for TCP (default: ${endpoints.TOKEN_ENV}, or your own run's)")
     opts = parser.parse_args(argv)
     if opts.target is None or not remote.is_address_list(opts.target):
-        _dashboard(_live_run(opts.target), "attach").run()
+        _dashboard(_attachable(opts.target), "attach").run()
         return 0
     target, notice = remote.choose(opts.target, opts.token_file)
     if notice is not None:
@@ -147,39 +134,6 @@ def replay(argv: list[str]) -> int:
     return 0
 
 
-def list_runs(argv: list[str]) -> int:
-    parser = OneLineParser(prog="ddptop ls")
-    parser.add_argument("--json", action="store_true", help="one JSON array, for scripts")
-    opts = parser.parse_args(argv)
-    rows: list[dict[str, Any]] = []
-    for run in rundir.all_runs():
-        meta = run.read_meta()
-        rows.append(
-            {
-                "id": run.id,
-                "script": meta.get("script"),
-                "state": run.state(),
-                "ranks": meta.get("nproc_per_node") if meta.get("launch_style", "torchrun") == "torchrun" else meta.get("gpus"),
-                "launch_style": meta.get("launch_style", "torchrun"),
-                "launch_reason": meta.get("launch_reason"),
-                "nnodes": meta.get("nnodes"),
-                "started": meta.get("started"),
-                "path": str(run.path),
-            }
-        )
-    if opts.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    if not rows:
-        print(f"no runs under {rundir.runs_root()}")
-        return 0
-    print(f"{'ID':<40} {'STATE':<9} {'RANKS':>5}  {'STARTED':<19}  SCRIPT")
-    for row in rows:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started"] or 0))
-        print(f"{row['id']:<40} {row['state']:<9} {row['ranks'] or '?'!s:>5}  {started:<19}  {row['script']}")
-    return 0
-
-
 def export(argv: list[str]) -> int:
     run = rundir.find(_run_argument("ddptop export", argv))
     out = sys.stdout
@@ -188,7 +142,17 @@ def export(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"launch": launch, "attach": attach, "replay": replay, "ls": list_runs, "export": export}
+COMMANDS = {
+    "launch": launch,
+    "attach": attach,
+    "replay": replay,
+    "ls": list_runs,
+    "export": export,
+    "stop": control.stop,
+    "restart": control.restart,
+    "kill": control.kill,
+    "logs": logs,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

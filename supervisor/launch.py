@@ -16,6 +16,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
@@ -24,8 +25,8 @@ from ddptop.core import rundir
 from ddptop.supervisor.cluster import endpoints
 from ddptop.supervisor.cluster import placement as cluster
 from ddptop.supervisor.launching import args as launchargs
-from ddptop.supervisor.launching.plan import check_script, check_torch, cluster_notices, plan_job
-from ddptop.supervisor.launching.style import chosen
+from ddptop.supervisor.launching.plan import check_entry, check_torch, cluster_notices, plan_job
+from ddptop.supervisor.launching.style import TORCHRUN, chosen
 from ddptop.supervisor.launching.torchrun import Torchrun
 from ddptop.supervisor.outlets import Outlets
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
@@ -40,14 +41,14 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
     """`ddptop launch ARGV`: the job to its end, headless or under dashboard."""
     args = launchargs.split(argv)
     check_torch()
-    check_script(args.script)
-    style = chosen(args.script, args.options.launch_style)
+    source = check_entry(args)
+    style = chosen(source, args.options.launch_style) if source is not None else TORCHRUN
     prometheus = endpoints.parse(args.options.prometheus, what="--prometheus") if args.options.prometheus else None
     if prometheus is not None:
         endpoints.check_bindable(*prometheus, "Prometheus")
     place = cluster.plan(args.options)
     nvml = load_nvml()
-    run = rundir.create(args.script, args.options.run_dir)
+    run = rundir.create(Path(args.script.name.rsplit(".", 1)[-1]) if args.module else args.script, args.options.run_dir)
     outlets = Outlets()
     outlets.write("the token file", endpoints.write_token, run.token_path, place.token)
     plan, notices = plan_job(args, nvml, run, style)
@@ -57,7 +58,7 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
     me = psutil.Process()
     meta = {
         "id": run.id,
-        "script": str(args.script),
+        "script": args.entry,
         "args": args.script_args,
         "nproc_per_node": plan.nproc_per_node,
         "launch_style": style.name,
@@ -97,7 +98,7 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
         hang_timeout=opts.hang_timeout,
         crash_loop=opts.crash_loop,
         crash_loop_window=opts.crash_loop_window,
-        started=Started(style.name, args.script.name, opts.gpus, style.port_set_at),
+        started=Started(style.name, args.script.name if source is None else source.name, opts.gpus, style.port_set_at),
     )
 
     def warn(text: str) -> None:

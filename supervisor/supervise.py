@@ -92,6 +92,8 @@ class Supervisor:
         self._stopping: asyncio.Task | None = None
         self.meta: dict[str, Any] = {}
         """What meta.json says of the run (launch.py writes it first)."""
+        self._why: str | None = None
+        """What explains a failed job, for `ddptop ls`: the verdict that stopped it, else its first crash."""
         self._restarts_held: list[int] = []
         """Restarts torchrun's probe holds until the watchdog has judged their failure."""
         for text in self.outlets.early:  # said already, on stderr: now for the event log too
@@ -117,6 +119,10 @@ class Supervisor:
             self._note(None, f"stop requested {source}")
             self._request_stop(signal.SIGTERM)
             return
+        if action == "kill_rank" and command.get("rank") not in self.state.ranks:
+            known = ",".join(map(str, sorted(self.state.ranks))) or "none yet"
+            self.hub.note(f"no rank {command.get('rank')} in this job (ranks: {known})")
+            return
         self._kill_ranks(command.get("rank") if action == "kill_rank" else None)
         what = "restart of the group" if action == "restart" else f"kill of rank {command.get('rank')}"
         self._note(command.get("rank"), f"{what} requested {source}")
@@ -138,7 +144,11 @@ class Supervisor:
         ours = self.torchrun.descendants()
         pids = {r.pid for r in self.state.ranks.values() if not r.exited and (only is None or r.rank == only)} & ours
         # A script that starts its own ranks fails when one is killed: that worker's death is ours too.
-        spawners = self.torchrun.workers() - {r.pid for r in self.state.ranks.values()}
+        # A whole group is torchrun's workers, also those that have not said hello yet (a group starting).
+        workers = self.torchrun.workers()
+        spawners = workers - {r.pid for r in self.state.ranks.values()}
+        if only is None:
+            pids |= workers
         self.watchdog.expect_deaths(pids | spawners)
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
@@ -185,6 +195,8 @@ class Supervisor:
             self.say(verdict.text)
             return
         self.say(f"ALERT {verdict.kind}: {verdict.text}")
+        if verdict.action == "stop" or (verdict.kind == "crash" and self._why is None):
+            self._why = f"{verdict.kind}: {verdict.text}"
         if verdict.stacks:
             ours = self.torchrun.descendants()
             await asyncio.gather(*(self._collect_stack(rank, ours) for rank in verdict.stacks))
@@ -269,8 +281,15 @@ class Supervisor:
         if self.exporter is not None:
             self.exporter.stop()
         await self._print_summary()
-        state = "finished" if code == 0 else "failed"
-        self._update_meta(state=state, ended=time.time(), exit_code=code)
+        stopped = self._stop_signal is not None and self._stop_code is None
+        state = "finished" if code == 0 else "stopped" if stopped else "failed"
+        self._update_meta(
+            state=state,
+            ended=time.time(),
+            exit_code=code,
+            steps=self.state.totals().steps_done,
+            why=self._why if state == "failed" else None,
+        )
         self.outlets.line(self.out, f"ddptop: job {state} (exit {code}); run directory {self.run.path}")
         return code
 

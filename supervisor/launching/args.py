@@ -146,16 +146,29 @@ def option_parser() -> argparse.ArgumentParser:
 _TAKES_VALUE = {spelling: kwargs.get("action") != "store_true" for spellings, kwargs in OPTIONS for spelling in spellings}
 
 
+ENTRY_FLAGS = {"-m": "module", "--module": "module", "--no-python": "no_python", "--no_python": "no_python"}
+"""torchrun's: the script is a module to run as `python -m` does, or a program to run without Python.
+Before the script only: after it, `-m` is the script's own."""
+
+
 @dataclass
 class LaunchArgs:
     options: argparse.Namespace
     script: Path
     script_args: list[str] = field(default_factory=list)
+    module: bool = False
+    no_python: bool = False
+
+    @property
+    def entry(self) -> str:
+        """The script as the user named it: a path, `-m pkg.train`, or a program."""
+        return f"-m {self.script}" if self.module else str(self.script)
 
 
 def split(argv: list[str]) -> LaunchArgs:
     """Split `ddptop launch` arguments; raise UsageError on bad input."""
     ours: list[str] = []
+    entry: set[str] = set()
     script: str | None = None
     script_args: list[str] = []
     i = 0
@@ -168,7 +181,9 @@ def split(argv: list[str]) -> LaunchArgs:
             script_args.extend(rest)
             break
         name = arg.split("=", 1)[0]
-        if name in _TAKES_VALUE:
+        if script is None and arg in ENTRY_FLAGS:
+            entry.add(ENTRY_FLAGS[arg])
+        elif name in _TAKES_VALUE:
             ours.append(arg)
             if _TAKES_VALUE[name] and "=" not in arg:
                 if i + 1 >= len(argv):
@@ -184,7 +199,9 @@ def split(argv: list[str]) -> LaunchArgs:
         i += 1
     options = option_parser().parse_args(ours)
     if script is None:
-        raise UsageError("no training script given (ddptop launch train.py --gpus N)")
+        raise UsageError("no training script given (ddptop launch train.py --gpus N, or -m pkg.train)")
     if options.gpus is not None and options.nproc_per_node is not None:
         raise UsageError("give --gpus or --nproc-per-node, not both")
-    return LaunchArgs(options, Path(script), script_args)
+    if entry == {"module", "no_python"}:
+        raise UsageError("give -m or --no-python, not both")
+    return LaunchArgs(options, Path(script), script_args, module="module" in entry, no_python="no_python" in entry)

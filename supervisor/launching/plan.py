@@ -8,6 +8,8 @@ nothing started.
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +40,31 @@ def check_script(script: Path) -> None:
         compile(script.read_bytes(), str(script), "exec")
     except (SyntaxError, ValueError) as exc:
         raise UsageError(f"{script} is not a Python script ({type(exc).__name__}: {exc})") from None
+
+
+def module_file(name: str) -> Path:
+    """The file `python -m name` would run, found as the ranks will find it (the working
+    directory first, then this Python's path), without importing anything."""
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        raise UsageError(f"-m {name}: not a module name")
+    for base in (Path.cwd(), *(Path(p) for p in sys.path[1:] if p)):
+        where = base.joinpath(*parts)
+        for file in (where.with_suffix(".py"), where / "__main__.py"):
+            if file.is_file():
+                return file
+    raise UsageError(f"-m {name}: no such module in {Path.cwd()} or this Python's path")
+
+
+def check_entry(args: LaunchArgs) -> Path | None:
+    """Check what the ranks will run; return the Python source to read for its launch style (None: no Python)."""
+    if args.no_python:
+        if not (args.script.is_file() and os.access(args.script, os.X_OK)) and shutil.which(str(args.script)) is None:
+            raise UsageError(f"--no-python {args.script}: no such program (a path, or a command on PATH)")
+        return None
+    source = module_file(str(args.script)) if args.module else args.script
+    check_script(source)
+    return source
 
 
 def style_notice(style: Style, script: Path, gpus: int | None) -> str | None:
@@ -76,8 +103,10 @@ def plan_job(args: LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir, styl
         what = f"{nproc} CPU rank{'s' if nproc > 1 else ''} on gloo" if style.name == "torchrun" else "it on the CPU"
         notices.append(f"no CUDA GPU found: starting {what}")
     plan = JobPlan(
-        script=args.script,
+        script=args.script.absolute() if args.no_python and args.script.is_file() else args.script,
         script_args=args.script_args,
+        module=args.module,
+        no_python=args.no_python,
         nproc_per_node=nproc,
         style=style.name,
         max_restarts=opts.max_restarts,

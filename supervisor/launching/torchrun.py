@@ -58,6 +58,10 @@ class JobPlan:
     rdzv_endpoint: str | None = None
     rdzv_backend: str | None = None
     rdzv_id: str | None = None
+    module: bool = False
+    """script is a module name, run as `python -m` does."""
+    no_python: bool = False
+    """script is a program, run without Python."""
     style: str = "torchrun"
     """How the script starts its ranks (launching/style.py): anything but torchrun runs one worker."""
 
@@ -92,7 +96,8 @@ def command(plan: JobPlan) -> list[str]:
     ):
         if value is not None:
             cmd += [flag, str(value)]
-    return [*cmd, str(plan.script), *plan.script_args]
+    entry = ["-m"] if plan.module else ["--no-python"] if plan.no_python else []
+    return [*cmd, *entry, str(plan.script), *plan.script_args]
 
 
 def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, str]:

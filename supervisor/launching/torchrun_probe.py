@@ -188,7 +188,11 @@ def main(argv: list[str]) -> int:
     except (ImportError, AttributeError) as exc:
         print(f"ddptop: torchrun probe off ({exc}); failures are reported without exit codes", file=sys.stderr)
     try:
-        run.run(run.parse_args(argv))
+        parser = run.get_args_parser()
+        # The script's own options come after it; torchrun's argparse would take
+        # `--start` or `--max` as an abbreviation of its own and stop the launch.
+        parser.allow_abbrev = False
+        run.run(parser.parse_args(argv))
     except ChildFailedError as err:
         _, first = err.get_first_failure()
         return exit_status(first.exitcode) or 1
