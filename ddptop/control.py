@@ -71,9 +71,7 @@ def live_run(spec: str | None, what: str) -> LiveRun:
         run = rundir.find(spec)
     state = run.state()
     if state != "running":
-        raise RunDirError(
-            f"run {run.id} has {'finished' if state == 'finished' else 'failed'}: nothing to {what}; ddptop replay {run.id} shows it"
-        )
+        raise RunDirError(f"run {run.id} has {state}: nothing to {what}; ddptop replay {run.id} shows it")
     path = run.socket_path
     if not path.exists():
         raise RunDirError(f"run {run.id} has no socket; its supervisor is gone")

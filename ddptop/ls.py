@@ -38,6 +38,7 @@ def row(run: rundir.RunDir, now: float) -> dict[str, Any]:
         "steps": meta.get("steps"),
         "exit_code": meta.get("exit_code"),
         "why": meta.get("why"),
+        "goodput": meta.get("goodput"),
         "path": str(run.path),
     }
 

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
 from ddptop.core import wire
-from ddptop.core.model import summary
+from ddptop.core.model import goodput, summary
 from ddptop.core.model.events import restart_text
 from ddptop.core.rundir import RunDir, rank_log_tail
 from ddptop.supervisor import heap
@@ -281,6 +281,9 @@ class Supervisor:
         if self.exporter is not None:
             self.exporter.stop()
         await self._print_summary()
+        split = self.state.goodput.split()
+        if split is not None:
+            self.outlets.line(self.out, f"ddptop: {goodput.text(split)}")
         stopped = self._stop_signal is not None and self._stop_code is None
         state = "finished" if code == 0 else "stopped" if stopped else "failed"
         self._update_meta(
@@ -289,6 +292,7 @@ class Supervisor:
             exit_code=code,
             steps=self.state.totals().steps_done,
             why=self._why if state == "failed" else None,
+            goodput=split,
         )
         self.outlets.line(self.out, f"ddptop: job {state} (exit {code}); run directory {self.run.path}")
         return code

@@ -131,6 +131,32 @@ def test_attach_to_another_users_socket(ddptop_home, tmp_path):
         sock.close()
 
 
+@pytest.mark.parametrize("command", [["stop"], ["restart"], ["kill", "--rank", "0"]])
+def test_operating_a_run_that_cannot_be_operated_is_one_line_and_exit_2(ddptop_home, tmp_path, command):
+    import socket
+
+    assert_one_line_error(run_ddptop(*command), "no running job of yours")
+    assert_one_line_error(run_ddptop(*command, "nope"), "no run matches")
+    ended = _fake_run(tmp_path, "finished", os.getpid())
+    assert_one_line_error(run_ddptop(*command, ended.id), f"run {ended.id} has finished: nothing to")
+    stale = _fake_run(tmp_path, "running", os.getpid())  # its supervisor died: the socket file stayed
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(stale.socket_path))
+    dead.close()
+    assert_one_line_error(run_ddptop(*command, stale.id), "does not answer on its socket")
+
+
+def test_logs_of_a_run_without_logs_and_of_an_attempt_it_never_had(ddptop_home, tmp_path):
+    run = _fake_run(tmp_path, "finished", os.getpid())
+    assert_one_line_error(run_ddptop("logs", run.id), "has no rank logs")
+    log = run.logs_path / "abc_0" / "attempt_0" / "1" / "stdout.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("hello\nworld\n")
+    assert run_ddptop("logs", run.id).stdout == "[rank1] hello\n[rank1] world\n"
+    assert run_ddptop("logs", run.id, "--rank", "1").stdout == "hello\nworld\n"
+    assert_one_line_error(run_ddptop("logs", run.id, "--attempt", "3"), "has no attempt 3 (attempts: 0)")
+
+
 def test_replay_of_a_missing_run(ddptop_home):
     assert_one_line_error(run_ddptop("replay", "nope"), "no run matches")
 

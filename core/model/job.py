@@ -13,6 +13,7 @@ from collections import Counter, deque
 from typing import Any
 
 from ddptop.core import wire
+from ddptop.core.model.goodput import GOODPUT_TYPES, Goodput
 from ddptop.core.model.metrics import COMM_MS, JOB_METRICS
 from ddptop.core.model.rank import GpuState, RankState
 from ddptop.core.model.stats import StepPoint, bus_bandwidth, median
@@ -46,6 +47,7 @@ class JobState:
         self.summaries: deque[wire.Frame] = deque(maxlen=HISTORY)
         self.exit: wire.Frame | None = None
         self.checkpoint_step: int | None = None
+        self.goodput = Goodput()
 
     def rank(self, rank: int) -> RankState:
         state = self.ranks.get(rank)
@@ -64,6 +66,8 @@ class JobState:
         handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, record)
+        if kind in GOODPUT_TYPES:
+            self.goodput.observe(record)
 
     def _on_run(self, record: wire.Frame) -> None:
         self.meta = record

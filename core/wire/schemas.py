@@ -202,7 +202,7 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "metrics": (_MAP, True),
     },
     # The job is over: torchrun's exit status, or 128+N when stopped by signal N.
-    "exit": {"wall": (_NUM, True), "code": (_INT, True), "stopped_by_signal": (_INT, False)},
+    "exit": {"wall": (_NUM, True), "code": (_INT, True), "stopped_by_signal": (_INT, False), "goodput": (_MAP, False)},
 }
 
 # The entries of a sample record's lists: one rank process, one GPU.

@@ -73,7 +73,10 @@ class Hub:
         """The job is over: last summary and exit record, then close every connection."""
         await self.collector.ranks_done()
         self.record_totals()
-        self.record({"type": "exit", "wall": time.time(), "code": code, "stopped_by_signal": stopped_by_signal})
+        now = time.time()
+        self.record(
+            {"type": "exit", "wall": now, "code": code, "stopped_by_signal": stopped_by_signal, "goodput": self.state.goodput.split(now)}
+        )
         self.viewers.close_all()
         await self.collector.close()
         self.outlets.write(EVENT_LOG, self.log.close)

@@ -43,6 +43,7 @@ class JobHeader(Static):
             f"[b]{script}[/b]  {status}  "
             f"{world(state)}  nodes {nodes}  up {duration(now - state.started)}  "
             f"restarts {state.restarts}  alerts {state.alerts}"
+            + ("" if (split := state.goodput.split(now)) is None else f"  goodput {split['goodput']:.0%}")
             + ("" if state.checkpoint_step is None else f"  ckpt {state.checkpoint_step}")
             + "\n"
             f"steps {progress}  ETA {eta(state, totals)}  "

@@ -1,0 +1,84 @@
+"""A job operated from the shell as a user would: `ddptop kill`, `restart`, `logs -f` and `stop`
+on a real gloo job, then `ddptop ls` telling how it ended and where its time went; and the
+outcome of a run that crashed."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import psutil
+import pytest
+from conftest import DDPTOP, EXAMPLE, SCRIPTS, run_ddptop, wait_for
+
+from ddptop.core import rundir
+
+pytestmark = pytest.mark.slow
+
+
+def attempt_steps(run: rundir.RunDir, attempt: int) -> int:
+    """Steps finished by rank 0 in the attempt (its records follow its hello)."""
+    current, steps = None, 0
+    for r in rundir.read_events(run) if run.events_path.exists() else ():
+        if r["type"] == "rank_hello" and r["rank"] == 0:
+            current = r["restart"]
+        elif r["type"] == "step" and r["rank"] == 0 and current == attempt:
+            steps += 1
+    return steps
+
+
+def test_kill_restart_logs_and_stop_from_the_shell_then_ls_tells_the_outcome(ddptop_home, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    cmd = [DDPTOP, "launch", "--headless", str(EXAMPLE), "--gpus", "2", "--steps", "100000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "30"]
+    supervisor = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    follower = None
+    try:
+        run = wait_for(lambda: next(iter(rundir.all_runs()), None), 60, "the run directory")
+        wait_for(lambda: attempt_steps(run, 0) > 60, 120, "steps past the first checkpoint")
+        follower = subprocess.Popen([DDPTOP, "logs", run.id, "-f"], stdout=subprocess.PIPE, text=True)
+
+        killed = run_ddptop("kill", run.id, "--rank", "1")
+        assert killed.returncode == 0 and re.fullmatch(
+            rf"ddptop: killed rank 1 of run {run.id}; torchrun restarted the group \(restart 1, 2 left\)\n", killed.stdout
+        ), killed.stdout + killed.stderr
+        wait_for(lambda: attempt_steps(run, 1) > 5, 120, "the group stepping again after the kill")
+
+        restarted = run_ddptop("restart")  # the newest running job: this one
+        assert restarted.returncode == 0 and "torchrun restarted the group (restart 2, 1 left)" in restarted.stdout, restarted.stdout + restarted.stderr
+        wait_for(lambda: attempt_steps(run, 2) > 5, 120, "the group stepping again after the restart")
+
+        job = psutil.Process(supervisor.pid).children(recursive=True)
+        stopped = run_ddptop("stop", run.id[:15])
+        assert stopped.returncode == 0 and stopped.stdout == f"ddptop: stopped run {run.id} (exit 143)\n", stopped.stdout + stopped.stderr
+        assert supervisor.wait(timeout=60) == 143
+        wait_for(lambda: not [p for p in job if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 30, "no process left")
+        followed, _ = follower.communicate(timeout=30)  # -f ends with the job
+    finally:
+        for proc in (supervisor, follower):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert [int(n) for n in re.findall(r"^==> attempt (\d+) <==$", followed, re.M)] == [0, 1, 2]
+    assert "[rank1 stderr]" in followed
+
+    again = run_ddptop("stop", run.id)
+    assert again.returncode == 2 and f"run {run.id} has stopped: nothing to stop" in again.stderr
+    (row,) = json.loads(run_ddptop("ls", "--json").stdout)
+    assert (row["state"], row["exit_code"], row["why"]) == ("stopped", 143, None)
+    assert row["steps"] > 60 and row["duration_s"] > 0
+    split = row["goodput"]
+    assert split["failures"] == 2 and split["restarts_s"] > 0 and split["recomputed_s"] > 0 and 0 < split["goodput"] < 1
+    assert "checkpoint_every_s" in split  # failures and checkpoint writes: Young/Daly's interval
+    listed = run_ddptop("ls").stdout.splitlines()
+    assert re.match(rf"{run.id}\s+stopped\s+2\s+\S+ \S+\s+\S+\s+\d+\s+143\s+{re.escape(str(EXAMPLE))}$", listed[1]), listed
+    assert run_ddptop("ls", "--running").stdout.startswith("no running runs")
+
+
+def test_ls_says_why_a_run_failed(ddptop_home):
+    done = run_ddptop("launch", "--headless", str(SCRIPTS / "early_failure.py"), "--gpus", "2")
+    assert done.returncode == 1
+    assert re.search(r"^ddptop: goodput 0% of [\d.]+ s; lost: startup", done.stdout, re.M), done.stdout
+    (row,) = json.loads(run_ddptop("ls", "--json").stdout)
+    assert row["state"] == "failed" and row["exit_code"] == 1 and row["steps"] is None
+    assert row["why"].startswith("crash-loop: ") and "AttributeError" in row["why"] and "early_failure.py:11" in row["why"], row["why"]
+    assert f"why: {row['why']}" in run_ddptop("ls").stdout

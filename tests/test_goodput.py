@@ -1,0 +1,57 @@
+"""Where a job's wall time went, from plain records: productive steps, and what start-up,
+restarts, recomputed steps, the NaN guard and stalls took."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddptop.core.model.goodput import Goodput, text
+
+
+def job(goodput: Goodput, attempt: int, steps: range, start: float, step_s: float = 0.1, skipped: int = -1, ranks: int = 2) -> float:
+    for rank in range(ranks):
+        goodput.observe({"type": "rank_hello", "rank": rank, "restart": attempt})
+    wall = start
+    for step in steps:
+        wall += step_s
+        for rank in range(ranks):  # rank 1 a little slower: the step takes the slowest rank's time
+            extra = {"skipped": "nan"} if step == skipped else {}
+            goodput.observe({"type": "step", "rank": rank, "step": step, "step_ms": step_s * 1000 * (1.1 if rank else 1.0), "wall": wall, **extra})
+    return wall
+
+
+def test_a_job_with_a_failure_and_a_resume_splits_its_wall_time():
+    goodput = Goodput()
+    goodput.observe({"type": "run", "wall": 100.0})
+    goodput.observe({"type": "checkpoint", "rank": 0, "wall": 103.0, "step": 39, "path": "c", "bytes": 1, "write_ms": 500.0})
+    end = job(goodput, 0, range(50), start=105.0, skipped=10)  # the first step starts at 105: 5 s of start-up
+    end = job(goodput, 1, range(40, 60), start=end + 3.0)  # 3 s to restart; resumed at 40: 10 steps again
+    mid = goodput.split(end)  # a look mid-run changes nothing
+    goodput.observe({"type": "exit", "wall": end + 1.0, "code": 0})
+    split = goodput.split()
+    assert mid is not None and split is not None and mid["wall_s"] == pytest.approx(split["wall_s"] - 1.0)
+    step = 0.11
+    assert split["startup_s"] == pytest.approx(105.0 - 100.0 + 0.1 - step)
+    assert split["skipped_s"] == pytest.approx(step) and split["recomputed_s"] == pytest.approx(10 * step)
+    assert split["productive_s"] == pytest.approx(59 * step) and split["stalled_s"] == 0.0
+    assert split["failures"] == 1
+    assert split["checkpoint_every_s"] == pytest.approx((2 * 0.5 * split["wall_s"] / 1) ** 0.5, abs=0.05)
+    assert sum(split[f"{p}_s"] for p in ("productive", "startup", "restarts", "recomputed", "skipped", "stalled", "other")) == pytest.approx(split["wall_s"])
+    assert text(split).startswith(f"goodput {split['goodput']:.0%} of {split['wall_s']:.1f} s; lost: startup")
+
+
+def test_a_step_far_over_the_job_s_pace_is_a_stall():
+    goodput = Goodput()
+    goodput.observe({"type": "run", "wall": 0.0})
+    end = job(goodput, 0, range(30), start=0.0, step_s=0.1, ranks=1)
+    goodput.observe({"type": "step", "rank": 0, "step": 30, "step_ms": 40_000.0, "wall": end + 40.0})
+    split = goodput.split(end + 40.0)
+    assert split is not None and split["stalled_s"] == pytest.approx(40.0 - 15.0)
+
+
+def test_nothing_known_is_no_split_and_no_step_is_all_start_up():
+    goodput = Goodput()
+    assert goodput.split(10.0) is None
+    goodput.observe({"type": "run", "wall": 0.0})
+    split = goodput.split(10.0)
+    assert split is not None and (split["startup_s"], split["goodput"]) == (10.0, 0.0)
