@@ -30,7 +30,20 @@ def attempt_steps(run: rundir.RunDir, attempt: int) -> int:
 
 def test_kill_restart_logs_and_stop_from_the_shell_then_ls_tells_the_outcome(ddptop_home, tmp_path):
     ckpt = tmp_path / "ckpt"
-    cmd = [DDPTOP, "launch", "--headless", str(EXAMPLE), "--gpus", "2", "--steps", "100000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "30"]
+    cmd = [
+        DDPTOP,
+        "launch",
+        "--headless",
+        str(EXAMPLE),
+        "--gpus",
+        "2",
+        "--steps",
+        "100000",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "30",
+    ]
     supervisor = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     follower = None
     try:
@@ -45,7 +58,9 @@ def test_kill_restart_logs_and_stop_from_the_shell_then_ls_tells_the_outcome(ddp
         wait_for(lambda: attempt_steps(run, 1) > 5, 120, "the group stepping again after the kill")
 
         restarted = run_ddptop("restart")  # the newest running job: this one
-        assert restarted.returncode == 0 and "torchrun restarted the group (restart 2, 1 left)" in restarted.stdout, restarted.stdout + restarted.stderr
+        assert restarted.returncode == 0 and "torchrun restarted the group (restart 2, 1 left)" in restarted.stdout, (
+            restarted.stdout + restarted.stderr
+        )
         wait_for(lambda: attempt_steps(run, 2) > 5, 120, "the group stepping again after the restart")
 
         job = psutil.Process(supervisor.pid).children(recursive=True)

@@ -16,7 +16,9 @@ def job(goodput: Goodput, attempt: int, steps: range, start: float, step_s: floa
         wall += step_s
         for rank in range(ranks):  # rank 1 a little slower: the step takes the slowest rank's time
             extra = {"skipped": "nan"} if step == skipped else {}
-            goodput.observe({"type": "step", "rank": rank, "step": step, "step_ms": step_s * 1000 * (1.1 if rank else 1.0), "wall": wall, **extra})
+            goodput.observe(
+                {"type": "step", "rank": rank, "step": step, "step_ms": step_s * 1000 * (1.1 if rank else 1.0), "wall": wall, **extra}
+            )
     return wall
 
 
@@ -36,7 +38,9 @@ def test_a_job_with_a_failure_and_a_resume_splits_its_wall_time():
     assert split["productive_s"] == pytest.approx(59 * step) and split["stalled_s"] == 0.0
     assert split["failures"] == 1
     assert split["checkpoint_every_s"] == pytest.approx((2 * 0.5 * split["wall_s"] / 1) ** 0.5, abs=0.05)
-    assert sum(split[f"{p}_s"] for p in ("productive", "startup", "restarts", "recomputed", "skipped", "stalled", "other")) == pytest.approx(split["wall_s"])
+    assert sum(
+        split[f"{p}_s"] for p in ("productive", "startup", "restarts", "recomputed", "skipped", "stalled", "other")
+    ) == pytest.approx(split["wall_s"])
     assert text(split).startswith(f"goodput {split['goodput']:.0%} of {split['wall_s']:.1f} s; lost: startup")
 
 
