@@ -22,7 +22,7 @@ import psutil
 
 import ddptop
 from ddptop.core import rundir
-from ddptop.supervisor.cluster import endpoints
+from ddptop.supervisor.cluster import endpoints, slurm
 from ddptop.supervisor.cluster import placement as cluster
 from ddptop.supervisor.launching import args as launchargs
 from ddptop.supervisor.launching.plan import check_entry, check_torch, cluster_notices, plan_job
@@ -46,13 +46,14 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
     prometheus = endpoints.parse(args.options.prometheus, what="--prometheus") if args.options.prometheus else None
     if prometheus is not None:
         endpoints.check_bindable(*prometheus, "Prometheus")
+    from_slurm = slurm.apply(args.options, os.environ) if style.name == "torchrun" else None
     place = cluster.plan(args.options)
     nvml = load_nvml()
     run = rundir.create(Path(args.script.name.rsplit(".", 1)[-1]) if args.module else args.script, args.options.run_dir)
     outlets = Outlets()
     outlets.write("the token file", endpoints.write_token, run.token_path, place.token)
     plan, notices = plan_job(args, nvml, run, style)
-    notices += cluster_notices(place, run)
+    notices += ([from_slurm] if from_slurm else []) + cluster_notices(place, run)
     for notice in notices:
         outlets.line(sys.stderr, f"ddptop: {notice}")
     me = psutil.Process()

@@ -160,3 +160,43 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
             last[r["rank"]] = r["step"]
     assert last == {rank: 599 for rank in range(4)}
     assert not [r for r in log if r["type"] == "wire_error"]
+
+
+def test_srun_s_variables_alone_make_two_launches_one_job(ddptop_home, tmp_path):
+    """What `srun ddptop launch train.py --gpus 2` does on two nodes: the same command line on
+    each, with the variables srun sets; the rendezvous port is derived from the job id."""
+    from ddptop.supervisor.cluster import slurm
+
+    def bindable(port: int) -> bool:
+        try:
+            socket.create_server(("127.0.0.1", port)).close()
+            socket.create_server(("127.0.0.1", port + 1)).close()
+            return True
+        except OSError:
+            return False
+
+    job_id = next(i for i in range(os.getpid() % slurm.PORT_SPAN, 10**6) if bindable(slurm.derived_port(i)))
+    port = slurm.derived_port(job_id)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    env.update(SLURM_JOB_ID=str(job_id), SLURM_JOB_NUM_NODES="2", SLURM_JOB_NODELIST="localhost", SLURM_LOCALID="0", DDPTOP_TOKEN=TOKEN)
+    command = [DDPTOP, "launch", "--headless", str(EXAMPLE), "--gpus", "2", "--steps", "30"]
+    nodes = [
+        subprocess.Popen(
+            [*command[:3], "--run-dir", str(tmp_path / f"node{n}"), *command[3:]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "SLURM_NODEID": str(n)},
+        )
+        for n in (1, 0)
+    ]
+    try:
+        outs = [node.communicate(timeout=240) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], [err[-2000:] for _, err in outs]
+    assert f"ddptop: SLURM job {job_id}: node 0 of 2, rendezvous at localhost:{port} (the first host of SLURM_JOB_NODELIST)" in outs[1][1]
+    hellos = {(r["rank"], r["world_size"], r["node"]) for r in records(tmp_path / "node0") if r["type"] == "rank_hello"}
+    assert {(rank, world) for rank, world, _ in hellos} == {(rank, 4) for rank in range(4)} and {node for *_, node in hellos} == {0, 1}
