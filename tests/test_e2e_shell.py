@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 
 import psutil
 import pytest
@@ -97,3 +98,42 @@ def test_ls_says_why_a_run_failed(ddptop_home):
     assert row["state"] == "failed" and row["exit_code"] == 1 and row["steps"] is None
     assert row["why"].startswith("crash-loop: ") and "AttributeError" in row["why"] and "early_failure.py:11" in row["why"], row["why"]
     assert f"why: {row['why']}" in run_ddptop("ls").stdout
+
+
+MODULE = """
+import argparse, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+parser = argparse.ArgumentParser()
+parser.add_argument("--start", type=int)
+parser.add_argument("--max", type=int)
+args = parser.parse_args()
+dist.init_process_group("gloo")
+model = DistributedDataParallel(torch.nn.Linear(4, 4))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(args.start, args.max):
+    optimizer.zero_grad()
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+print("ran", args.start, args.max)
+dist.destroy_process_group()
+"""
+
+
+def test_a_module_and_a_program_launch_as_under_torchrun_with_options_torchrun_would_have_taken(ddptop_home, tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text(MODULE)
+    (tmp_path / "run.sh").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m pkg.train "$@"\n')
+    (tmp_path / "run.sh").chmod(0o755)
+    for entry in (["-m", "pkg.train"], ["--no-python", "./run.sh"]):
+        done = subprocess.run(
+            [DDPTOP, "launch", "--headless", "--gpus", "2", *entry, "--start", "2", "--max", "5"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.count("ran 2 5") == 2 and re.search(r"\| steps 3 \|", done.stdout), done.stdout[-1500:]
+    runs = json.loads(run_ddptop("ls", "--json").stdout)
+    assert [r["script"] for r in runs] == ["-m pkg.train", str(tmp_path / "run.sh")] and runs[0]["id"].split("-")[2] == "train"

@@ -32,6 +32,21 @@ def test_script_may_follow_double_dash():
     assert args.script == Path("train.py") and args.script_args == ["--steps", "5"]
 
 
+def test_a_module_or_a_program_as_torchrun_runs_them_and_the_script_s_own_m():
+    module = split(["--gpus", "4", "-m", "pkg.train", "--lr", "1", "-m", "x"])
+    assert (module.module, module.no_python, module.entry) == (True, False, "-m pkg.train")
+    assert module.script_args == ["--lr", "1", "-m", "x"]  # after the module, -m is the script's
+    program = split(["--no-python", "./run.sh", "--gpus", "2"])
+    assert (program.no_python, program.options.gpus, program.entry) == (True, 2, "run.sh")
+    plain = split(["train.py", "-m", "y"])
+    assert not plain.module and plain.script_args == ["-m", "y"]
+
+
+def test_options_torchrun_would_take_as_abbreviations_of_its_own_stay_the_script_s():
+    args = split(["train.py", "--start", "3", "--max", "4", "--node", "x", "--rdzv", "y"])
+    assert args.script_args == ["--start", "3", "--max", "4", "--node", "x", "--rdzv", "y"]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -42,6 +57,8 @@ def test_script_may_follow_double_dash():
         (["--gpus", "2"], "no training script"),
         (["train.py", "--gpus", "2", "--nproc-per-node", "2"], "not both"),
         (["train.py", "--summary-every", "-1"], "--summary-every"),
+        (["-m", "--no-python", "x"], "-m or --no-python, not both"),
+        (["-m"], "no training script"),
     ],
 )
 def test_bad_input_is_a_usage_error(argv, message):

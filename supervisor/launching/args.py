@@ -161,7 +161,9 @@ class LaunchArgs:
 
     @property
     def entry(self) -> str:
-        """The script as the user named it: a path, `-m pkg.train`, or a program."""
+        """The script as the user named it: a path, `-m pkg.train`, or a program (its full path, when a file)."""
+        if self.no_python and self.script.is_file():
+            return str(self.script.absolute())
         return f"-m {self.script}" if self.module else str(self.script)
 
 
