@@ -5,26 +5,25 @@ This is where the parts meet: `launch` is the supervisor's
 `replay`, is the TUI's, handed to it from here, so neither part imports the
 other. Bad input is answered with one line on stderr and exit status 2,
 before anything is started, so a mistake never leaves a process behind.
+
+Each command imports what it needs when it runs: `ddptop ls` or `ddptop
+stop` should not pay for the supervisor's imports (a third of a second).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ddptop
-from ddptop import control
 from ddptop.core import rundir
 from ddptop.core.rundir import RunDirError
 from ddptop.core.usage import OneLineParser, UsageError
-from ddptop.logs import logs
-from ddptop.ls import list_runs
-from ddptop.supervisor.cluster import endpoints, remote
-from ddptop.supervisor.launch import launch as supervisor_launch
-from ddptop.supervisor.launching import args as launchargs
 
 if TYPE_CHECKING:
     from ddptop.tui.app import DdptopApp
@@ -47,6 +46,8 @@ launch options (anywhere before --; the rest goes to the script):
 
 
 def _launch_help() -> str:
+    from ddptop.supervisor.launching import args as launchargs
+
     return USAGE + launchargs.option_parser().format_help().split("\n", 1)[1]
 
 
@@ -54,6 +55,8 @@ def launch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_launch_help())
         return 0
+    from ddptop.supervisor.launch import launch as supervisor_launch
+
     return supervisor_launch(argv, _dashboard_for_launch)
 
 
@@ -80,6 +83,8 @@ def _dashboard_for_launch(run: rundir.RunDir) -> int:
 
 
 def _attachable(spec: str | None) -> rundir.RunDir:
+    from ddptop import control
+
     live = control.live_run(spec, "attach to")
     live.sock.close()  # it answers: the dashboard opens its own connection
     return live.run
@@ -104,6 +109,8 @@ def _run_argument(prog: str, argv: list[str]) -> str:
 
 
 def attach(argv: list[str]) -> int:
+    from ddptop.supervisor.cluster import endpoints, remote
+
     parser = OneLineParser(prog="ddptop attach")
     parser.add_argument(
         "target",
@@ -142,16 +149,22 @@ def export(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {
+def _command(module: str, name: str, argv: list[str]) -> int:
+    """A command of its own module, imported when it runs."""
+    function: Callable[[list[str]], int] = getattr(importlib.import_module(module), name)
+    return function(argv)
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "launch": launch,
     "attach": attach,
     "replay": replay,
-    "ls": list_runs,
+    "ls": lambda argv: _command("ddptop.ls", "list_runs", argv),
     "export": export,
-    "stop": control.stop,
-    "restart": control.restart,
-    "kill": control.kill,
-    "logs": logs,
+    "stop": lambda argv: _command("ddptop.control", "stop", argv),
+    "restart": lambda argv: _command("ddptop.control", "restart", argv),
+    "kill": lambda argv: _command("ddptop.control", "kill", argv),
+    "logs": lambda argv: _command("ddptop.logs", "logs", argv),
 }
 
 

@@ -131,19 +131,19 @@ def test_attach_to_another_users_socket(ddptop_home, tmp_path):
         sock.close()
 
 
-@pytest.mark.parametrize("command", [["stop"], ["restart"], ["kill", "--rank", "0"]])
-def test_operating_a_run_that_cannot_be_operated_is_one_line_and_exit_2(ddptop_home, tmp_path, command):
+def test_operating_a_run_that_cannot_be_operated_is_one_line_and_exit_2(ddptop_home, tmp_path):
+    """stop, restart and kill find their run alike (control.live_run): each case once, by one of them."""
     import socket
 
-    assert_one_line_error(run_ddptop(*command), "no running job of yours")
-    assert_one_line_error(run_ddptop(*command, "nope"), "no run matches")
+    assert_one_line_error(run_ddptop("stop"), "no running job of yours to stop")
+    assert_one_line_error(run_ddptop("kill", "nope", "--rank", "0"), "no run matches")
     ended = _fake_run(tmp_path, "finished", os.getpid())
-    assert_one_line_error(run_ddptop(*command, ended.id), f"run {ended.id} has finished: nothing to")
+    assert_one_line_error(run_ddptop("restart", ended.id), f"run {ended.id} has finished: nothing to restart")
     stale = _fake_run(tmp_path, "running", os.getpid())  # its supervisor died: the socket file stayed
     dead = socket.socket(socket.AF_UNIX)
     dead.bind(str(stale.socket_path))
     dead.close()
-    assert_one_line_error(run_ddptop(*command, stale.id), "does not answer on its socket")
+    assert_one_line_error(run_ddptop("stop", stale.id), "does not answer on its socket")
 
 
 def test_logs_of_a_run_without_logs_and_of_an_attempt_it_never_had(ddptop_home, tmp_path):
