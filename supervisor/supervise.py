@@ -92,6 +92,8 @@ class Supervisor:
         self._stopping: asyncio.Task | None = None
         self.meta: dict[str, Any] = {}
         """What meta.json says of the run (launch.py writes it first)."""
+        self._restart_when_up = False
+        """A restart asked while the group was between attempts, carried out at the next hello."""
         self._why: str | None = None
         """What explains a failed job, for `ddptop ls`: the verdict that stopped it, else its first crash."""
         self._restarts_held: list[int] = []
@@ -123,24 +125,28 @@ class Supervisor:
             known = ",".join(map(str, sorted(self.state.ranks))) or "none yet"
             self.hub.note(f"no rank {command.get('rank')} in this job (ranks: {known})")
             return
-        self._kill_ranks(command.get("rank") if action == "kill_rank" else None)
+        killed = self._kill_ranks(command.get("rank") if action == "kill_rank" else None)
         what = "restart of the group" if action == "restart" else f"kill of rank {command.get('rank')}"
         self._note(command.get("rank"), f"{what} requested {source}")
+        if action == "restart" and not killed:
+            # Between two attempts there is nothing to kill: the restart waits for the group to be up.
+            self._restart_when_up = True
+            self._note(None, "the group is between attempts: it restarts once its first rank is up")
 
-    def _kill_ranks(self, only: int | None = None) -> None:
+    def _kill_ranks(self, only: int | None = None) -> int:
         """SIGKILL this node's live ranks (or one): torchrun then restarts the group.
 
         Across nodes, torchrun's rendezvous restarts the other nodes' groups
         too. A rank of another node is killed by its own node's supervisor,
         on node 0's command. A pid comes from the rank's own hello: it is
         signalled only if it really is a process of this job, never whatever
-        a frame names.
+        a frame names. Returns how many processes were killed here or asked of another node.
         """
         self.watchdog.expect_group_restart()
         owner = None if only is None else self.role.owner(only)
         if owner is not None:
             self.role.command(owner, {"type": "command", "action": "kill_rank", "rank": only})
-            return
+            return 1
         ours = self.torchrun.descendants()
         pids = {r.pid for r in self.state.ranks.values() if not r.exited and (only is None or r.rank == only)} & ours
         # A script that starts its own ranks fails when one is killed: that worker's death is ours too.
@@ -152,6 +158,7 @@ class Supervisor:
         self.watchdog.expect_deaths(pids | spawners)
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
+        return len(pids)
 
     def _lost_aggregator(self) -> None:
         if self._stopping is None:
@@ -168,6 +175,9 @@ class Supervisor:
             waiter.set_result(None)
         if self.role.judges:
             self._verdicts += self.watchdog.observe(record)
+        if kind == "rank_hello" and self._restart_when_up:  # after the watchdog saw the hello: this attempt ends
+            self._restart_when_up = False
+            self._kill_ranks()
 
     def _crash_log(self, failure: wire.Frame) -> list[str]:
         """A failed rank's stderr tail, from this node's logs of the attempt the

@@ -56,8 +56,7 @@ def test_kill_restart_logs_and_stop_from_the_shell_then_ls_tells_the_outcome(ddp
         assert killed.returncode == 0 and re.fullmatch(
             rf"ddptop: killed rank 1 of run {run.id}; torchrun restarted the group \(restart 1, 2 left\)\n", killed.stdout
         ), killed.stdout + killed.stderr
-        wait_for(lambda: attempt_steps(run, 1) > 5, 120, "the group stepping again after the kill")
-
+        # At once, while the group is between attempts: the restart waits for it to be up.
         restarted = run_ddptop("restart")  # the newest running job: this one
         assert restarted.returncode == 0 and "torchrun restarted the group (restart 2, 1 left)" in restarted.stdout, (
             restarted.stdout + restarted.stderr
@@ -74,7 +73,8 @@ def test_kill_restart_logs_and_stop_from_the_shell_then_ls_tells_the_outcome(ddp
         for proc in (supervisor, follower):
             if proc is not None and proc.poll() is None:
                 proc.kill()
-    assert [int(n) for n in re.findall(r"^==> attempt (\d+) <==$", followed, re.M)] == [0, 1, 2]
+    attempts = [int(n) for n in re.findall(r"^==> attempt (\d+) <==$", followed, re.M)]
+    assert attempts[0] == 0 and attempts[-1] == 2 and attempts == sorted(set(attempts)), attempts  # attempt 1 may have said nothing
     assert "[rank1 stderr]" in followed
 
     again = run_ddptop("stop", run.id)

@@ -132,7 +132,7 @@ class Goodput:
             for part in stepping:
                 parts[part] *= max(0.0, total - excess) / total if total else 0.0
         parts["other"] = max(0.0, wall - sum(v for k, v in parts.items() if k != "other"))
-        failures = max(0, len(self.attempts) - 1)
+        failures = self.attempt  # each attempt after the first began with a failure (or a restart asked for)
         result: dict[str, Any] = {
             "wall_s": round(wall, 3),
             **{f"{part}_s": round(seconds, 3) for part, seconds in parts.items()},
