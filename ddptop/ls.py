@@ -26,7 +26,8 @@ def row(run: rundir.RunDir, now: float) -> dict[str, Any]:
         "id": run.id,
         "script": meta.get("script"),
         "state": state,
-        "ranks": meta.get("nproc_per_node") if style == "torchrun" else meta.get("gpus"),
+        # A self-starting script's ranks are as many as its GPUs (said when they differ); DataParallel is one process.
+        "ranks": meta.get("nproc_per_node") if style == "torchrun" else 1 if style == "single" else meta.get("gpus"),
         "launch_style": style,
         "launch_reason": meta.get("launch_reason"),
         "nnodes": meta.get("nnodes"),

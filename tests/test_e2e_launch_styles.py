@@ -102,7 +102,7 @@ def test_the_launch_style_can_be_overridden_and_ls_says_which_and_why(ddptop_hom
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--launch-style single (detected: torchrun): started once" in done.stderr
     (row,) = json.loads(run_ddptop("ls", "--json").stdout)
-    assert (row["launch_style"], row["launch_reason"], row["ranks"]) == ("single", "--launch-style single (detected: torchrun)", 2)
+    assert (row["launch_style"], row["launch_reason"], row["ranks"]) == ("single", "--launch-style single (detected: torchrun)", 1)
     bad = run_ddptop("launch", "--launch-style", "threads", str(SCRIPTS / "plain_ddp.py"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "invalid choice: 'threads'" in bad.stderr, bad.stderr
 
