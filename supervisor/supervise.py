@@ -175,6 +175,12 @@ class Supervisor:
             waiter.set_result(None)
         if self.role.judges:
             self._verdicts += self.watchdog.observe(record)
+        if kind in ("group_restart", "rank_gone") and self.role.judges and self.watchdog.judging():
+            # torchrun waits for the failure's judgement before it restarts: give it as soon as the
+            # failed attempt has said all it will (crash.py), not at the next tick.
+            task = asyncio.ensure_future(self._watch())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         if kind == "rank_hello" and self._restart_when_up:  # after the watchdog saw the hello: this attempt ends
             self._restart_when_up = False
             self._kill_ranks()

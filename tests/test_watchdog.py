@@ -398,3 +398,30 @@ def test_an_early_failure_that_left_no_words_is_alike_to_one_that_did():
     dog, state, clock = make(WatchPolicy(crash_loop=5), world=1)
     assert [v.kind for v in crash_once(dog, state, clock, 0, "train.py: error: bad --inject", code=2, progress=False)] == ["crash"]
     assert [v.kind for v in crash_once(dog, state, clock, 1, "", code=2, progress=False)] == ["crash", "crash-loop"]
+
+
+def test_a_one_node_restart_is_judged_at_once_when_every_rank_of_the_attempt_has_gone():
+    """torchrun holds its restart until the failure is judged: on one node, once it restarts the
+    group and each rank has closed its connection (its last words sent), there is nothing to gather."""
+    dog, state, _clock = make(world=2)
+    state.meta = {"nnodes": "1"}
+    feed(dog, state, {"type": "rank_gone", "rank": 1, "wall": 0.0})
+    for rank, code in ((1, -9), (0, -15)):
+        feed(dog, state, failure(rank, code))
+    feed(dog, state, {"type": "group_restart", "node": 0, "restart": 1, "remaining": 2, "wall": 0.0})
+    assert dog.tick() == []  # rank 0's connection is still open: its words may be on the way
+    feed(dog, state, {"type": "rank_gone", "rank": 0, "wall": 0.0})
+    [v] = dog.tick()  # no time has passed
+    assert v.kind == "crash" and v.ranks == [1]
+
+
+def test_on_several_nodes_a_restart_still_gathers_the_other_nodes_failures():
+    dog, state, clock = make(world=2)
+    state.meta = {"nnodes": "2"}
+    for rank in (0, 1):
+        feed(dog, state, {"type": "rank_gone", "rank": rank, "wall": 0.0})
+    feed(dog, state, failure(1, -9))
+    feed(dog, state, {"type": "group_restart", "node": 0, "restart": 1, "remaining": 2, "wall": 0.0})
+    assert dog.tick() == []
+    clock.now += 0.5
+    assert [v.kind for v in dog.tick()] == ["crash"]

@@ -41,7 +41,7 @@ def _same(a: tuple[int, str, str | None], b: tuple[int, str, str | None]) -> boo
 
 
 class CrashRule:
-    observes = frozenset({"worker_failure", "step"})
+    observes = frozenset({"worker_failure", "step", "group_restart"})
 
     def __init__(
         self,
@@ -59,6 +59,8 @@ class CrashRule:
         self.loop = CrashLoop(policy)
         self._failures: list[wire.Frame] = []
         self._failures_since = 0.0
+        self._complete = False
+        """The failures gathered are all there will be (a one-node group is restarting): judge now."""
         self._expected_deaths: set[int] = set()
         self._ended = -1
         """The newest attempt ended on purpose or already judged: its failures are consequences."""
@@ -80,6 +82,11 @@ class CrashRule:
         if record["type"] == "step":
             self._progressed.add(self.liveness.attempt.get(record["rank"], 0))
             return []
+        if record["type"] == "group_restart":
+            # torchrun has stopped this node's group to restart it: on one node every failure of
+            # the attempt is in, and waiting out the gather would only hold the restart back.
+            self._complete = str(self.state.meta.get("nnodes", "1")) in ("1", "1:1")
+            return []
         if record["pid"] not in self._expected_deaths and record["restart"] > self._ended:
             if not self._failures:
                 self._failures_since = now
@@ -90,8 +97,9 @@ class CrashRule:
         return self.tick(float("inf"))
 
     def tick(self, now: float) -> list[Verdict]:
-        if not self._failures or now - self._failures_since < FAILURE_GATHER_S:
+        if not self._failures or (now - self._failures_since < FAILURE_GATHER_S and not self._all_in()):
             return []
+        self._complete = False
         failures, self._failures = self._failures, []
         failures.sort(key=self._cause_first)
         first = failures[0]
@@ -138,6 +146,14 @@ class CrashRule:
         else:
             self._early = None
         return [crash, *self.loop.after(crash, said, self.clock())]
+
+    def _all_in(self) -> bool:
+        """Whether every word of the failed attempt has arrived: torchrun restarts this (only) node's
+        group, and each of the attempt's ranks has closed its connection, after its last record
+        (its uncaught exception among them)."""
+        attempt = self._failures[0]["restart"]
+        seen = self.liveness
+        return self._complete and all(rank in seen.gone for rank, a in seen.attempt.items() if a == attempt)
 
     def _rank_of(self, failure: wire.Frame) -> int:
         """The rank a failure is of: torchrun's worker, or, for a script that starts
