@@ -30,6 +30,11 @@ first by default), so a restarted group runs clean:
 
 from __future__ import annotations
 
+import time
+
+SCRIPT_STARTED = time.time()
+"""When this process began running the script (the interpreter and any sitecustomize before it): bench/restart.py's timeline."""
+
 import argparse
 import hashlib
 import itertools
@@ -37,7 +42,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +53,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddptop.trainer import monitor
+
+TORCH_IMPORTED = time.time()
 
 FAULTS = ("nan", "inf-grad", "explode", "desync", "hang", "slow", "crash", "segv", "kill", "ckpt-kill")
 
@@ -206,6 +212,7 @@ def main() -> None:
     args = parse_args()
     use_cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if use_cuda else "gloo")
+    group_joined = time.time()
     rank, world, local_rank = dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
@@ -228,6 +235,9 @@ def main() -> None:
             start, epoch, offset = resumed.step + 1, resumed.data["epoch"], resumed.data["offset"]
             if rank == 0:
                 print(f"resumed from {resumed.path.name} at step {start}", flush=True)
+    if rank == 0 and attempt > 0:  # where a restart's time went, in this rank (bench/restart.py reads it)
+        marks = {"script": SCRIPT_STARTED, "torch": TORCH_IMPORTED, "group": group_joined, "resumed": time.time()}
+        print("restart timeline " + " ".join(f"{name}={wall:.3f}" for name, wall in marks.items()), flush=True)
     data = batches(make_loader(args, rank, world), epoch, offset)
     warmup = min(start + 10, args.steps - 1)
     started = timed_from = time.perf_counter()
