@@ -63,7 +63,8 @@ def test_a_spawn_tutorial_script_is_started_once_and_its_ranks_are_watched(ddpto
         assert spawner == psutil.Process(hellos[1]["pid"]).ppid() and spawner != meta["torchrun_pid"]
         skipped = {r["rank"] for r in records if r["type"] == "step" and r["step"] == NAN_AT and r.get("skipped") == "nan"}
         assert skipped == {0, 1}, "the NaN of rank 1 was skipped on both ranks"
-        assert any(r["type"] == "alert" and r["kind"] == "nan" for r in events(run))
+        # The verdict waits for every rank's record of the step, and the log is flushed once a second.
+        wait_for(lambda: any(r["type"] == "alert" and r["kind"] == "nan" for r in events(run)), 30, "the NaN alert in the log")
 
         os.kill(next(h["pid"] for h in hellos if h["rank"] == 1), signal.SIGKILL)  # as the OOM killer would
         wait_for(lambda: stepped(run, 1, 3), 120, "both ranks stepping again after the restart")
