@@ -52,13 +52,20 @@ def log_files(run: rundir.RunDir) -> list[LogFile]:
     return sorted(found, key=lambda f: (f.attempt, f.local_rank, STREAMS.index(f.stream)))
 
 
+def first_rank_here(meta: dict) -> int:
+    """The job rank of this node's local rank 0 (a self-starting script's worker holds every rank: 0)."""
+    if meta.get("launch_style", "torchrun") != "torchrun":
+        return 0
+    return int(meta.get("node_rank") or 0) * int(meta.get("nproc_per_node") or 1)
+
+
 def local_rank_of(meta: dict, rank: int) -> int:
     """This node's local rank of a job rank: the ranks of a node are consecutive, as torchrun
     assigns them; a script that starts its own ranks writes all their output to its one worker's files."""
     if meta.get("launch_style", "torchrun") != "torchrun":
         return 0
     per_node, node = int(meta.get("nproc_per_node") or 1), int(meta.get("node_rank") or 0)
-    local = rank - node * per_node
+    local = rank - first_rank_here(meta)
     if not 0 <= local < per_node:
         raise RunDirError(f"rank {rank} does not run on this node (node {node} runs ranks {node * per_node}-{(node + 1) * per_node - 1})")
     return local
@@ -93,9 +100,7 @@ def logs(argv: list[str]) -> int:
     opts = parser.parse_args(argv)
     run = rundir.find(opts.run)
     meta = run.read_meta()
-    base = (
-        int(meta.get("node_rank") or 0) * int(meta.get("nproc_per_node") or 1) if meta.get("launch_style", "torchrun") == "torchrun" else 0
-    )
+    base = first_rank_here(meta)
     local = None if opts.rank is None else local_rank_of(meta, opts.rank)
     files = [f for f in log_files(run) if local is None or f.local_rank == local]
     if not files and not (opts.follow and run.state() == "running"):
