@@ -35,6 +35,10 @@ ZSTD_LEVEL = 3
 _SEGMENT = re.compile(r"^events\.(\d{6,})\.log(\.zst)?$")
 
 
+Position = tuple[int, int]
+"""A point in a run's log: (the number the segment holding it is closed under, bytes into
+that segment). The segment being written is closed under the next free number."""
+
 BUFFER_BYTES = 1 << 16
 """Frames are written out when this much is buffered, and at each flush (about once a second)."""
 
@@ -148,6 +152,10 @@ class EventLog:
         self._compressing.append(self._compressor.submit(compress, closed))
         self._fd = self._open()
 
+    def position(self) -> Position:
+        """Where the log is now, as a reader finds it after a flush; rotations do not move it."""
+        return (self._next, self.bytes_written)
+
     def open_history(self) -> list[BinaryIO]:
         """Readers of everything logged so far, opened now: later rotations cannot move them.
 
@@ -231,4 +239,42 @@ def read_all(current: Path) -> Iterator[wire.Frame]:
             yield from wire.read_frames(stream)
     if current.exists():
         with current.open("rb") as stream:
+            yield from wire.read_frames(stream)
+
+
+def end_position(current: Path) -> Position:
+    """The position of the log's end, as its files stand."""
+    closed = _segment_files(current)
+    size = current.stat().st_size if current.exists() else 0
+    return (max((index for index, _ in closed), default=0) + 1, size)
+
+
+def read_after(current: Path, position: Position) -> Iterator[wire.Frame] | None:
+    """The records logged after position; None when the log does not reach it (another run's, or cut short)."""
+    segment, offset = position
+    closed = [(index, path) for path in closed_segments(current) if (index := _index(path)) >= segment]
+    if closed and closed[0][0] != segment:
+        return None
+    if closed:
+        parts = [(path, offset if index == segment else 0) for index, path in closed]
+        parts.append((current, 0))
+    else:
+        if (current.stat().st_size if current.exists() else 0) < offset:
+            return None
+        parts = [(current, offset)]
+    return _read_parts(parts)
+
+
+def _index(path: Path) -> int:
+    match = _SEGMENT.match(path.name)
+    return int(match[1]) if match else 0
+
+
+def _read_parts(parts: list[tuple[Path, int]]) -> Iterator[wire.Frame]:
+    for path, skip in parts:
+        if not path.exists() and not path.with_name(path.name + ".zst").exists():
+            continue
+        with open_segment(path) as stream:
+            while skip > 0 and (chunk := stream.read(min(skip, BUFFER_BYTES))):
+                skip -= len(chunk)
             yield from wire.read_frames(stream)

@@ -62,6 +62,11 @@ class RunDir:
         return self.path / "events.log"
 
     @property
+    def snapshot_path(self) -> Path:
+        """The job's state as of a point in its log, for a replay to start from (model/snapshot.py)."""
+        return self.path / "state.snapshot"
+
+    @property
     def socket_path(self) -> Path:
         return self.path / "sock"
 

@@ -11,8 +11,8 @@ from conftest import run_ddptop, until
 
 from ddptop.core import rundir, wire
 from ddptop.core.eventlog import EventLog, closed_segments, compress, open_segment, read_all
+from ddptop.core.wire.stream import frames
 from ddptop.supervisor.serving.hub import Hub
-from ddptop.tui.source import LiveSource
 
 
 def heartbeat(n: int) -> dict:
@@ -50,7 +50,7 @@ def test_a_segment_compressed_after_it_was_listed_is_still_read(tmp_path):
         assert stream.read() == b"".join(wire.encode(heartbeat(n)) for n in range(100))
 
 
-async def test_a_dashboard_attaching_late_gets_every_rotated_record_then_the_live_ones(tmp_path):
+async def test_a_viewer_asking_for_history_gets_every_rotated_record_then_the_live_ones(tmp_path):
     run = rundir.create(Path("train.py"), tmp_path / "run")
     hub = Hub(run, lambda command: None)
     hub.log.segment_bytes = 2048
@@ -58,20 +58,21 @@ async def test_a_dashboard_attaching_late_gets_every_rotated_record_then_the_liv
     for n in range(500):
         hub.record(heartbeat(n))
     assert len(closed_segments(run.events_path)) >= 5
-    source = LiveSource(run.socket_path)
+    reader, writer = await asyncio.open_unix_connection(str(run.socket_path))
+    writer.write(wire.encode({"type": "viewer_hello", "history": True}))
     received: list[int] = []
 
     async def watch() -> None:
-        async for record in source.records():
+        async for record in frames(reader):
             received.append(record["step"])
             if len(received) == 600:
                 return
 
     watcher = asyncio.create_task(watch())
-    await until(lambda: hub.viewers.attached, "the dashboard attached")
+    await until(lambda: hub.viewers.attached, "the viewer attached")
     for n in range(500, 600):
         hub.record(heartbeat(n))
     await asyncio.wait_for(watcher, 20)
-    await source.close()
+    writer.close()
     await hub.finish(0)
     assert received == list(range(600))

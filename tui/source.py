@@ -3,17 +3,22 @@
 The dashboard talks to a supervisor only through this module, over the wire:
 `LiveSource` says viewer_hello on the supervisor's socket and receives the
 run so far then the live stream (the same code for `launch` and `attach`);
-`ReplaySource` reads a finished run's event log. Both yield the same
-records, which the app folds into the shared JobState.
+`ReplaySource` reads a finished run's saved state and the log after it.
+Both yield the same records, which the app folds into the shared JobState.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from ddptop.core import wire
+from ddptop.core.eventlog import end_position, read_after
+from ddptop.core.model import snapshot
+from ddptop.core.model.job import JobState
 from ddptop.core.rundir import RunDir, read_events
 from ddptop.core.wire import unixpath
 from ddptop.core.wire.stream import frames
@@ -42,7 +47,7 @@ class LiveSource:
 
     async def records(self) -> AsyncIterator[wire.Frame]:
         reader, self._writer = await self._open()
-        self._writer.write(wire.encode({"type": "viewer_hello", "history": True}))
+        self._writer.write(wire.encode({"type": "viewer_hello", "snapshot": True}))
         await self._writer.drain()
         async for frame in frames(reader):
             yield frame
@@ -61,18 +66,42 @@ class LiveSource:
         if self._writer is not None:
             self._writer.close()
 
+    def finished(self, state: JobState) -> None:
+        """The supervisor keeps the state: nothing to do."""
+
 
 class ReplaySource:
+    """The run's saved state (model/snapshot.py) and the records logged after it; a run with
+    none, or one that does not fit its log, is read whole once and its state kept for next time."""
+
     live = False
 
     def __init__(self, run: RunDir) -> None:
         self.run = run
+        self.read_whole = False
+
+    def _start(self) -> Iterator[wire.Frame]:
+        saved = snapshot.load(self.run.snapshot_path)
+        if saved is not None:
+            position, state = saved
+            after = read_after(self.run.events_path, position)
+            if after is not None:
+                return itertools.chain(state, after)
+        self.read_whole = True
+        return read_events(self.run)
 
     async def records(self) -> AsyncIterator[wire.Frame]:
-        for count, record in enumerate(read_events(self.run)):
+        for count, record in enumerate(self._start()):
             yield record
             if count % 2000 == 0:
                 await asyncio.sleep(0)  # keep the interface responsive on long logs
+
+    def finished(self, state: JobState) -> None:
+        """Keep the state a whole read built, so the next replay starts from it; a run
+        directory that cannot be written (another user's) is replayed whole each time."""
+        if self.read_whole:
+            with contextlib.suppress(OSError):
+                snapshot.save(self.run.snapshot_path, state, end_position(self.run.events_path))
 
     async def command(self, action: str, rank: int | None = None) -> None:
         """A finished run takes no commands."""

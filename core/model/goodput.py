@@ -48,7 +48,7 @@ same pace, and rank 0 is in every attempt of every job. One rank's records keep 
 
 
 @dataclass
-class _Attempt:
+class Attempt:
     first_start: float
     last_end: float
     done_before: int
@@ -61,7 +61,7 @@ class Goodput:
     started: float | None = None
     attempt: int = 0
     """The attempt of rank 0's latest hello."""
-    attempts: dict[int, _Attempt] = field(default_factory=dict)
+    attempts: dict[int, Attempt] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     """Steps' time by part (productive, recomputed, skipped, stalled)."""
     typical: deque[float] = field(default_factory=lambda: deque(maxlen=TYPICAL_KEPT))
@@ -91,7 +91,7 @@ class Goodput:
         attempt = self.attempts.get(self.attempt)
         if attempt is None:
             done = max((a.top for a in self.attempts.values()), default=-1)
-            attempt = self.attempts[self.attempt] = _Attempt(end - seconds, end, done)
+            attempt = self.attempts[self.attempt] = Attempt(end - seconds, end, done)
         attempt.last_end = max(attempt.last_end, end)
         attempt.top = max(attempt.top, step)
         parts = self.seconds

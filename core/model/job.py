@@ -13,7 +13,9 @@ from collections import Counter, deque
 from typing import Any
 
 from ddptop.core import wire
+from ddptop.core.model import snapshot
 from ddptop.core.model.goodput import GOODPUT_TYPES, Goodput
+from ddptop.core.model.history import History, pack
 from ddptop.core.model.metrics import COMM_MS, JOB_METRICS
 from ddptop.core.model.rank import GpuState, RankState
 from ddptop.core.model.stats import StepPoint, bus_bandwidth, median
@@ -21,9 +23,6 @@ from ddptop.core.model.totals import JobTotals
 
 EVENT_TYPES = frozenset({"alert", "action", "notice", "wire_error", "exit", "group_restart"})
 """Records the dashboard's alert panel lists."""
-
-HISTORY = 600
-"""Per-second summaries kept for plots: ten minutes."""
 
 STRAGGLER_RATIO = 1.25
 """A rank whose own work per step (busy_ms) is this much over the job's
@@ -44,7 +43,7 @@ class JobState:
         self.alerts = 0
         self.alert_kinds: Counter[str] = Counter()
         self.events: deque[wire.Frame] = deque(maxlen=200)
-        self.summaries: deque[wire.Frame] = deque(maxlen=HISTORY)
+        self.history = History()
         self.exit: wire.Frame | None = None
         self.checkpoint_step: int | None = None
         self.goodput = Goodput()
@@ -57,8 +56,9 @@ class JobState:
 
     def ingest(self, record: wire.Frame) -> None:
         """Fold one record (live or replayed) into the state."""
-        self.records += 1
         kind = record.get("type", "")
+        if kind not in snapshot.SNAPSHOT_TYPES:  # a snapshot carries the count it stands for
+            self.records += 1
         if isinstance(record.get("wall"), (int, float)):
             self.last_wall = max(self.last_wall, record["wall"])
         if kind in EVENT_TYPES:
@@ -104,6 +104,11 @@ class JobState:
             state.clipped += record["clipped"]
         if record.get("total_steps") is not None:
             self.total_steps = record["total_steps"]
+        state.interval_step_ms += record["step_ms"]
+        state.interval_steps += 1
+        if record.get("comm_ms") is not None:
+            state.interval_comm_ms += record["comm_ms"]
+            state.interval_comm_steps += 1
         state.window.add(
             StepPoint(
                 wall=record["wall"],
@@ -147,6 +152,7 @@ class JobState:
 
     def _on_alert(self, record: wire.Frame) -> None:
         self.alerts += 1
+        self.history.mark(record["wall"], "alert", str(record.get("kind") or record.get("text", "")))
         self.alert_kinds[str(record.get("kind"))] += 1
         for rank in record.get("ranks") or [record.get("rank")]:
             if rank in self.ranks:
@@ -172,12 +178,28 @@ class JobState:
             self.events.append(record)
 
     def _on_summary(self, record: wire.Frame) -> None:
-        self.summaries.append(record)
+        self.history.add_summary(record)
+        for state in self.ranks.values():
+            state.start_interval()
+
+    def _on_group_restart(self, record: wire.Frame) -> None:
+        self.history.mark(record["wall"], "restart", "restart")
 
     def _on_exit(self, record: wire.Frame) -> None:
         self.exit = record
         for state in self.ranks.values():
             state.exited = True
+
+    def summary(self, wall: float) -> wire.Frame:
+        """The per-second summary record: the job's totals, and each rank's step and comm
+        time since the last one (indexed by rank), for the charts' history."""
+        record = self.totals().record(wall)
+        width = max(self.ranks, default=-1) + 1
+        intervals = [self.ranks[r].interval() if r in self.ranks else (float("nan"), float("nan")) for r in range(width)]
+        if width:
+            record["rank_step_ms"] = pack(step for step, _ in intervals)
+            record["rank_comm_ms"] = pack(comm for _, comm in intervals)
+        return record
 
     @property
     def restarts(self) -> int:
@@ -235,5 +257,7 @@ _HANDLERS = {
     "wire_error": JobState._on_wire_error,
     "checkpoint": JobState._on_checkpoint,
     "resume": JobState._on_resume,
+    "group_restart": JobState._on_group_restart,
+    **dict.fromkeys(snapshot.SNAPSHOT_TYPES, snapshot.restore),
     "exit": JobState._on_exit,
 }

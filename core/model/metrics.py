@@ -12,8 +12,8 @@ rolling window).
 
 Rows that share a column header, a plot title or a summary template are
 shown together, in table order: a column joins its metrics' texts with "/"
-(step time p50/p95), a plot draws the first of its metrics that has values
-(GPU memory, else the processes' RSS), a summary template takes one "{}"
+(step time p50/p95), a chart draws a line for each of its metrics that has
+values (the step time and the comm time under it), a summary template takes one "{}"
 per metric (comm ms and its share of the step).
 """
 
@@ -138,6 +138,7 @@ STEP_MS_P50 = Metric(
     job=middle,
     column=STEP_COLUMN,
     prometheus=Prometheus("step_seconds", "step time over the recent steps, by quantile", 1e-3, (("quantile", "0.5"),)),
+    plot="step time",
     summary=STEP_SUMMARY,
 )
 STEP_MS_P95 = Metric(
@@ -158,7 +159,7 @@ COMM_MS = Metric(
     job=middle,
     column="COMM MS",
     prometheus=Prometheus("comm_seconds", "mean time per step in gradient all-reduce", 1e-3),
-    plot="comm latency",
+    plot="step time",
     summary=COMM_SUMMARY,
 )
 COMM_SHARE = Metric(

@@ -63,6 +63,11 @@ class RankState:
     exited: bool = False
     stack: str | None = None
     window: RollingWindow = field(default_factory=RollingWindow)
+    interval_step_ms: float = 0.0
+    """Step time summed over the steps finished since the last summary record (history.py)."""
+    interval_comm_ms: float = 0.0
+    interval_steps: int = 0
+    interval_comm_steps: int = 0
 
     def comm_share(self) -> float | None:
         comm, step = self.window.mean("comm_ms"), self.window.mean("step_ms")
@@ -78,6 +83,17 @@ class RankState:
         evaluating alone between two steps) is a pause, not a slow rank.
         """
         return self.window.busy_ms(50)
+
+    def interval(self) -> tuple[float, float]:
+        """Mean step and comm time of the steps since the last summary; NaN where none."""
+        nan = float("nan")
+        step = self.interval_step_ms / self.interval_steps if self.interval_steps else nan
+        comm = self.interval_comm_ms / self.interval_comm_steps if self.interval_comm_steps else nan
+        return step, comm
+
+    def start_interval(self) -> None:
+        self.interval_step_ms = self.interval_comm_ms = 0.0
+        self.interval_steps = self.interval_comm_steps = 0
 
     def clip_rate(self) -> float | None:
         return self.clipped / self.clip_checked if self.clip_checked else None

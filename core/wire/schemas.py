@@ -19,6 +19,7 @@ _STR = (str,)
 _BOOL = (bool,)
 _LIST = (list,)
 _MAP = (dict,)
+_BYTES = (bytes,)
 
 _RANK_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "rank": (_INT, True),
@@ -121,7 +122,9 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     # A rank's records, sent together so the socket sees a few frames a second.
     "batch": {"items": (_LIST, True)},
     # A dashboard introduces itself; with history, it first gets the run so far.
-    "viewer_hello": {"history": (_BOOL, False)},
+    # history: the run's records so far first; snapshot: the job's state as a
+    # few frames instead (model/snapshot.py), what a dashboard asks for.
+    "viewer_hello": {"history": (_BOOL, False), "snapshot": (_BOOL, False)},
     # What a dashboard may ask of the supervisor, and the job's aggregator of a
     # node's supervisor (stacks: collect those ranks' Python stacks).
     "command": {"action": (_STR, True), "rank": (_INT, False), "ranks": (_LIST, False)},
@@ -200,6 +203,10 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "restarts": (_INT, True),
         "checkpoint_step": (_INT, False),
         "metrics": (_MAP, True),
+        # Each rank's mean step and comm ms since the last summary, float32
+        # by rank, NaN where none (model/history.py): the charts' per-rank lines.
+        "rank_step_ms": (_BYTES, False),
+        "rank_comm_ms": (_BYTES, False),
     },
     # The job is over: torchrun's exit status, or 128+N when stopped by signal N.
     "exit": {"wall": (_NUM, True), "code": (_INT, True), "stopped_by_signal": (_INT, False), "goodput": (_MAP, False)},

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ddptop.core import wire
 from ddptop.core.eventlog import EventLog
+from ddptop.core.model import snapshot
 from ddptop.core.model.job import JobState
 from ddptop.core.rundir import RunDir
 from ddptop.supervisor.outlets import Outlets
@@ -22,6 +23,7 @@ from ddptop.supervisor.serving.collector import Collector
 from ddptop.supervisor.serving.viewers import CommandHandler, Viewers
 
 EVENT_LOG = "the event log"
+SNAPSHOT = "the state snapshot"
 
 
 class Hub:
@@ -40,7 +42,7 @@ class Hub:
         self.outlets = outlets or Outlets()
         self.state = JobState()
         self.log = EventLog(run.events_path)
-        self.viewers = Viewers(self.log, on_drop=self.note)
+        self.viewers = Viewers(self.log, self._snapshot, on_drop=self.note)
         self.collector = Collector(self.record, self.viewers, on_command)
         self.taps: list[Callable[[wire.Frame, bytes], None]] = []
         """Also given every record and its encoding: a node's uplink to the aggregator."""
@@ -55,6 +57,9 @@ class Hub:
         if self.observer is not None:
             self.observer(frame)
 
+    def _snapshot(self) -> list[bytes]:
+        return [wire.encode(frame) for frame in snapshot.frames(self.state)]
+
     def note(self, text: str) -> None:
         """A notice of the supervisor's own, for the log and every dashboard."""
         self.record({"type": "notice", "wall": time.time(), "text": text})
@@ -67,7 +72,7 @@ class Hub:
 
     def record_totals(self) -> None:
         """The per-second job summary that dashboards plot."""
-        self.record(self.state.totals().record(time.time()))
+        self.record(self.state.summary(time.time()))
 
     async def finish(self, code: int, stopped_by_signal: int | None = None) -> None:
         """The job is over: last summary and exit record, then close every connection."""
@@ -79,4 +84,5 @@ class Hub:
         )
         self.viewers.close_all()
         await self.collector.close()
-        self.outlets.write(EVENT_LOG, self.log.close)
+        if self.outlets.write(EVENT_LOG, self.log.close):
+            self.outlets.write(SNAPSHOT, snapshot.save, self.run.snapshot_path, self.state, self.log.position())

@@ -1,9 +1,11 @@
-"""Dashboards attached to a supervisor: history first, then the live stream.
+"""Dashboards attached to a supervisor: the run so far first, then the live stream.
 
-A viewer that says hello gets every record of the run so far, straight from
-the event log's bytes (they are wire frames already), then every record as
-it is made. Registration and the history's end are taken in the same step
-of the event loop, so nothing is missed or sent twice. A viewer too slow to
+A viewer that says hello gets the run so far, then every record as it is
+made. A dashboard asks for the job's state as a few snapshot frames
+(model/snapshot.py), which cost the same however long the run; a tool that
+wants every record (export, a node's catch-up) gets the event log's bytes
+(they are wire frames already). Registration and the start's end are taken
+in the same step of the event loop, so nothing is missed or sent twice. A viewer too slow to
 keep up is disconnected (and may reconnect), never waited for: the
 supervisor's loop must not stall on a dashboard.
 """
@@ -25,9 +27,11 @@ CommandHandler = Callable[[wire.Frame], None]
 
 
 class Viewers:
-    def __init__(self, log: EventLog, on_drop: Callable[[str], None] = lambda text: None) -> None:
-        """on_drop is told, in words, of each viewer dropped for lagging (the hub logs it)."""
+    def __init__(self, log: EventLog, snapshot: Callable[[], list[bytes]], on_drop: Callable[[str], None] = lambda text: None) -> None:
+        """snapshot gives the job's state as encoded frames; on_drop is told, in words, of each
+        viewer dropped for lagging (the hub logs it)."""
         self._log = log
+        self._snapshot = snapshot
         self._on_drop = on_drop
         self._queues: dict[asyncio.Queue[bytes | None], asyncio.StreamWriter] = {}
 
@@ -71,10 +75,11 @@ class Viewers:
         viewer raises wire.FrameError, for the collector to count and log.
         """
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUE_MAX)
-        history = self._log.open_history() if hello.get("history", True) else []
+        state = self._snapshot() if hello.get("snapshot") else []
+        history = self._log.open_history() if hello.get("history", True) and not state else []
         history_end = self._log.bytes_written  # of the current segment, the last of history
         self._queues[queue] = writer
-        sender = asyncio.create_task(self._send(writer, queue, history, history_end))
+        sender = asyncio.create_task(self._send(writer, queue, state, history, history_end))
         commands = asyncio.create_task(_read_commands(stream, on_command))
         try:
             done, _ = await asyncio.wait({sender, commands}, return_when=asyncio.FIRST_COMPLETED)
@@ -86,10 +91,19 @@ class Viewers:
             commands.cancel()
 
     async def _send(
-        self, writer: asyncio.StreamWriter, queue: asyncio.Queue[bytes | None], history: list[BinaryIO], history_end: int
+        self,
+        writer: asyncio.StreamWriter,
+        queue: asyncio.Queue[bytes | None],
+        state: list[bytes],
+        history: list[BinaryIO],
+        history_end: int,
     ) -> None:
-        """The history (closed segments whole, the current one up to history_end), then the live frames."""
+        """The state's frames or the history (closed segments whole, the current one up to
+        history_end), then the live frames."""
         try:
+            for frame in state:
+                writer.write(frame)
+                await writer.drain()
             for index, segment in enumerate(history):
                 limit = history_end if index == len(history) - 1 else None
                 offset = 0

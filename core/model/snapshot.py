@@ -1,0 +1,180 @@
+"""A job's state as a few frames: how a late dashboard, or a replay of a long run, starts at once.
+
+Folding a run's log record by record costs time in proportion to the run:
+1.9 million records, 50 minutes of a 64-rank job, took 16 s. The
+supervisor has already folded them; `frames(state)` turns its JobState
+into a handful of wire frames (each under the wire's frame limit, so 1,024
+ranks split into several), and a JobState that ingests them is the same
+state: every rank's figures and recent steps, the job's counts, goodput,
+the alerts panel, the charts' history. Then the live records follow.
+
+A replay does the same from `state.snapshot` beside the run's log: the
+frames, then the log's records after the point they were taken at
+(`Position`). The supervisor writes it when the job ends; a replay of a run
+without one (its supervisor was killed) reads the whole log once and
+writes it.
+
+Only plain data crosses: a dashboard attached over TCP decodes what the
+supervisor sends and never runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from array import array
+from collections import Counter, deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddptop.core import wire
+from ddptop.core.eventlog import Position
+from ddptop.core.model.goodput import TYPICAL_KEPT, Attempt, Goodput
+from ddptop.core.model.history import RANK_SERIES, Filling, History, Point, pack, unpack
+from ddptop.core.model.rank import GpuState, RankState
+from ddptop.core.model.stats import StepPoint
+
+if TYPE_CHECKING:
+    from ddptop.core.model.job import JobState
+
+SNAPSHOT_TYPES = frozenset({"snapshot", "snapshot_ranks", "snapshot_points"})
+FRAME_BUDGET = wire.MAX_FRAME // 2
+"""Bytes a snapshot frame aims at: half the limit leaves room for a rank's long stack."""
+RANK_BYTES = 12_000
+"""About what one rank's state encodes to, with a full window of steps."""
+_RANK_SKIP = frozenset({"window", "gpu_reading", "gpu"})
+_JOB_FIELDS = ("meta", "world_size", "total_steps", "started", "last_wall", "records", "alerts", "exit", "checkpoint_step")
+
+
+def frames(state: JobState) -> Iterator[wire.Frame]:
+    """The state as frames: the job first, then its ranks, then the charts' points."""
+    history = state.history
+    yield {
+        "type": "snapshot",
+        "job": {name: getattr(state, name) for name in _JOB_FIELDS},
+        "alert_kinds": dict(state.alert_kinds),
+        "events": list(state.events),
+        "gpus": [[node, dataclasses.asdict(gpu)] for (node, _), gpu in state.gpus.items()],
+        "goodput": _goodput(state.goodput),
+        "marks": [[m.wall, m.kind, m.text] for m in history.marks],
+        "whole_span": history.whole.span,
+        "filling": _filling(history.whole.filling),
+    }
+    ranks = list(state.ranks.values())
+    per_frame = max(1, FRAME_BUDGET // RANK_BYTES)
+    for start in range(0, len(ranks), per_frame):
+        yield {"type": "snapshot_ranks", "ranks": [_rank(r) for r in ranks[start : start + per_frame]]}
+    point_bytes = 64 + 4 * len(RANK_SERIES) * (max(state.ranks, default=0) + 1) + 16 * 16
+    per_frame = max(1, FRAME_BUDGET // point_bytes)
+    for tier, timeline in (("recent", history.recent), ("whole", history.whole)):
+        points = list(timeline.points)
+        for start in range(0, len(points), per_frame):
+            chunk = [[p.wall, p.span, p.job, {k: pack(v) for k, v in p.ranks.items()}] for p in points[start : start + per_frame]]
+            yield {"type": "snapshot_points", "tier": tier, "points": chunk}
+
+
+def save(path: Path, state: JobState, position: Position) -> None:
+    """Keep the state beside the run, with the log position it is as of; whole or not at all."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(wire.encode({"type": "position", "segment": position[0], "offset": position[1]}))
+            for frame in frames(state):
+                out.write(wire.encode(frame))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load(path: Path) -> tuple[Position, list[wire.Frame]] | None:
+    """A saved state and its position; None when there is none, or it cannot be read whole."""
+    with contextlib.suppress(OSError, wire.FrameError, KeyError, TypeError, IndexError), path.open("rb") as stream:
+        found = list(wire.read_frames(stream))
+        head = found[0]
+        if head["type"] == "position" and all(f.get("type") in SNAPSHOT_TYPES for f in found[1:]):
+            return (head["segment"], head["offset"]), found[1:]
+    return None
+
+
+def restore(state: JobState, record: wire.Frame) -> None:
+    """Fold one snapshot frame into a state; the first ("snapshot") starts it afresh."""
+    kind = record["type"]
+    if kind == "snapshot":
+        _restore_job(state, record)
+    elif kind == "snapshot_ranks":
+        for data in record["ranks"]:
+            rank = _restored_rank(data)
+            if rank.gpu is not None:
+                rank.gpu_reading = state.gpus.get(rank.gpu)
+            state.ranks[rank.rank] = rank
+    elif kind == "snapshot_points":
+        timeline = state.history.timeline(whole=record["tier"] == "whole")
+        for wall, span, job, ranks in record["points"]:
+            timeline.points.append(Point(wall, span, job, {k: unpack(v) for k, v in ranks.items()}))
+
+
+def _restore_job(state: JobState, record: wire.Frame) -> None:
+    for name, value in record["job"].items():
+        if name in _JOB_FIELDS:
+            setattr(state, name, value)
+    state.ranks.clear()
+    state.alert_kinds = Counter(record["alert_kinds"])
+    state.events = deque(record["events"], maxlen=state.events.maxlen)
+    state.gpus = {(node, gpu["index"]): GpuState(**gpu) for node, gpu in record["gpus"]}
+    state.goodput = _restored_goodput(record["goodput"])
+    state.history = History()
+    for wall, kind, text in record["marks"]:
+        state.history.mark(wall, kind, text)
+    state.history.whole.span = record["whole_span"]
+    state.history.whole.filling = _restored_filling(record["filling"])
+
+
+def _rank(rank: RankState) -> dict[str, Any]:
+    data = {f.name: getattr(rank, f.name) for f in dataclasses.fields(rank) if f.name not in _RANK_SKIP}
+    data["gpu"] = list(rank.gpu) if rank.gpu is not None else None
+    data["window"] = [dataclasses.astuple(p) for p in rank.window.points]
+    return data
+
+
+def _restored_rank(data: dict[str, Any]) -> RankState:
+    fields = {name: value for name, value in data.items() if name not in _RANK_SKIP}
+    rank = RankState(**fields)
+    rank.gpu = (data["gpu"][0], data["gpu"][1]) if data.get("gpu") else None
+    for point in data["window"]:
+        rank.window.add(StepPoint(*point))
+    return rank
+
+
+def _goodput(goodput: Goodput) -> dict[str, Any]:
+    data = {f.name: getattr(goodput, f.name) for f in dataclasses.fields(goodput)}
+    data["attempts"] = [[n, dataclasses.astuple(a)] for n, a in goodput.attempts.items()]
+    data["typical"] = list(goodput.typical)
+    return data
+
+
+def _restored_goodput(data: dict[str, Any]) -> Goodput:
+    fields = dict(data)
+    fields["attempts"] = {n: Attempt(*a) for n, a in data["attempts"]}
+    fields["typical"] = deque(data["typical"], maxlen=TYPICAL_KEPT)
+    return Goodput(**fields)
+
+
+def _filling(filling: Filling) -> dict[str, Any]:
+    return {
+        "wall": filling.wall,
+        "span": filling.span,
+        "job": filling.job,
+        "ranks": {series: [sums.tobytes(), counts.tobytes()] for series, (sums, counts) in filling.ranks.items()},
+    }
+
+
+def _restored_filling(data: dict[str, Any]) -> Filling:
+    filling = Filling()
+    filling.wall, filling.span, filling.job = data["wall"], data["span"], data["job"]
+    for series, (sums, counts) in data["ranks"].items():
+        filling.ranks[series] = (array("d", sums), array("i", counts))
+    return filling

@@ -1,0 +1,185 @@
+"""The charts' history, and the job's state as snapshot frames: what a late dashboard and a replay start from."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ddptop.core import rundir, wire
+from ddptop.core.eventlog import EventLog
+from ddptop.core.model import snapshot
+from ddptop.core.model.history import RECENT_POINTS, WHOLE_POINTS, History, pack, unpack
+from ddptop.core.model.job import JobState
+from ddptop.tui.source import ReplaySource
+
+BASE = 1_800_000_000.0
+
+
+def summary(second: int, throughput: float, steps: list[float]) -> dict:
+    return {"type": "summary", "wall": BASE + second, "metrics": {"samples_per_s": throughput}, "rank_step_ms": pack(steps)}
+
+
+def test_a_day_of_summaries_fits_the_whole_run_timeline_with_its_means_kept():
+    history = History()
+    day = 86_400
+    for second in range(day):
+        # rank 1 is twice as slow in the second half of the day
+        history.add_summary(summary(second, 100.0 if second < day // 2 else 300.0, [10.0, 10.0 if second < day // 2 else 20.0]))
+    whole = list(history.whole)
+    assert len(whole) <= WHOLE_POINTS + 1 and len(history.recent) == RECENT_POINTS
+    assert whole[0].wall == BASE and sum(p.span for p in whole) == day
+    mean = sum(p.job["samples_per_s"] * p.span for p in whole) / day
+    assert math.isclose(mean, 200.0)
+    assert whole[0].rank_value("step_ms", 1) == 10.0 and whole[-1].rank_value("step_ms", 1) == 20.0
+
+
+def test_a_rank_with_no_step_in_a_second_is_nan_and_left_out_of_the_means():
+    history = History()
+    history.add_summary(summary(0, 1.0, [10.0, math.nan]))
+    history.add_summary(summary(1, 1.0, [30.0, 8.0]))
+    assert math.isnan(next(iter(history.recent)).rank_value("step_ms", 1))
+    merged = History()
+    merged.whole.span = 2  # both seconds in one bucket
+    for second, steps in ((0, [10.0, math.nan]), (1, [30.0, 8.0])):
+        merged.add_summary(summary(second, 1.0, steps))
+    [bucket] = list(merged.whole)
+    assert bucket.rank_value("step_ms", 0) == 20.0 and bucket.rank_value("step_ms", 1) == 8.0
+    assert list(unpack(pack([1.5, 2.5]))) == [1.5, 2.5]
+
+
+def busy_state(ranks: int, steps: int) -> JobState:
+    """A job with every kind of record the dashboard shows: hellos, steps, samples, alerts, a restart."""
+    state = JobState()
+    state.ingest({"type": "run", "wall": BASE, "id": "r", "script": "train.py"})
+    for rank in range(ranks):
+        state.ingest(
+            {
+                "type": "rank_hello",
+                "rank": rank,
+                "local_rank": rank % 8,
+                "world_size": ranks,
+                "node": rank // 8,
+                "host": "h",
+                "pid": 10 + rank,
+                "restart": 0,
+            }
+        )
+    for step in range(steps):
+        wall = BASE + step * 0.1
+        for rank in range(ranks):
+            record = {
+                "type": "step",
+                "rank": rank,
+                "step": step,
+                "wall": wall,
+                "step_ms": 100.0 + rank,
+                "comm_ms": 20.0,
+                "samples": 8,
+                "loss": 1.0 / (step + 1),
+            }
+            state.ingest(record)
+        if step % 10 == 9:
+            state.ingest(
+                {
+                    "type": "sample",
+                    "wall": wall,
+                    "node": 0,
+                    "gpus": [{"index": 0, "mem_total": 80 << 30, "util": 50.0}],
+                    "procs": [{"rank": 0, "pid": 10, "gpu": 0, "rss": 1 << 30}],
+                }
+            )
+            state.ingest(state.summary(wall))
+    state.ingest({"type": "alert", "wall": BASE + 5, "kind": "straggler", "text": "rank 3 is slow", "ranks": [3], "action": "none"})
+    state.ingest({"type": "group_restart", "wall": BASE + 6, "node": 0, "restart": 1, "remaining": 2})
+    state.ingest({"type": "checkpoint", "rank": 0, "step": 40, "wall": BASE + 6, "write_ms": 12.0, "path": "ckpt.pt"})
+    return state
+
+
+def restored(frames: list[wire.Frame]) -> JobState:
+    """Through the wire's own encoding and decoding, as a dashboard receives them."""
+    decoder = wire.FrameDecoder()
+    state = JobState()
+    for frame in decoder.feed(b"".join(wire.encode(f) for f in frames)):
+        state.ingest(frame)
+    return state
+
+
+def test_a_state_rebuilt_from_its_snapshot_frames_is_the_same_state():
+    state = busy_state(ranks=12, steps=120)
+    copy = restored(list(snapshot.frames(state)))
+    assert copy.totals() == state.totals()
+    assert copy.records == state.records and copy.alert_kinds == state.alert_kinds and list(copy.events) == list(state.events)
+    assert copy.goodput.split(BASE + 20) == state.goodput.split(BASE + 20)
+    for rank, ours in state.ranks.items():
+        theirs = copy.ranks[rank]
+        assert (theirs.step, theirs.loss, theirs.busy_ms(), theirs.gpu, theirs.rss) == (
+            ours.step,
+            ours.loss,
+            ours.busy_ms(),
+            ours.gpu,
+            ours.rss,
+        )
+    assert copy.ranks[0].gpu_reading is copy.gpus[(0, 0)]  # the rank's GPU is the job's, as after a sample
+    for ours_tl, theirs_tl in ((state.history.recent, copy.history.recent), (state.history.whole, copy.history.whole)):
+        assert [(p.wall, p.span, p.job, list(p.ranks["step_ms"])) for p in ours_tl] == [
+            (p.wall, p.span, p.job, list(p.ranks["step_ms"])) for p in theirs_tl
+        ]
+    assert [m.kind for m in copy.history.marks] == ["alert", "restart"]
+    # And it goes on as the original does.
+    for s in (state, copy):
+        s.ingest({"type": "step", "rank": 0, "step": 120, "wall": BASE + 13, "step_ms": 100.0, "samples": 8})
+    assert copy.totals() == state.totals()
+
+
+def test_snapshot_frames_stay_under_the_frame_limit_at_1024_ranks():
+    state = busy_state(ranks=1024, steps=30)
+    frames = list(snapshot.frames(state))
+    sizes = [len(wire.encode(f)) for f in frames]  # encode raises past the limit
+    assert max(sizes) < wire.MAX_FRAME and len(restored(frames).ranks) == 1024
+    full = busy_state(ranks=1, steps=200)  # a full window of steps: what a rank is budgeted at
+    [ranks] = [f for f in snapshot.frames(full) if f["type"] == "snapshot_ranks"]
+    assert len(wire.encode(ranks)) < snapshot.RANK_BYTES
+
+
+def write_run(path: Path, state: JobState, records: list[dict]) -> rundir.RunDir:
+    run = rundir.create(Path("train.py"), path)
+    log = EventLog(run.events_path)
+    for record in records:
+        log.append(record)
+        state.ingest(record)
+    log.close()
+    return run
+
+
+async def read(source: ReplaySource) -> JobState:
+    state = JobState()
+    async for record in source.records():
+        state.ingest(record)
+    source.finished(state)
+    return state
+
+
+async def test_replay_starts_from_the_saved_state_and_reads_only_what_came_after(tmp_path):
+    state = JobState()
+    steps = [{"type": "step", "rank": 0, "step": n, "wall": BASE + n, "step_ms": 5.0} for n in range(50)]
+    run = write_run(tmp_path / "run", state, [{"type": "run", "wall": BASE, "id": "r", "script": "t.py"}, *steps])
+    first = ReplaySource(run)
+    assert (await read(first)).ranks[0].step == 49 and first.read_whole  # no saved state: read whole, then kept
+    assert run.snapshot_path.exists()
+    log = EventLog(run.events_path)  # the log goes on after the state was saved
+    log.append({"type": "step", "rank": 0, "step": 50, "wall": BASE + 50, "step_ms": 5.0})
+    log.close()
+    second = ReplaySource(run)
+    replayed = await read(second)
+    assert not second.read_whole and replayed.ranks[0].step == 50 and replayed.records == 52
+
+
+async def test_a_saved_state_that_does_not_fit_the_log_is_ignored(tmp_path):
+    state = JobState()
+    run = write_run(tmp_path / "run", state, [{"type": "run", "wall": BASE, "id": "r", "script": "t.py"}])
+    snapshot.save(run.snapshot_path, busy_state(4, 20), (1, 10**9))  # a position past the log's end
+    source = ReplaySource(run)
+    assert (await read(source)).ranks == {} and source.read_whole
+    run.snapshot_path.write_bytes(b"not frames")
+    source = ReplaySource(run)
+    assert (await read(source)).records == 1 and source.read_whole
