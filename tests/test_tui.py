@@ -13,6 +13,7 @@ from synthetic import synthetic_job
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import closed_segments
+from ddptop.core.model.rank import RankState
 from ddptop.supervisor.serving.hub import Hub
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
@@ -303,9 +304,23 @@ def test_log_tail_reads_only_the_end_of_a_long_log(tmp_path):
     log = tmp_path / "logs" / "none_x" / "attempt_0" / "1" / "stdout.log"
     log.parent.mkdir(parents=True)
     log.write_text("".join(f"line {i}\n" for i in range(100_000)))
-    tail = log_tail(tmp_path, local_rank=1, restart=0, lines=3)
+    tail = log_tail(tmp_path, {}, RankState(1, local_rank=1), lines=3)
     assert tail == ["[stdout] line 99997", "[stdout] line 99998", "[stdout] line 99999"]
-    assert log_tail(tmp_path, local_rank=2, restart=0) == ["(nothing logged yet)"]
+    assert log_tail(tmp_path, {}, RankState(2, local_rank=2)) == ["(nothing logged yet)"]
+
+
+def test_log_tail_is_the_ranks_own_attempt_and_node(tmp_path):
+    """A rank's log is its own attempt's; a rank of another node is not shown this node's
+    log of the same local rank (node 1's local rank 1 is rank 5 at 4 a node)."""
+    from ddptop.tui.screens.rank_detail import log_tail
+
+    for attempt in (0, 1):
+        log = tmp_path / "logs" / "none_x" / f"attempt_{attempt}" / "1" / "stdout.log"
+        log.parent.mkdir(parents=True)
+        log.write_text(f"attempt {attempt} of node 0's local rank 1\n")
+    assert log_tail(tmp_path, {"node_rank": 0}, RankState(1, local_rank=1, restart=1)) == ["[stdout] attempt 1 of node 0's local rank 1"]
+    [remote] = log_tail(tmp_path, {"node_rank": 0}, RankState(5, local_rank=1, node=1, host="b7", restart=1))
+    assert "node 0" not in remote and "rank 5 runs on node 1 (b7)" in remote and "ddptop logs --rank 5" in remote
 
 
 async def test_the_tokens_column_appears_once_a_rank_reads_token_ids(job):

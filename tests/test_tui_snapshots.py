@@ -75,7 +75,7 @@ def fixed_run(path: Path) -> rundir.RunDir:
                     "procs": [{"rank": r, "pid": 4000 + r, "cpu": 95.0, "rss": 300 << 20} for r in range(4)],
                 }
             )
-            record(state.totals().record(BASE + step * 0.05))
+            record(state.summary(BASE + step * 0.05))
     stack = ["train.py:60 in <module>", "train.py:51 in train_step", "torch/_tensor.py:626 in backward"]
     for rank in range(4):
         beat = {"type": "heartbeat", "rank": rank, "wall": BASE + 6, "phase": "comm", "step": 120, "dropped": 0}

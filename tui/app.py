@@ -2,8 +2,12 @@
 
 Records arrive in an async worker on the app's own loop (no threads, so no
 call_from_thread) and are folded into a plain JobState; a 10 Hz timer pushes
-only changed values into the widgets, and plots are redrawn once a second.
+only changed values into the widgets, and charts are redrawn once a second.
 Pausing the display stops the pushes, never the intake.
+
+The rank table comes first: it gets the rows its ranks need, and the charts
+take the room left (two rows of them, one, or none on a small terminal).
+A job too big for the table shares the screen with the charts half and half.
 
 When a job's ranks do not fit the table, the node rollup (one line per node,
 its worst rank named) is shown instead, until the user picks a view with
@@ -27,14 +31,18 @@ from ddptop.tui.screens.help import HelpScreen
 from ddptop.tui.screens.rank_detail import RankDetailScreen
 from ddptop.tui.source import Source
 from ddptop.tui.widgets.alert_panel import AlertPanel
+from ddptop.tui.widgets.charts import LINES_UP_TO, Charts
 from ddptop.tui.widgets.job_header import JobHeader
 from ddptop.tui.widgets.node_table import NodeTable
-from ddptop.tui.widgets.plots import Plots
 from ddptop.tui.widgets.rank_table import RankTable
 
 TICK_S = 0.1
 PLOT_S = 1.0
 MIN_SIZE = (60, 16)
+FIXED_ROWS = 8
+"""The header (2), the alerts (5) and the footer (1)."""
+CHART_ROWS = 9
+"""The fewest rows a row of charts is readable in; the charts' caption takes one more."""
 
 
 class DdptopApp(App[str | None]):
@@ -52,6 +60,7 @@ class DdptopApp(App[str | None]):
         Binding("escape", "clear_filter", "clear filter", show=False),
         Binding("p", "pause", "pause"),
         Binding("n", "toggle_nodes", "nodes/ranks"),
+        Binding("w", "toggle_window", "window"),
         Binding("enter", "detail", "detail", show=False),
         Binding("l", "logs", "logs"),
         Binding("R", "restart_group", "restart"),
@@ -71,7 +80,9 @@ class DdptopApp(App[str | None]):
         # whichever screen (detail, help, a dialog) is in front.
         self.main = Vertical(id="main")
         self.header = JobHeader(id="header")
-        self.plots = Plots(id="plots")
+        self.charts = Charts(id="charts")
+        self.charts.whole = mode == "replay"
+        self.arranged: tuple[int, int, int, bool] | None = None
         self.table = RankTable(id="ranks")
         self.nodes = NodeTable(id="nodes")
         self.view = "auto"
@@ -82,7 +93,7 @@ class DdptopApp(App[str | None]):
     def compose(self) -> ComposeResult:
         with self.main:
             yield self.header
-            yield self.plots
+            yield self.charts
             yield self.table
             yield self.nodes
             yield self.alerts
@@ -105,6 +116,7 @@ class DdptopApp(App[str | None]):
         try:
             async for record in self.source.records():
                 self.state.ingest(record)
+            self.source.finished(self.state)
         except OSError as exc:
             self.notify(f"lost the supervisor: {exc}", severity="error", timeout=10)
         self.stream_ended = True
@@ -148,12 +160,44 @@ class DdptopApp(App[str | None]):
             if self.focused in (self.table, self.nodes):
                 (self.nodes if nodes else self.table).focus()
         # Only the table on screen is refreshed: at 1,024 ranks the other costs a tick's budget.
-        (self.nodes if nodes else self.table).show(self.state, now, live)
+        shown = self.nodes if nodes else self.table
+        shown.show(self.state, now, live)
+        # A table wider than the screen has a scrollbar under its rows.
+        self.share_rows(shown.row_count + (1 if shown.virtual_size.width > shown.size.width else 0))
         self.alerts.show(self.state)
 
+    def share_rows(self, table_rows: int) -> None:
+        """Rows for the table first, the rest for the charts (see the module's docstring)."""
+        height, width = self.size.height, self.size.width
+        left = height - FIXED_ROWS
+        want = table_rows + 1
+        charts_height: int | None = None
+        if left - want - 1 >= 2 * CHART_ROWS:
+            rows = 2
+        elif left - want - 1 >= CHART_ROWS:
+            rows = 1
+        elif want > left // 2 and left // 2 - 1 >= CHART_ROWS:
+            charts_height = left // 2
+            rows = 2 if charts_height - 1 >= 2 * CHART_ROWS else 1
+        else:
+            rows = 0
+        many = len(self.state.ranks) > LINES_UP_TO
+        arrangement = (rows, width, charts_height or 0, many)
+        if arrangement == self.arranged:
+            return
+        self.arranged = arrangement
+        self.charts.place(rows, width, many)
+        self.charts.styles.height = charts_height if charts_height is not None else "1fr"
+        for table in (self.table, self.nodes):
+            table.styles.height = "1fr" if rows == 0 or charts_height is not None else want
+
     def refresh_plots(self, force: bool = False) -> None:
-        if not self.paused or force:
-            self.plots.show(self.state.summaries)
+        if (not self.paused or force) and self.charts.display:
+            self.charts.show(self.state, self.now())
+
+    def action_toggle_window(self) -> None:
+        self.charts.whole = not self.charts.whole
+        self.refresh_plots(force=True)
 
     def job_running(self) -> bool:
         return self.source.live and not self.stream_ended and self.state.exit is None
@@ -203,7 +247,7 @@ class DdptopApp(App[str | None]):
     def _open_detail(self, logs: bool) -> None:
         rank = self.table.selected_rank()
         if rank is not None:
-            self.push_screen(RankDetailScreen(self.state, rank, self.run_dir, focus_log=logs))
+            self.push_screen(RankDetailScreen(self.state, rank, self.run_dir, self.now, self.charts.whole, focus_log=logs))
 
     def action_detail(self) -> None:
         if self.showing_nodes():

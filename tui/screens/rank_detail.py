@@ -1,19 +1,25 @@
-"""One rank up close: its recent steps, where its main thread is now, its last stack dump, its log tail."""
+"""One rank up close: its step times over the run, where its main thread is now, its last stack dump,
+its log tail."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
 from ddptop.core.model.job import JobState
+from ddptop.core.model.rank import RankState
 from ddptop.core.places import is_script_line
 from ddptop.core.rundir import rank_log_tail
-from ddptop.tui.widgets.plots import RankPlots
+from ddptop.tui.widgets.chart import Chart
+from ddptop.tui.widgets.rank_charts import comm_drawing, step_drawing
+from ddptop.tui.widgets.time_axis import window
 
 LOG_LINES = 200
 STACK_LINES = 12
@@ -34,23 +40,43 @@ def live_stack(lines: list[str], inside: str | None) -> Text:
     return text
 
 
-def log_tail(run_dir: Path | None, local_rank: int, restart: int, lines: int = LOG_LINES) -> list[str]:
-    """The end of a rank's stdout and stderr as torchrun kept them in the run directory."""
+def log_tail(run_dir: Path | None, meta: dict, rank: RankState, lines: int = LOG_LINES) -> list[str]:
+    """The end of the rank's stdout and stderr in its own attempt, as torchrun kept them on its node.
+
+    This run directory holds its own node's logs only: another node's rank has
+    a log of the same local rank here, which is not its own.
+    """
     if run_dir is None:
         return ["(no run directory on this machine: logs stay with the supervisor)"]
-    return rank_log_tail(run_dir, local_rank, restart, lines) or ["(nothing logged yet)"]
+    here = int(meta.get("node_rank") or 0)
+    if rank.node != here:
+        return [
+            f"(rank {rank.rank} runs on node {rank.node} ({rank.host or 'another host'}): its log is kept there; "
+            f"on that host: ddptop logs --rank {rank.rank})"
+        ]
+    local = rank.local_rank if meta.get("launch_style", "torchrun") == "torchrun" else 0
+    return rank_log_tail(run_dir, local, rank.restart, lines) or ["(nothing logged yet)"]
 
 
 class RankDetailScreen(Screen[None]):
-    BINDINGS = [Binding("escape,q", "app.pop_screen", "back"), Binding("l", "focus_log", "log")]
+    BINDINGS = [
+        Binding("escape,q", "app.pop_screen", "back"),
+        Binding("l", "focus_log", "log"),
+        Binding("w", "toggle_window", "window"),
+    ]
 
-    def __init__(self, state: JobState, rank: int, run_dir: Path | None, focus_log: bool = False) -> None:
+    def __init__(
+        self, state: JobState, rank: int, run_dir: Path | None, clock: Callable[[], float], whole: bool, focus_log: bool = False
+    ) -> None:
         super().__init__()
         self.state, self.rank, self.run_dir, self.start_on_log = state, rank, run_dir, focus_log
+        self.clock, self.whole = clock, whole
 
     def compose(self) -> ComposeResult:
         yield Static(id="detail-title")
-        yield RankPlots(id="rank-plots")
+        with Horizontal(id="rank-charts"):
+            yield Chart(id="rank-step")
+            yield Chart(id="rank-comm")
         yield Static(id="live-stack")
         yield Static(id="stack")
         yield Log(id="log", highlight=False)
@@ -70,14 +96,20 @@ class RankDetailScreen(Screen[None]):
             f"[b]rank {rank.rank}[/b]  node {rank.node} ({rank.host})  local rank {rank.local_rank}  "
             f"pid {rank.pid}  restart {rank.restart}  step {rank.step}  phase {rank.phase}  dropped {rank.dropped}"
         )
-        self.query_one(RankPlots).show(list(rank.window.points))
+        win = window(self.state.history, self.whole, self.state.started, self.clock())
+        self.query_one("#rank-step", Chart).draw(step_drawing(win, rank.rank))
+        self.query_one("#rank-comm", Chart).draw(comm_drawing(win, rank.rank))
         self.query_one("#live-stack", Static).update(live_stack(rank.live_stack, rank.inside))
         dump = Text.from_markup("[b]last stack dump[/b]\n")
         dump.append(rank.stack or "no stack dump recorded for this rank")
         self.query_one("#stack", Static).update(dump)
         log = self.query_one(Log)
         log.clear()
-        log.write_lines(log_tail(self.run_dir, rank.local_rank, rank.restart))
+        log.write_lines(log_tail(self.run_dir, self.state.meta, rank))
+
+    def action_toggle_window(self) -> None:
+        self.whole = not self.whole
+        self.refresh_detail()
 
     def action_focus_log(self) -> None:
         self.query_one(Log).focus()

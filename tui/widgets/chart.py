@@ -1,0 +1,90 @@
+"""A chart over the run's time: lines with axes in the metric's units, alerts and restarts marked.
+
+Drawn with plotext through textual-plotext. A chart is told what to draw
+(a Drawing) once a second at most, and builds the plot when Textual
+renders it, at its size then, so a resize redraws at the new size without
+waiting for data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rich.text import Text
+from textual.app import RenderResult
+from textual_plotext import PlotextPlot
+
+from ddptop.tui.widgets.time_axis import Window, spans_decades, thin, time_ticks, value_range, value_ticks
+
+MARK_COLORS = {"alert": "red", "restart": "orange"}
+LINE_COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red", "white", "orange")
+
+
+@dataclass(frozen=True)
+class Line:
+    label: str
+    xs: list[float]
+    ys: list[float]
+
+
+@dataclass(frozen=True)
+class Drawing:
+    title: str
+    lines: list[Line]
+    window: Window
+    text: Callable[[float], str]
+    """A y value in the metric's units, for the axis labels."""
+    missing: str = "no data yet"
+    """Said instead of a plot when no line has a point."""
+    legend: bool = True
+    notes: list[str] = field(default_factory=list)
+
+
+class Chart(PlotextPlot):
+    DEFAULT_CSS = """
+    Chart {
+        height: 1fr;
+        width: 1fr;
+    }
+    """
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.drawing: Drawing | None = None
+
+    def draw(self, drawing: Drawing) -> None:
+        self.drawing = drawing
+        self.refresh()
+
+    def render(self) -> RenderResult:
+        drawing = self.drawing
+        if drawing is None or not any(line.xs for line in drawing.lines):
+            title = drawing.title if drawing is not None else ""
+            return Text.from_markup(f"[b]{title}[/b]\n[dim]{drawing.missing if drawing else 'waiting for data'}[/dim]")
+        plt = self.plt
+        plt.clear_figure()
+        window = drawing.window
+        most = max(8, 2 * (self.size.width - 8))
+        values = [y for line in drawing.lines for y in line.ys]
+        log = spans_decades(values)
+        for index, line in enumerate(drawing.lines):
+            xs, ys = thin(line.xs, line.ys, most)
+            if log:
+                xs, ys = [x for x, y in zip(xs, ys) if y > 0], [y for y in ys if y > 0]
+            label = line.label if drawing.legend and len(drawing.lines) > 1 else None
+            plt.plot(xs, ys, label=label, color=LINE_COLORS[index % len(LINE_COLORS)], marker="braille")
+        low, high = window.x(window.first), window.x(window.last)
+        for mark in window.marks:
+            plt.vline(window.x(mark.wall), MARK_COLORS.get(mark.kind, "white"))
+        plt.xlim(low, high)
+        plt.xticks(*time_ticks(low, high, max(2, min(5, self.size.width // 14))))
+        if log:
+            plt.yscale("log")
+        low_y, high_y = value_range(min(values), max(values), log)
+        if not log:  # plotext misplaces a log axis given limits
+            plt.ylim(low_y, high_y)
+        plt.yticks(*value_ticks(low_y, high_y, log, drawing.text))
+        notes = "".join(f"  {note}" for note in drawing.notes)
+        plt.title(f"{drawing.title}{' (log)' if log else ''}{notes}")
+        return super().render()

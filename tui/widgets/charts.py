@@ -1,0 +1,136 @@
+"""The main screen's charts: one per chart name of the metric table, and the ranks over time.
+
+Job charts draw the history's per-second summaries (model/history.py), so
+launch, attach and replay draw the same points. The ranks' chart draws each
+rank's own work (step time less its comm wait) over time: a line per rank
+up to LINES_UP_TO ranks, a heatmap beyond. Redrawn once a second, not per
+frame: plotting is the costliest thing the dashboard does.
+
+How many charts show is the app's call (it knows what the rank table
+needs): `place(rows, width, many_ranks)` lays them out in two rows, one row of the
+most useful few, or none.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from textual.app import ComposeResult
+from textual.containers import Grid, Vertical
+from textual.widgets import Static
+
+from ddptop.core.format import ms
+from ddptop.core.model.job import JobState
+from ddptop.core.model.metrics import Metric, grouped
+from ddptop.tui.widgets.chart import Chart, Drawing, Line
+from ddptop.tui.widgets.rank_heatmap import RankHeatmap, own_work
+from ddptop.tui.widgets.time_axis import Window, window
+
+LINES_UP_TO = 8
+"""More ranks than this are drawn as a heatmap: nine lines are already a tangle."""
+PRIORITY = ("throughput", "loss", "ranks", "step time", "memory")
+"""What one row of charts shows first, as the terminal narrows."""
+CHART_WIDTH = 40
+"""Columns a chart needs to be read."""
+
+
+def _with_unit(metric: Metric) -> Callable[[float], str]:
+    unit = "" if metric.unit in ("", "bytes", "ratio", "percent") else f" {metric.unit}"
+    return lambda value: f"{metric.text(value)}{unit}"
+
+
+def job_drawing(title: str, metrics: list[Metric], win: Window) -> Drawing:
+    lines = []
+    for metric in metrics:
+        xs, ys = [], []
+        for point in win.points:
+            value = point.job.get(metric.key)
+            if value is not None and math.isfinite(value):
+                xs.append(win.x(point.wall))
+                ys.append(value)
+        if xs:
+            lines.append(Line(metric.key.replace("_", " "), xs, ys))
+    return Drawing(title, lines, win, _with_unit(metrics[0]), missing=f"no {title} reported yet")
+
+
+def rank_drawing(win: Window, ranks: int) -> Drawing:
+    """One line per rank of its own work; the slowest now is named."""
+    xs_of: list[list[float]] = [[] for _ in range(ranks)]
+    ys_of: list[list[float]] = [[] for _ in range(ranks)]
+    last: list[float] = []
+    for point in win.points:
+        own = own_work(point, ranks)
+        for rank, value in enumerate(own):
+            if not math.isnan(value):
+                xs_of[rank].append(win.x(point.wall))
+                ys_of[rank].append(value)
+        last = own
+    lines = [Line(f"rank {r}", xs_of[r], ys_of[r]) for r in range(ranks)]
+    notes = []
+    finite = [(r, v) for r, v in enumerate(last) if not math.isnan(v)]
+    if len(finite) > 1:
+        typical = sorted(v for _, v in finite)[len(finite) // 2]
+        rank, value = max(finite, key=lambda item: item[1])
+        if typical:
+            notes.append(f"slowest now: rank {rank} at {value / typical:.2f}x")
+    return Drawing(
+        "own work per rank (step less comm wait)",
+        lines,
+        win,
+        lambda v: f"{ms(v)} ms",
+        missing="no per-rank step times yet",
+        legend=ranks <= 4,
+        notes=notes,
+    )
+
+
+class Charts(Vertical):
+    GROUPS = grouped(lambda metric: metric.plot)
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.caption = Static(id="charts-caption")
+        self.grid = Grid(id="charts-grid")
+        self.job_charts = {title: Chart(id=f"chart-{title.replace(' ', '-')}", classes="chart") for title, _ in self.GROUPS}
+        self.rank_lines = Chart(id="chart-ranks", classes="chart ranks")
+        self.heatmap = RankHeatmap(id="heatmap", classes="chart ranks")
+        self.whole = False
+
+    def compose(self) -> ComposeResult:
+        yield self.caption
+        with self.grid:
+            yield from self.job_charts.values()
+            yield self.rank_lines
+            yield self.heatmap
+
+    def _by_name(self, name: str) -> list[Chart | RankHeatmap]:
+        return [self.rank_lines, self.heatmap] if name == "ranks" else [self.job_charts[name]]
+
+    def place(self, rows: int, width: int, many_ranks: bool) -> None:
+        """Two rows of charts (rows=2), one row of the PRIORITY charts that fit the width, or none."""
+        self.display = rows > 0
+        if rows == 0:
+            return
+        names = list(PRIORITY) if rows == 2 else list(PRIORITY[: max(1, min(len(PRIORITY), width // CHART_WIDTH))])
+        columns = 3 if rows == 2 else len(names)
+        self.grid.styles.grid_size_columns = columns
+        self.grid.styles.grid_size_rows = rows
+        for name in PRIORITY:
+            for chart in self._by_name(name):
+                chart.display = name in names and (name != "ranks" or (chart is self.heatmap) == many_ranks)
+        for chart in (self.rank_lines, self.heatmap):
+            chart.styles.column_span = 2 if rows == 2 else 1
+
+    def show(self, state: JobState, now: float) -> None:
+        win = window(state.history, self.whole, state.started, now)
+        marks = " [red]│[/] alert [orange1]│[/] restart" if win.marks else ""
+        other = "the last 10 min" if self.whole else "the whole run"
+        self.caption.update(f"[b]charts: {win.name}[/b]  [dim](w: {other})[/dim]{marks}")
+        for title, metrics in self.GROUPS:
+            self.job_charts[title].draw(job_drawing(title, metrics, win))
+        ranks = max(state.ranks, default=-1) + 1
+        if ranks > LINES_UP_TO:
+            self.heatmap.draw(win, ranks)
+        else:
+            self.rank_lines.draw(rank_drawing(win, ranks))

@@ -1,0 +1,135 @@
+"""Ranks by time, each cell coloured by the rank's own work against the job's median then.
+
+In DDP every rank's step takes as long as the slowest one's (the others
+wait for it in the all-reduce), so what sets a straggler apart is its own
+work, step time less that wait; a rank whose own work stays over the
+median is a stripe across the map, at 64 ranks as at 1,024. When ranks
+outnumber rows, a row stands for several and shows the slowest of them,
+so a straggler is never averaged away.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.app import RenderResult
+from textual_plotext import PlotextPlot
+
+from ddptop.core.model.history import Point
+from ddptop.core.model.stats import median
+from ddptop.tui.widgets.time_axis import Window, time_ticks
+
+NO_STEP = (60, 60, 60)
+FRAME_ROWS = 4
+"""Rows plotext takes around a matrix: the title, the top border, the x axis and its labels."""
+FRAME_COLUMNS = 3
+"""Columns beside the y labels: the tick mark and the two borders."""
+STOPS = ((0.0, (40, 80, 120)), (1.0, (40, 110, 70)), (1.25, (220, 190, 40)), (2.0, (220, 50, 40)))
+"""Ratio to the median -> colour: at or under it cool, a quarter over it yellow, twice it red."""
+
+
+def colour(ratio: float) -> tuple[int, int, int]:
+    if math.isnan(ratio):
+        return NO_STEP
+    for (low, a), (high, b) in itertools.pairwise(STOPS):
+        if ratio <= high:
+            t = max(0.0, (ratio - low) / (high - low))
+            return (round(a[0] + t * (b[0] - a[0])), round(a[1] + t * (b[1] - a[1])), round(a[2] + t * (b[2] - a[2])))
+    return STOPS[-1][1]
+
+
+def own_work(point: Point, ranks: int) -> list[float]:
+    """Each rank's step time less its comm wait in that bucket (NaN: no step)."""
+    steps, comms = point.ranks.get("step_ms"), point.ranks.get("comm_ms")
+    if steps is None:
+        return [math.nan] * ranks
+    out = []
+    for rank in range(ranks):
+        step = steps[rank] if rank < len(steps) else math.nan
+        comm = comms[rank] if comms is not None and rank < len(comms) else math.nan
+        out.append(step - comm if not math.isnan(comm) else step)
+    return out
+
+
+@dataclass(frozen=True)
+class Heat:
+    """The map, exactly rows x columns cells (plotext leaves gaps otherwise): ratios by row, top
+    first; the ranks each row stands for; each column's wall; the slowest rank in the newest column."""
+
+    rows: list[list[float]]
+    row_ranks: list[range]
+    walls: list[float]
+    worst: tuple[int, float] | None
+
+
+def _spread(total: int, parts: int) -> list[range]:
+    """total items over parts slots in order: a slot takes several items, or an item several slots."""
+    return [range(i * total // parts, max(i * total // parts + 1, (i + 1) * total // parts)) for i in range(parts)]
+
+
+def heat(points: list[Point], ranks: int, rows: int, columns: int) -> Heat:
+    """A column shows the newest point of its stretch of time (a cell cannot show more); a row
+    the slowest of its ranks."""
+    if not points or ranks <= 0 or rows <= 0 or columns <= 0:
+        return Heat([], [], [], None)
+    picked = [points[stretch[-1]] for stretch in _spread(len(points), columns)]
+    row_ranks = _spread(ranks, rows)
+    grid: list[list[float]] = [[] for _ in row_ranks]
+    worst: tuple[int, float] | None = None
+    for point in picked:
+        own = own_work(point, ranks)
+        typical = median([v for v in own if not math.isnan(v)])
+        ratios = [v / typical if typical else math.nan for v in own]
+        for row, members in enumerate(row_ranks):
+            group = [x for r in members if not math.isnan(x := ratios[r])]
+            grid[row].append(max(group) if group else math.nan)
+        finite = [(r, x) for r, x in enumerate(ratios) if not math.isnan(x)]
+        worst = max(finite, key=lambda item: item[1]) if finite else None
+    return Heat(grid, row_ranks, [p.wall for p in picked], worst)
+
+
+class RankHeatmap(PlotextPlot):
+    DEFAULT_CSS = """
+    RankHeatmap {
+        height: 1fr;
+        width: 1fr;
+    }
+    """
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.window: Window | None = None
+        self.ranks = 0
+
+    def draw(self, window: Window, ranks: int) -> None:
+        self.window, self.ranks = window, ranks
+        self.refresh()
+
+    def render(self) -> RenderResult:
+        title = "own work per rank / median (step less comm wait)"
+        window = self.window
+        label_width = len(f"r{max(0, self.ranks - 1)}")
+        rows, columns = self.size.height - FRAME_ROWS, self.size.width - label_width - FRAME_COLUMNS
+        found = heat(window.points, self.ranks, rows, columns) if window is not None else Heat([], [], [], None)
+        if window is None or not found.walls:
+            return Text.from_markup(f"[b]{title}[/b]\n[dim]no per-rank step times yet[/dim]")
+        plt = self.plt
+        plt.clear_figure()
+        plt.matrix_plot([[colour(r) for r in row] for row in found.rows])
+        labelled = _spread(rows, max(2, min(rows, rows // 3)))
+        at = sorted({stretch[0] for stretch in labelled} | {rows - 1})
+        plt.yticks([rows - 1 - i for i in at], [f"r{found.row_ranks[i][0]}" for i in at])
+        first, last = window.x(found.walls[0]), window.x(found.walls[-1])
+        ticks, names = time_ticks(first, last, max(2, min(5, self.size.width // 14)))
+        span = (last - first) or 1.0
+        plt.xticks([(t - first) / span * (columns - 1) for t in ticks], names)
+        plt.xlabel("")
+        plt.ylabel("")
+        per_row = math.ceil(self.ranks / rows)
+        grouping = f", a row is up to {per_row} ranks (the slowest)" if per_row > 1 else ""
+        worst = f"  slowest now: rank {found.worst[0]} at {found.worst[1]:.2f}x" if found.worst else ""
+        plt.title(f"{title}{grouping}{worst}")
+        return super().render()

@@ -1,0 +1,96 @@
+"""What every chart shares: the time window, its axis ticks, and points thinned to the screen.
+
+The x axis is the run's elapsed time (what `ddptop ls` and the header say),
+so a restart or an alert marked on it reads the same in every chart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ddptop.core.format import duration
+from ddptop.core.model.history import History, Mark, Point
+
+RECENT_S = 600.0
+"""The "last minutes" window: the recent timeline's ten minutes."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the charts show: the run's points between two walls, and the run's start."""
+
+    points: list[Point]
+    marks: list[Mark]
+    started: float
+    first: float
+    last: float
+    whole: bool
+
+    def x(self, wall: float) -> float:
+        return wall - self.started
+
+    @property
+    def name(self) -> str:
+        return "whole run" if self.whole else "last 10 min"
+
+
+def window(history: History, whole: bool, started: float, now: float) -> Window:
+    """The whole run's buckets, or the last ten minutes' seconds ending now."""
+    points = list(history.timeline(whole))
+    first = points[0].wall if points else now
+    if not whole:
+        first = max(first, now - RECENT_S)
+        points = [p for p in points if p.wall >= first]
+    marks = [m for m in history.marks if first <= m.wall <= now]
+    return Window(points, marks, started, first, max(now, first + 1.0), whole)
+
+
+def thin(xs: Sequence[float], ys: Sequence[float], most: int) -> tuple[list[float], list[float]]:
+    """At most `most` points, neighbours averaged: a chart cannot show more than two a column,
+    and drawing more costs time for nothing."""
+    pairs = [(x, y) for x, y in zip(xs, ys) if math.isfinite(y)]
+    if len(pairs) <= most:
+        return [x for x, _ in pairs], [y for _, y in pairs]
+    size = len(pairs) / most
+    out_x, out_y = [], []
+    for i in range(most):
+        group = pairs[int(i * size) : int((i + 1) * size)] or pairs[-1:]
+        out_x.append(group[-1][0])
+        out_y.append(sum(y for _, y in group) / len(group))
+    return out_x, out_y
+
+
+def time_ticks(first: float, last: float, count: int) -> tuple[list[float], list[str]]:
+    """Evenly spaced ticks on the elapsed-time axis, labelled h:mm:ss (or m:ss)."""
+    count = max(2, count)
+    step = (last - first) / (count - 1)
+    ticks = [first + i * step for i in range(count)]
+    return ticks, [duration(max(0.0, t)) for t in ticks]
+
+
+def value_range(low: float, high: float, log: bool) -> tuple[float, float]:
+    """The y axis's ends: the values' range, widened when it is flat so a steady series
+    draws as a line mid-chart with distinct labels."""
+    if log or high - low > 0.01 * max(abs(low), abs(high)):
+        return low, high
+    pad = abs(low) * 0.1 or 1.0
+    return low - pad, high + pad
+
+
+def value_ticks(low: float, high: float, log: bool, text: Callable[[float], str], count: int = 3) -> tuple[list[float], list[str]]:
+    """Y ticks labelled in the metric's own units (bytes as GiB, ms as ms); on a log axis at
+    the powers of ten the range spans, and its ends."""
+    if log:
+        decades = [10.0**e for e in range(math.ceil(math.log10(low)), math.floor(math.log10(high)) + 1)]
+        ticks = sorted({low, *decades, high})
+        return ticks, [text(t) for t in ticks]
+    step = (high - low) / (count - 1)
+    ticks = [low + i * step for i in range(count)]
+    return ticks, [text(t) for t in ticks]
+
+
+def spans_decades(values: Sequence[float]) -> bool:
+    """A series is drawn on a log scale when it is all positive and spans more than a decade."""
+    return bool(values) and min(values) > 0 and max(values) / min(values) > 10
