@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -82,8 +83,11 @@ def test_launch_dashboard_leave_running_then_attach(tmux, ddptop_home, run_path)
     assert "running" in small and all(len(line) <= 80 for line in small.splitlines())
 
     tmux("resize-window", "-t", "launch", "-x", "200", "-y", "50")
-    wide = tmux.wait_screen("launch", "RSS", "GPU MEM", "comm latency")
+    wide = tmux.wait_screen("launch", "RSS", "GPU MEM", "throughput", "step time", "loss", "own work per rank")
+    wait_for(lambda: re.search(r"samples/s┤", tmux.screen("launch")), 30, "the throughput chart's axis with its unit")
+    wide = tmux.screen("launch")
     assert _rank_rows(wide) == 2
+    assert re.search(r"\d\d:\d\d .*\d\d:\d\d", wide), wide  # the time axis, labelled
 
     tmux("send-keys", "-t", "launch", "q")
     tmux.wait_screen("launch", "Quit the dashboard", "Leave it running")

@@ -1,4 +1,5 @@
-"""Snapshots of the main, detail and help screens over a fixed, replayed run.
+"""Snapshots of the main screen (200x50, 80x24, the last minutes, 64 ranks' heatmap), the detail
+and help screens over a fixed, replayed run.
 
 The run is written record by record with fixed times and values, and
 replayed (the dashboard's clock is the log's in replay), so each snapshot
@@ -23,7 +24,10 @@ from ddptop.tui.source import ReplaySource
 BASE = 1_800_000_000.0
 
 
-def fixed_run(path: Path) -> rundir.RunDir:
+def fixed_run(path: Path, ranks: int = 4, seconds: int = 300) -> rundir.RunDir:
+    """A run of `seconds` at a step a second: the loss falls over two decades, the last rank
+    turns straggler half way (its own work up, the others' wait for it up), an alert and a
+    restart are on the time axis."""
     run = rundir.create(Path("train.py"), path)
     run.write_meta({"id": "fixed", "script": "train.py", "state": "finished", "started": BASE})
     log, state = EventLog(run.events_path), JobState()
@@ -32,76 +36,91 @@ def fixed_run(path: Path) -> rundir.RunDir:
         log.append(frame)
         state.ingest(frame)
 
-    record({"type": "run", "wall": BASE, "script": "/data/train.py", "nnodes": "1"})
+    record({"type": "run", "wall": BASE, "id": "fixed", "script": "/data/train.py", "nnodes": "1"})
     record({"type": "notice", "wall": BASE, "text": "no CUDA GPU found: starting 4 CPU ranks on gloo"})
-    for rank in range(4):
-        record(
-            {
-                "type": "rank_hello",
-                "rank": rank,
-                "local_rank": rank,
-                "world_size": 4,
-                "node": 0,
-                "host": "box",
-                "pid": 4000 + rank,
-                "restart": 0,
-            }
-        )
-    for step in range(120):
-        for rank in range(4):
-            slow = 2.0 if rank == 3 else 1.0
+    for rank in range(ranks):
+        hello = {"type": "rank_hello", "rank": rank, "local_rank": rank % 8, "world_size": ranks, "node": rank // 8}
+        record({**hello, "host": "box", "pid": 4000 + rank, "restart": 0})
+    for step in range(seconds):
+        wall = BASE + step
+        straggling = step >= seconds // 2
+        for rank in range(ranks):
+            own = 70.0 if straggling and rank == ranks - 1 else 40.0 + rank % 3
+            step_ms = 100.0 if straggling else 72.0
+            loss = 4.0 * math.exp(-step / 60) + 0.02 + 0.001 * rank
             record(
                 {
                     "type": "step",
                     "rank": rank,
                     "step": step,
-                    "wall": BASE + step * 0.05 * slow,
-                    "step_ms": 50.0 * slow + rank,
+                    "wall": wall,
+                    "step_ms": step_ms,
                     "data_ms": 0.5,
                     "samples": 32,
-                    "total_steps": 200,
-                    "loss": 2.0 * math.exp(-step / 40) + 0.05 * rank,
+                    "total_steps": 400,
+                    "loss": loss,
                     "grad_norm": 1.0 + 0.01 * rank,
-                    "comm_ms": 12.0 + rank,
+                    "comm_ms": step_ms - own,
                     "comm_bytes": 340_000,
                 }
             )
         if step % 20 == 19:
-            record(
-                {
-                    "type": "sample",
-                    "wall": BASE + step * 0.05,
-                    "gpus": [],
-                    "procs": [{"rank": r, "pid": 4000 + r, "cpu": 95.0, "rss": 300 << 20} for r in range(4)],
-                }
-            )
-            record(state.summary(BASE + step * 0.05))
+            procs = [{"rank": r, "pid": 4000 + r, "cpu": 95.0, "rss": (300 << 20) + step * (1 << 16)} for r in range(ranks)]
+            record({"type": "sample", "wall": wall, "gpus": [], "procs": procs})
+        if step == seconds // 3:
+            record({"type": "alert", "wall": wall, "kind": "nan", "rank": 1, "step": step, "text": "NaN loss at rank 1; step skipped"})
+        record(state.summary(wall))
     stack = ["train.py:60 in <module>", "train.py:51 in train_step", "torch/_tensor.py:626 in backward"]
-    for rank in range(4):
-        beat = {"type": "heartbeat", "rank": rank, "wall": BASE + 6, "phase": "comm", "step": 120, "dropped": 0}
-        record({**beat, "where": "train.py:51 in train_step", "stack": stack, "forwards": 120})
-    record({"type": "alert", "wall": BASE + 6, "rank": 3, "step": 119, "text": "straggler: 2.0x the median step time"})
-    record({"type": "exit", "wall": BASE + 12, "code": 0, "stopped_by_signal": None})
+    for rank in range(ranks):
+        beat = {"type": "heartbeat", "rank": rank, "wall": BASE + seconds, "phase": "comm", "step": seconds, "dropped": 0}
+        record({**beat, "where": "train.py:51 in train_step", "stack": stack, "forwards": seconds})
+    straggler = ranks - 1
+    record({"type": "alert", "wall": BASE + seconds, "kind": "straggler", "rank": straggler, "text": f"straggler: rank {straggler}"})
+    record({"type": "exit", "wall": BASE + seconds + 2, "code": 0, "stopped_by_signal": None})
     log.close()
     return run
 
 
 @pytest.fixture
-def replay_app(tmp_path, ddptop_home, monkeypatch) -> DdptopApp:
+def utc(monkeypatch):
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
+
+
+@pytest.fixture
+def replay_app(tmp_path, ddptop_home, utc) -> DdptopApp:
     run = fixed_run(tmp_path / "run")
+    return DdptopApp(ReplaySource(run), "replay", run.path)
+
+
+@pytest.fixture
+def replay_64(tmp_path, ddptop_home, utc) -> DdptopApp:
+    run = fixed_run(tmp_path / "run64", ranks=64, seconds=200)
     return DdptopApp(ReplaySource(run), "replay", run.path)
 
 
 async def replayed(pilot) -> None:
     await until(lambda: pilot.app.stream_ended, "the whole run replayed")
+    pilot.app.refresh_view(force=True)  # the layout for the whole run's ranks, whatever the ticks did
+    await pilot.pause()
     pilot.app.refresh_plots(force=True)
-    await pilot.pause()  # until the app is idle: the plots redrawn
+    await pilot.pause()  # until the app is idle: the charts redrawn at their final size
 
 
 def test_main_screen(snap_compare, replay_app):
-    assert snap_compare(replay_app, terminal_size=(140, 30), run_before=replayed)
+    assert snap_compare(replay_app, terminal_size=(200, 50), run_before=replayed)
+
+
+def test_main_screen_small(snap_compare, replay_app):
+    assert snap_compare(replay_app, terminal_size=(80, 24), run_before=replayed)
+
+
+def test_main_screen_last_minutes(snap_compare, replay_app):
+    assert snap_compare(replay_app, terminal_size=(160, 40), run_before=replayed, press=["w"])
+
+
+def test_heatmap_at_64_ranks(snap_compare, replay_64):
+    assert snap_compare(replay_64, terminal_size=(200, 50), run_before=replayed)
 
 
 def test_detail_screen(snap_compare, replay_app):

@@ -82,7 +82,8 @@ class DdptopApp(App[str | None]):
         self.header = JobHeader(id="header")
         self.charts = Charts(id="charts")
         self.charts.whole = mode == "replay"
-        self.arranged: tuple[int, int, int, bool] | None = None
+        self.arranged: tuple[int, int, int, bool, int] | None = None
+        """The charts' rows, the width, the charts' height when fixed, heatmap or lines, the table's rows."""
         self.table = RankTable(id="ranks")
         self.nodes = NodeTable(id="nodes")
         self.view = "auto"
@@ -182,7 +183,7 @@ class DdptopApp(App[str | None]):
         else:
             rows = 0
         many = len(self.state.ranks) > LINES_UP_TO
-        arrangement = (rows, width, charts_height or 0, many)
+        arrangement = (rows, width, charts_height or 0, many, want)
         if arrangement == self.arranged:
             return
         self.arranged = arrangement

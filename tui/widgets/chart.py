@@ -72,6 +72,8 @@ class Chart(PlotextPlot):
             xs, ys = thin(line.xs, line.ys, most)
             if log:
                 xs, ys = [x for x, y in zip(xs, ys) if y > 0], [y for y in ys if y > 0]
+            if not xs:  # plotext fails on a legend entry with no points (a rank that never stepped)
+                continue
             label = line.label if drawing.legend and len(drawing.lines) > 1 else None
             plt.plot(xs, ys, label=label, color=LINE_COLORS[index % len(LINE_COLORS)], marker="braille")
         low, high = window.x(window.first), window.x(window.last)
@@ -87,4 +89,9 @@ class Chart(PlotextPlot):
         plt.yticks(*value_ticks(low_y, high_y, log, drawing.text))
         notes = "".join(f"  {note}" for note in drawing.notes)
         plt.title(f"{drawing.title}{' (log)' if log else ''}{notes}")
-        return super().render()
+        try:
+            return super().render()
+        except (IndexError, ValueError, ZeroDivisionError):
+            # plotext's own limits (a size too small for its legend and labels): a chart
+            # that cannot be drawn says so, and the dashboard goes on.
+            return Text.from_markup(f"[b]{drawing.title}[/b]\n[dim]too small to draw here[/dim]")

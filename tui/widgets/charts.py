@@ -62,13 +62,13 @@ def rank_drawing(win: Window, ranks: int) -> Drawing:
     for point in win.points:
         own = own_work(point, ranks)
         for rank, value in enumerate(own):
-            if not math.isnan(value):
+            if math.isfinite(value):
                 xs_of[rank].append(win.x(point.wall))
                 ys_of[rank].append(value)
         last = own
     lines = [Line(f"rank {r}", xs_of[r], ys_of[r]) for r in range(ranks)]
     notes = []
-    finite = [(r, v) for r, v in enumerate(last) if not math.isnan(v)]
+    finite = [(r, v) for r, v in enumerate(last) if math.isfinite(v)]
     if len(finite) > 1:
         typical = sorted(v for _, v in finite)[len(finite) // 2]
         rank, value = max(finite, key=lambda item: item[1])

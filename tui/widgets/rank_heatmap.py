@@ -132,4 +132,7 @@ class RankHeatmap(PlotextPlot):
         grouping = f", a row is up to {per_row} ranks (the slowest)" if per_row > 1 else ""
         worst = f"  slowest now: rank {found.worst[0]} at {found.worst[1]:.2f}x" if found.worst else ""
         plt.title(f"{title}{grouping}{worst}")
-        return super().render()
+        try:
+            return super().render()
+        except (IndexError, ValueError, ZeroDivisionError):  # plotext's own limits, as in chart.py
+            return Text.from_markup(f"[b]{title}[/b]\n[dim]too small to draw here[/dim]")

@@ -1,0 +1,106 @@
+"""The main screen's charts, driven by Pilot: the room they take, the time-window key, bad data."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from conftest import until
+from test_tui_snapshots import BASE, fixed_run
+
+from ddptop.core import rundir
+from ddptop.core.eventlog import EventLog
+from ddptop.core.model.job import JobState
+from ddptop.tui.app import DdptopApp
+from ddptop.tui.source import ReplaySource
+from ddptop.tui.widgets.chart import Chart
+from ddptop.tui.widgets.charts import Charts
+
+
+def replay(run: rundir.RunDir) -> DdptopApp:
+    return DdptopApp(ReplaySource(run), "replay", run.path)
+
+
+async def replayed(app: DdptopApp, pilot) -> None:
+    await until(lambda: app.stream_ended, "the run replayed")
+    app.refresh_view(force=True)
+    await pilot.pause()
+    app.refresh_plots(force=True)
+    await pilot.pause()
+
+
+def chart(app: DdptopApp, name: str) -> Chart:
+    return app.query_one(f"#chart-{name}", Chart)
+
+
+def caption(app: DdptopApp) -> str:
+    return str(app.query_one(Charts).caption.render())
+
+
+async def test_w_switches_the_charts_between_the_last_minutes_and_the_whole_run(tmp_path, ddptop_home):
+    app = replay(fixed_run(tmp_path / "run", seconds=1000))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await replayed(app, pilot)
+        drawing = chart(app, "throughput").drawing
+        assert "whole run" in caption(app) and drawing is not None and drawing.window.first == BASE  # a replay shows it all
+        assert [m.kind for m in drawing.window.marks] == ["alert", "alert"]
+        await pilot.press("w")
+        await pilot.pause()
+        drawing = chart(app, "throughput").drawing
+        assert "last 10 min" in caption(app) and drawing is not None
+        assert drawing.window.first >= app.state.last_wall - 600 and min(drawing.lines[0].xs) >= drawing.window.first - BASE
+        assert [m.kind for m in drawing.window.marks] == ["alert"]  # the NaN at 333 s is before the window
+        await pilot.press("w")
+        await pilot.pause()
+        assert "whole run" in caption(app)
+
+
+async def test_the_table_gets_its_rows_first_and_the_charts_the_rest(tmp_path, ddptop_home):
+    app = replay(fixed_run(tmp_path / "run", seconds=120))
+    async with app.run_test(size=(200, 50)) as pilot:
+        await replayed(app, pilot)
+        charts, table = app.query_one(Charts), app.table
+        assert table.size.height >= 5 and table.row_count == 4  # the header and every rank
+        used = sum(w.outer_size.height for w in (app.header, charts, table, app.alerts)) + 1  # and the footer
+        assert used >= 50 - 2 and charts.grid.styles.grid_size_rows == 2  # nothing left empty but a row or two
+        assert chart(app, "throughput").display and chart(app, "memory").display
+        await pilot.resize_terminal(80, 24)
+        await until(lambda: app.arranged is not None and app.arranged[0] == 1, "one row of charts at 80x24")
+        await pilot.pause()
+        assert table.size.height >= 5 and table.region.bottom <= 24  # every rank row still on screen
+        assert chart(app, "throughput").display and not chart(app, "memory").display
+        await pilot.resize_terminal(40, 10)
+        await until(lambda: app.screen.has_class("too-small"), "the too-small message")
+        await pilot.resize_terminal(200, 50)
+        await until(lambda: app.arranged is not None and app.arranged[0] == 2, "two rows of charts again")
+
+
+async def test_a_run_with_no_loss_one_step_nan_and_a_silent_rank_draws_what_it_has(tmp_path, ddptop_home):
+    run = rundir.create(Path("train.py"), tmp_path / "run")
+    log, state = EventLog(run.events_path), JobState()
+    records = [{"type": "run", "wall": BASE, "id": "odd", "script": "train.py"}]
+    for rank in range(3):  # rank 2 says hello and never steps
+        records.append(
+            {"type": "rank_hello", "rank": rank, "local_rank": rank, "world_size": 3, "node": 0, "host": "h", "pid": 1 + rank, "restart": 0}
+        )
+    records += [{"type": "step", "rank": r, "step": 0, "wall": BASE + 1, "step_ms": 10.0, "comm_ms": math.inf} for r in (0, 1)]
+    for record in records:
+        log.append(record)
+        state.ingest(record)
+    summary = state.summary(BASE + 1)
+    summary["metrics"]["samples_per_s"] = math.nan
+    log.append(summary)
+    log.append({"type": "exit", "wall": BASE + 2, "code": 1, "stopped_by_signal": None})
+    log.close()
+    app = replay(run)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await replayed(app, pilot)
+        assert "no loss reported yet" in str(chart(app, "loss").render())
+        assert "no throughput reported yet" in str(chart(app, "throughput").render())  # NaN is not a value
+        chart(app, "step-time").render()
+        chart(app, "ranks").render()
+        await pilot.resize_terminal(40, 10)
+        await pilot.resize_terminal(160, 45)
+        await pilot.press("w")
+        await pilot.pause()
+        assert app.is_running
