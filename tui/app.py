@@ -16,6 +16,7 @@ its worst rank named) is shown instead, until the user picks a view with
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -36,6 +37,9 @@ from ddptop.tui.widgets.job_header import JobHeader
 from ddptop.tui.widgets.node_table import NodeTable
 from ddptop.tui.widgets.rank_table import RankTable
 
+YIELD_EVERY = 200
+"""Records folded before a keypress gets its turn: a read from the socket holds hundreds, and
+at 1,024 ranks folding them all in one go kept a key waiting a tenth of a second."""
 TICK_S = 0.1
 PLOT_S = 1.0
 MIN_SIZE = (60, 16)
@@ -82,6 +86,7 @@ class DdptopApp(App[str | None]):
         self.header = JobHeader(id="header")
         self.charts = Charts(id="charts")
         self.charts.whole = mode == "replay"
+        self.chart_turn = 0
         self.arranged: tuple[int, int, int, bool, int] | None = None
         """The charts' rows, the width, the charts' height when fixed, heatmap or lines, the table's rows."""
         self.table = RankTable(id="ranks")
@@ -105,7 +110,7 @@ class DdptopApp(App[str | None]):
     def on_mount(self) -> None:
         self.consume()
         self.set_interval(TICK_S, self.refresh_view)
-        self.set_interval(PLOT_S, self.refresh_plots)
+        self.set_interval(PLOT_S / self.charts.count, self.next_chart)
         self.table.focus()
 
     def on_resize(self, event: events.Resize) -> None:
@@ -114,9 +119,13 @@ class DdptopApp(App[str | None]):
 
     @work(exclusive=True, group="source")
     async def consume(self) -> None:
+        ingested = 0
         try:
             async for record in self.source.records():
                 self.state.ingest(record)
+                ingested += 1
+                if ingested % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
             self.source.finished(self.state)
         except OSError as exc:
             self.notify(f"lost the supervisor: {exc}", severity="error", timeout=10)
@@ -195,6 +204,12 @@ class DdptopApp(App[str | None]):
     def refresh_plots(self, force: bool = False) -> None:
         if (not self.paused or force) and self.charts.display:
             self.charts.show(self.state, self.now())
+
+    def next_chart(self) -> None:
+        """One chart a tick, each redrawn once every PLOT_S."""
+        if not self.paused and self.charts.display:
+            self.chart_turn = (self.chart_turn + 1) % self.charts.count
+            self.charts.show(self.state, self.now(), self.chart_turn)
 
     def action_toggle_window(self) -> None:
         self.charts.whole = not self.charts.whole

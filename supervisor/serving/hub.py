@@ -42,7 +42,7 @@ class Hub:
         self.outlets = outlets or Outlets()
         self.state = JobState()
         self.log = EventLog(run.events_path)
-        self.viewers = Viewers(self.log, self._snapshot, on_drop=self.note)
+        self.viewers = Viewers(self.log, self.snapshot_frames, on_drop=self.note)
         self.collector = Collector(self.record, self.viewers, on_command)
         self.taps: list[Callable[[wire.Frame, bytes], None]] = []
         """Also given every record and its encoding: a node's uplink to the aggregator."""
@@ -57,7 +57,8 @@ class Hub:
         if self.observer is not None:
             self.observer(frame)
 
-    def _snapshot(self) -> list[bytes]:
+    def snapshot_frames(self) -> list[bytes]:
+        """The job's state as encoded frames, for a dashboard attaching now."""
         return [wire.encode(frame) for frame in snapshot.frames(self.state)]
 
     def note(self, text: str) -> None:

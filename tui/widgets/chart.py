@@ -15,10 +15,12 @@ from rich.text import Text
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
-from ddptop.tui.widgets.time_axis import Window, spans_decades, thin, time_ticks, value_range, value_ticks
+from ddptop.tui.widgets.time_axis import Window, gaps_apart, spans_decades, thin, time_ticks, value_range, value_ticks
 
-MARK_COLORS = {"alert": "red", "restart": "orange"}
-LINE_COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red", "white", "orange")
+MARK_COLORS = {"alert": "red", "restart": "orange+"}
+LINE_COLORS = ("cyan+", "magenta+", "green+", "orange+", "blue+", "red+", "white", "gray")
+"""plotext's own colour names (its "orange" is the terminal's yellow); a name it does not know
+is silently replaced, part by part, from its own sequence."""
 
 
 @dataclass(frozen=True)
@@ -72,10 +74,10 @@ class Chart(PlotextPlot):
             xs, ys = thin(line.xs, line.ys, most)
             if log:
                 xs, ys = [x for x, y in zip(xs, ys) if y > 0], [y for y in ys if y > 0]
-            if not xs:  # plotext fails on a legend entry with no points (a rank that never stepped)
-                continue
             label = line.label if drawing.legend and len(drawing.lines) > 1 else None
-            plt.plot(xs, ys, label=label, color=LINE_COLORS[index % len(LINE_COLORS)], marker="braille")
+            for part_xs, part_ys in gaps_apart(xs, ys):  # a line is not drawn across a restart
+                plt.plot(part_xs, part_ys, label=label, color=LINE_COLORS[index % len(LINE_COLORS)], marker="braille")
+                label = None
         low, high = window.x(window.first), window.x(window.last)
         for mark in window.marks:
             plt.vline(window.x(mark.wall), MARK_COLORS.get(mark.kind, "white"))

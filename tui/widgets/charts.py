@@ -122,15 +122,24 @@ class Charts(Vertical):
         for chart in (self.rank_lines, self.heatmap):
             chart.styles.column_span = 2 if rows == 2 else 1
 
-    def show(self, state: JobState, now: float) -> None:
+    @property
+    def count(self) -> int:
+        """Charts that `show` draws in turn: the job's, then the ranks'."""
+        return len(self.GROUPS) + 1
+
+    def show(self, state: JobState, now: float, which: int | None = None) -> None:
+        """Redraw chart number `which` (in turn, so that no frame draws them all: at 1,024
+        ranks that held a keypress for a tenth of a second), or every chart when None."""
         win = window(state.history, self.whole, state.started, now)
-        marks = " [red]│[/] alert [orange1]│[/] restart" if win.marks else ""
+        marks = " [red]│[/] alert [yellow]│[/] restart" if win.marks else ""
         other = "the last 10 min" if self.whole else "the whole run"
         self.caption.update(f"[b]charts: {win.name}[/b]  [dim](w: {other})[/dim]{marks}")
-        for title, metrics in self.GROUPS:
-            self.job_charts[title].draw(job_drawing(title, metrics, win))
-        ranks = max(state.ranks, default=-1) + 1
-        if ranks > LINES_UP_TO:
-            self.heatmap.draw(win, ranks)
-        else:
-            self.rank_lines.draw(rank_drawing(win, ranks))
+        for index, (title, metrics) in enumerate(self.GROUPS):
+            if which in (None, index):
+                self.job_charts[title].draw(job_drawing(title, metrics, win))
+        if which in (None, len(self.GROUPS)):
+            ranks = max(state.ranks, default=-1) + 1
+            if ranks > LINES_UP_TO:
+                self.heatmap.draw(win, ranks)
+            else:
+                self.rank_lines.draw(rank_drawing(win, ranks))

@@ -6,6 +6,7 @@ so a restart or an alert marked on it reads the same in every chart.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,27 @@ def thin(xs: Sequence[float], ys: Sequence[float], most: int) -> tuple[list[floa
     return out_x, out_y
 
 
+GAP_FACTOR = 4.0
+"""Points further apart than this many times the usual spacing are a gap (a restart, a hang):
+the line stops there rather than drawing a slope across what was not measured."""
+
+
+def gaps_apart(xs: list[float], ys: list[float]) -> list[tuple[list[float], list[float]]]:
+    """The line in parts, split at its gaps; no parts for no points (plotext fails on an empty
+    series, and a legend entry needs one)."""
+    if not xs:
+        return []
+    steps = sorted(b - a for a, b in itertools.pairwise(xs))
+    usual = steps[len(steps) // 2] if steps else 0.0
+    parts, start = [], 0
+    for i in range(1, len(xs)):
+        if usual and xs[i] - xs[i - 1] > GAP_FACTOR * usual:
+            parts.append((xs[start:i], ys[start:i]))
+            start = i
+    parts.append((xs[start:], ys[start:]))
+    return parts
+
+
 def time_ticks(first: float, last: float, count: int) -> tuple[list[float], list[str]]:
     """Evenly spaced ticks on the elapsed-time axis, labelled h:mm:ss (or m:ss)."""
     count = max(2, count)
@@ -88,7 +110,9 @@ def value_ticks(low: float, high: float, log: bool, text: Callable[[float], str]
         return ticks, [text(t) for t in ticks]
     step = (high - low) / (count - 1)
     ticks = [low + i * step for i in range(count)]
-    return ticks, [text(t) for t in ticks]
+    labels = [text(t) for t in ticks]
+    kept = [i for i, label in enumerate(labels) if label not in labels[:i]]  # a format too coarse for the range says each once
+    return [ticks[i] for i in kept], [labels[i] for i in kept]
 
 
 def spans_decades(values: Sequence[float]) -> bool:
