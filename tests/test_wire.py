@@ -86,6 +86,7 @@ def test_read_frames_stops_quietly_at_a_truncated_tail():
 
 def test_the_supervisor_s_own_records_fit_their_schemas():
     """Summary, alert (with each rule's details) and exit, as the supervisor makes them; the e2e tests check real logs."""
+    from ddptop.core.model.history import unpack
     from ddptop.core.model.job import JobState
     from ddptop.supervisor.watching.verdict import Verdict
 
@@ -94,6 +95,7 @@ def test_the_supervisor_s_own_records_fit_their_schemas():
     state.ingest({"type": "step", "rank": 0, "step": 0, "wall": 1.0, "step_ms": 5.0, "samples": 8, "comm_ms": 1.0})
     state.ingest({"type": "step", "rank": 0, "step": 1, "wall": 2.0, "step_ms": 5.0, "samples": 8, "comm_ms": 1.0})
     assert wire.validate(state.totals().record(3.0))["metrics"]["samples_per_s"] == 8.0
+    assert list(unpack(wire.validate(state.summary(3.0))["rank_step_ms"])) == [5.0]  # each rank's mean since the last one
     details: list[dict] = [
         {},
         {"checksums": {"0": "00ff", "1": "00fe"}},
