@@ -205,6 +205,12 @@ def _tail(path: Path, lines: int) -> list[str]:
     return text[-lines:] if size <= TAIL_BYTES else text[1:][-lines:]
 
 
+def own_log_tail(run_dir: Path, launch_style: str, local_rank: int, restart: int, lines: int) -> list[str]:
+    """The end of one rank's stdout and stderr in its attempt, read on its own node. A script
+    that starts its own ranks runs as torchrun's one worker, whose log holds all of them."""
+    return rank_log_tail(run_dir, local_rank if launch_style == "torchrun" else 0, restart, lines)
+
+
 def rank_log_tail(run_dir: Path, local_rank: int, restart: int, lines: int, streams: tuple[str, ...] = ("stdout", "stderr")) -> list[str]:
     """The end of a rank's output as torchrun kept it (one attempt's files)."""
     out: list[str] = []

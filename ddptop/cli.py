@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import ddptop
 from ddptop.core import rundir
+from ddptop.core.model.history import unpack
 from ddptop.core.rundir import RunDirError
 from ddptop.core.usage import OneLineParser, UsageError
 
@@ -145,8 +147,16 @@ def export(argv: list[str]) -> int:
     run = rundir.find(_run_argument("ddptop export", argv))
     out = sys.stdout
     for record in rundir.read_events(run):
-        out.write(json.dumps(record, separators=(",", ":")) + "\n")
+        out.write(json.dumps(record, separators=(",", ":"), default=_per_rank) + "\n")
     return 0
+
+
+def _per_rank(value: object) -> list[float | None]:
+    """A summary's per-rank values (float32 by rank, model/history.py) as JSON: a number a
+    rank, null for a rank that finished no step in that second."""
+    if not isinstance(value, bytes):
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+    return [None if math.isnan(v) else v for v in unpack(value)]
 
 
 def _command(module: str, name: str, argv: list[str]) -> int:

@@ -30,7 +30,6 @@ from ddptop.supervisor.launching.style import TORCHRUN, chosen
 from ddptop.supervisor.launching.torchrun import Torchrun
 from ddptop.supervisor.outlets import Outlets
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
-from ddptop.supervisor.supervise import Supervisor
 from ddptop.supervisor.watching.policy import Started, WatchPolicy
 
 Dashboard = Callable[[rundir.RunDir], int]
@@ -104,6 +103,10 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
 
     def warn(text: str) -> None:
         outlets.line(sys.stderr, f"ddptop: {text}")
+
+    # Imported once the command line has passed its checks: a mistyped flag is said in a
+    # fraction of the time the supervisor's own imports (asyncio, Prometheus, the watchdog) take.
+    from ddptop.supervisor.supervise import Supervisor
 
     sampler = Sampler(nvml, warn)
     supervisor = Supervisor(run, Torchrun(plan), sampler, opts.summary_every, watch, place, prometheus, outlets=outlets)

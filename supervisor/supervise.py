@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from ddptop.core import wire
 from ddptop.core.model import goodput, summary
 from ddptop.core.model.events import restart_text
-from ddptop.core.rundir import RunDir, rank_log_tail
+from ddptop.core.rundir import RunDir, own_log_tail, rank_log_tail
 from ddptop.supervisor import heap
 from ddptop.supervisor.cluster import endpoints
 from ddptop.supervisor.cluster.placement import Cluster
@@ -53,6 +53,8 @@ WATCHDOG_STOP_EXIT = 1
 a crash loop ends with the status of the failure that looped instead."""
 SAMPLE_S = 1.0
 FLUSH_S = 1.0
+LOG_TAIL_LINES = 200
+"""Lines of a rank's log a dashboard's detail screen is sent."""
 STATE_S = 1.0
 """Period of the "summary" record that dashboards plot; printing has its own."""
 
@@ -117,6 +119,9 @@ class Supervisor:
                 self._tasks.add(task)  # the loop holds tasks weakly: keep each until it is done
                 task.add_done_callback(self._tasks.discard)
             return
+        if action == "log_tail":
+            self._log_tail(command.get("rank"))
+            return
         if action == "stop":
             self._note(None, f"stop requested {source}")
             self._request_stop(signal.SIGTERM)
@@ -132,6 +137,20 @@ class Supervisor:
             # Between two attempts there is nothing to kill: the restart waits for the group to be up.
             self._restart_when_up = True
             self._note(None, "the group is between attempts: it restarts once its first rank is up")
+
+    def _log_tail(self, rank: int | None) -> None:
+        """The end of a rank's own log to every dashboard: read here when the rank is this
+        node's, asked of its node's supervisor otherwise (which sends it up the same way)."""
+        state = self.state.ranks.get(rank) if rank is not None else None
+        if state is None:
+            return
+        owner = self.role.owner(state.rank)
+        if owner is not None:
+            self.role.command(owner, {"type": "command", "action": "log_tail", "rank": state.rank})
+            return
+        style = str(self.state.meta.get("launch_style", "torchrun"))
+        lines = own_log_tail(self.hub.run.path, style, state.local_rank, state.restart, LOG_TAIL_LINES)
+        self.hub.record({"type": "log_tail", "wall": time.time(), "rank": state.rank, "restart": state.restart, "lines": lines})
 
     def _kill_ranks(self, only: int | None = None) -> int:
         """SIGKILL this node's live ranks (or one): torchrun then restarts the group.

@@ -1,6 +1,7 @@
 """The `ddptop` command as a user runs it: bad input, ls, export."""
 
 import json
+import math
 import os
 
 import psutil
@@ -9,6 +10,7 @@ from conftest import EXAMPLE, run_ddptop
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import EventLog
+from ddptop.core.model.history import pack
 
 
 def assert_one_line_error(result, fragment: str) -> None:
@@ -69,12 +71,14 @@ def test_ls_and_export_read_run_directories(ddptop_home, tmp_path):
     )
     log = EventLog(run.events_path)
     log.append({"type": "step", "rank": 0, "step": 0, "wall": 1.0, "step_ms": 2.0})
+    log.append({"type": "summary", "wall": 2.0, "metrics": {}, "rank_step_ms": pack([2.0, math.nan])})
     log.close()
     listed = json.loads(run_ddptop("ls", "--json").stdout)
     assert [(r["id"], r["state"], r["ranks"]) for r in listed] == [(run.id, "failed", 4)]  # its supervisor is gone
     assert run.id in run_ddptop("ls").stdout
     exported = run_ddptop("export", run.id[:12]).stdout.splitlines()
-    assert [json.loads(line)["type"] for line in exported] == ["step"]
+    assert [json.loads(line)["type"] for line in exported] == ["step", "summary"]
+    assert json.loads(exported[1])["rank_step_ms"] == [2.0, None]  # a rank with no step in that second
     assert os.stat(run.path).st_mode & 0o777 == 0o700
 
 

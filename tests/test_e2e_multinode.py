@@ -23,6 +23,7 @@ from test_tui import column, table
 from ddptop.core import rundir
 from ddptop.supervisor.cluster import remote
 from ddptop.tui.app import DdptopApp
+from ddptop.tui.screens.rank_detail import RankDetailScreen
 from ddptop.tui.source import LiveSource
 
 pytestmark = pytest.mark.slow
@@ -133,6 +134,11 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
                 "four rows, two per node",
                 timeout=20,
             )
+            # Rank 3's log is read on its own node (node 1, local rank 1), which node 0 asks for it.
+            app.push_screen(RankDetailScreen(app.state, 3, None, app.now, False, app.ask_log))
+            await until(lambda: app.state.ranks[3].log_tail is not None, "rank 3's log tail, from node 1", timeout=20)
+            attempt = app.state.ranks[3].restart
+            assert app.state.ranks[3].log_tail == rundir.own_log_tail(tmp_path / "node1", "torchrun", 1, attempt, 200)
     finally:
         outs = [proc.communicate(timeout=180) for proc in (node0, node1)]
     assert (node0.returncode, node1.returncode) == (0, 0), outs

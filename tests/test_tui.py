@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import until
 from synthetic import synthetic_job
+from textual.widgets import Log
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import closed_segments
@@ -166,6 +167,11 @@ async def test_detail_logs_and_help_screens(job):
         live = app.screen.query_one("#live-stack")
         await until(lambda: "job.py:42 in train_step" in str(live.render()), "the main thread's stack")
         assert str(live.render()).splitlines()[-1] == "torch/nn/modules/module.py:1750 in _call_impl"  # innermost last
+        # The running job's rank's log comes from its own node, asked of the supervisor.
+        await until(lambda: {"type": "command", "action": "log_tail", "rank": 1} in job.commands, "the log asked for")
+        job.hub.record({"type": "log_tail", "wall": time.time(), "rank": 1, "restart": 0, "lines": ["[stdout] from node 1"]})
+        log = app.screen.query_one("#log", Log)
+        await until(lambda: "[stdout] from node 1" in log.lines, "the log tail its node sent")
         await pilot.press("escape")
         await pilot.press("l")
         assert isinstance(app.screen, RankDetailScreen) and app.focused is app.screen.query_one("#log")
@@ -320,7 +326,7 @@ def test_log_tail_is_the_ranks_own_attempt_and_node(tmp_path):
         log.write_text(f"attempt {attempt} of node 0's local rank 1\n")
     assert log_tail(tmp_path, {"node_rank": 0}, RankState(1, local_rank=1, restart=1)) == ["[stdout] attempt 1 of node 0's local rank 1"]
     [remote] = log_tail(tmp_path, {"node_rank": 0}, RankState(5, local_rank=1, node=1, host="b7", restart=1))
-    assert "node 0" not in remote and "rank 5 runs on node 1 (b7)" in remote and "ddptop logs --rank 5" in remote
+    assert "node 0" not in remote and "rank 5 ran on node 1 (b7)" in remote and "ddptop logs --rank 5" in remote
 
 
 async def test_the_tokens_column_appears_once_a_rank_reads_token_ids(job):

@@ -32,7 +32,7 @@ from ddptop.tui.screens.help import HelpScreen
 from ddptop.tui.screens.rank_detail import RankDetailScreen
 from ddptop.tui.source import Source
 from ddptop.tui.widgets.alert_panel import AlertPanel
-from ddptop.tui.widgets.charts import LINES_UP_TO, Charts
+from ddptop.tui.widgets.charts import Charts, many_ranks
 from ddptop.tui.widgets.job_header import JobHeader
 from ddptop.tui.widgets.node_table import NodeTable
 from ddptop.tui.widgets.rank_table import RankTable
@@ -154,7 +154,8 @@ class DdptopApp(App[str | None]):
     def showing_nodes(self) -> bool:
         if self.view != "auto":
             return self.view == "nodes"
-        fits = max(self.table.size.height, self.nodes.size.height) - 1
+        # What the screen could give the table, not what it has: the table is sized to its rows.
+        fits = self.size.height - FIXED_ROWS - 1
         nodes = {r.node for r in self.state.ranks.values()}
         return len(nodes) > 1 and len(self.state.ranks) > fits
 
@@ -191,7 +192,7 @@ class DdptopApp(App[str | None]):
             rows = 2 if charts_height - 1 >= 2 * CHART_ROWS else 1
         else:
             rows = 0
-        many = len(self.state.ranks) > LINES_UP_TO
+        many = many_ranks(self.state)
         arrangement = (rows, width, charts_height or 0, many, want)
         if arrangement == self.arranged:
             return
@@ -263,7 +264,14 @@ class DdptopApp(App[str | None]):
     def _open_detail(self, logs: bool) -> None:
         rank = self.table.selected_rank()
         if rank is not None:
-            self.push_screen(RankDetailScreen(self.state, rank, self.run_dir, self.now, self.charts.whole, focus_log=logs))
+            self.push_screen(RankDetailScreen(self.state, rank, self.run_dir, self.now, self.charts.whole, self.ask_log, focus_log=logs))
+
+    async def ask_log(self, rank: int) -> bool:
+        """Ask the supervisor for a rank's log tail, which the rank's own node reads and sends."""
+        if not self.job_running():
+            return False
+        await self.source.command("log_tail", rank)
+        return True
 
     def action_detail(self) -> None:
         if self.showing_nodes():

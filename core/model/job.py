@@ -168,6 +168,10 @@ class JobState:
     def _on_stack(self, record: wire.Frame) -> None:
         self.rank(record["rank"]).stack = record.get("text")
 
+    def _on_log_tail(self, record: wire.Frame) -> None:
+        if record["rank"] in self.ranks:
+            self.ranks[record["rank"]].log_tail = record["lines"]
+
     def _on_checkpoint(self, record: wire.Frame) -> None:
         self.checkpoint_step = record["step"]
 
@@ -256,6 +260,7 @@ _HANDLERS = {
     "rank_gone": JobState._on_gone,
     "wire_error": JobState._on_wire_error,
     "checkpoint": JobState._on_checkpoint,
+    "log_tail": JobState._on_log_tail,
     "resume": JobState._on_resume,
     "group_restart": JobState._on_group_restart,
     **dict.fromkeys(snapshot.SNAPSHOT_TYPES, snapshot.restore),

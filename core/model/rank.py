@@ -62,6 +62,8 @@ class RankState:
     """Frames refused from this rank, and records that contradict its earlier ones."""
     exited: bool = False
     stack: str | None = None
+    log_tail: list[str] | None = None
+    """The end of its own log, as its node last sent it (at a dashboard's asking)."""
     window: RollingWindow = field(default_factory=RollingWindow)
     interval_step_ms: float = 0.0
     """Step time summed over the steps finished since the last summary record (history.py)."""

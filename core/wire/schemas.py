@@ -139,6 +139,9 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "rank_gone": {"rank": (_INT, True), "wall": (_NUM, True)},
     "sample": {"wall": (_NUM, True), "procs": (_LIST, True), "gpus": (_LIST, True), "node": (_INT, False)},
     "stack": {"rank": (_INT, True), "wall": (_NUM, True), "source": (_STR, True), "text": (_STR, True)},
+    # The end of a rank's own log (its attempt's stdout and stderr), read on its node at a
+    # dashboard's asking (command log_tail): sent to the dashboards, not kept in the event log.
+    "log_tail": {"rank": (_INT, True), "wall": (_NUM, True), "restart": (_INT, True), "lines": (_LIST, True)},
     "action": {"wall": (_NUM, True), "text": (_STR, True), "rank": (_INT, False), "node": (_INT, False)},
     "notice": {"wall": (_NUM, True), "text": (_STR, True), "node": (_INT, False)},
     "wire_error": {"wall": (_NUM, True), "error": (_STR, True), "rank": (_INT, False), "node": (_INT, False)},
@@ -231,7 +234,7 @@ _SAMPLE_GPU: dict[str, tuple[tuple[type, ...], bool]] = {
     "power_w": (_NUM, False),
 }
 
-COMMANDS = frozenset({"stop", "restart", "kill_rank", "stacks"})
+COMMANDS = frozenset({"stop", "restart", "kill_rank", "stacks", "log_tail"})
 """Actions a viewer may request: stop the job, restart the group, kill one rank
 (and, from the aggregator to a node, collect stacks)."""
 
@@ -242,7 +245,9 @@ AGENT_RECORD_TYPES = frozenset({"worker_failure", "group_restart"})
 """What torchrun's probe may send after its hello."""
 
 FORWARDED_TYPES = (
-    RANK_RECORD_TYPES | AGENT_RECORD_TYPES | frozenset({"rank_hello", "rank_gone", "sample", "stack", "action", "notice", "wire_error"})
+    RANK_RECORD_TYPES
+    | AGENT_RECORD_TYPES
+    | frozenset({"rank_hello", "rank_gone", "sample", "stack", "log_tail", "action", "notice", "wire_error"})
 )
 """What a node's supervisor forwards to the aggregator: its ranks' and its
 torchrun's records, and what it measured and did; not its own summaries."""
@@ -277,6 +282,9 @@ def validate(frame: Frame) -> Frame:
             if not isinstance(item, dict) or item.get("type") not in RANK_RECORD_TYPES:
                 raise FrameError("batch item is not a rank record")
             validate(item)
+    elif kind == "log_tail":
+        if any(not isinstance(line, str) for line in frame["lines"]):
+            raise FrameError("log_tail: lines must be strings")
     elif kind == "heartbeat":
         if any(not isinstance(line, str) for line in frame.get("stack") or ()):
             raise FrameError("heartbeat: stack lines must be strings")

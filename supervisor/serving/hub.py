@@ -24,6 +24,8 @@ from ddptop.supervisor.serving.viewers import CommandHandler, Viewers
 
 EVENT_LOG = "the event log"
 SNAPSHOT = "the state snapshot"
+UNLOGGED = frozenset({"log_tail"})
+"""Answers to a dashboard's question, not part of the run's story: shown, not logged."""
 
 
 class Hub:
@@ -49,7 +51,8 @@ class Hub:
 
     def record(self, frame: wire.Frame) -> None:
         data = wire.encode(frame)
-        self.log.write(data)  # never raises: its failures are said by the flush below
+        if frame["type"] not in UNLOGGED:
+            self.log.write(data)  # never raises: its failures are said by the flush below
         self.state.ingest(frame)
         self.viewers.broadcast(data)
         for tap in self.taps:

@@ -3,7 +3,7 @@ its log tail."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from rich.text import Text
@@ -16,12 +16,14 @@ from textual.widgets import Footer, Log, Static
 from ddptop.core.model.job import JobState
 from ddptop.core.model.rank import RankState
 from ddptop.core.places import is_script_line
-from ddptop.core.rundir import rank_log_tail
+from ddptop.core.rundir import own_log_tail
 from ddptop.tui.widgets.chart import Chart
 from ddptop.tui.widgets.rank_charts import comm_drawing, step_drawing
 from ddptop.tui.widgets.time_axis import window
 
 LOG_LINES = 200
+LOG_ASK_S = 1.0
+"""How often the screen is redrawn, and a running job's rank's log asked for."""
 STACK_LINES = 12
 """The live stack's innermost frames shown; the outer ones are counted."""
 
@@ -41,21 +43,28 @@ def live_stack(lines: list[str], inside: str | None) -> Text:
 
 
 def log_tail(run_dir: Path | None, meta: dict, rank: RankState, lines: int = LOG_LINES) -> list[str]:
-    """The end of the rank's stdout and stderr in its own attempt, as torchrun kept them on its node.
+    """The end of the rank's stdout and stderr in its own attempt, read from this run directory:
+    a replay's, or a job's that has ended.
 
     This run directory holds its own node's logs only: another node's rank has
-    a log of the same local rank here, which is not its own.
+    a log of the same local rank here, which is not its own. (While the job
+    runs, the rank's own node sends its log: `Asker`.)
     """
     if run_dir is None:
         return ["(no run directory on this machine: logs stay with the supervisor)"]
     here = int(meta.get("node_rank") or 0)
     if rank.node != here:
         return [
-            f"(rank {rank.rank} runs on node {rank.node} ({rank.host or 'another host'}): its log is kept there; "
+            f"(rank {rank.rank} ran on node {rank.node} ({rank.host or 'another host'}): its log is kept there; "
             f"on that host: ddptop logs --rank {rank.rank})"
         ]
-    local = rank.local_rank if meta.get("launch_style", "torchrun") == "torchrun" else 0
-    return rank_log_tail(run_dir, local, rank.restart, lines) or ["(nothing logged yet)"]
+    return own_log_tail(run_dir, str(meta.get("launch_style", "torchrun")), rank.local_rank, rank.restart, lines) or [
+        "(nothing logged yet)"
+    ]
+
+
+Asker = Callable[[int], Awaitable[bool]]
+"""Asks the supervisor for a rank's log tail (its node reads it); False when no job is running to ask."""
 
 
 class RankDetailScreen(Screen[None]):
@@ -66,11 +75,19 @@ class RankDetailScreen(Screen[None]):
     ]
 
     def __init__(
-        self, state: JobState, rank: int, run_dir: Path | None, clock: Callable[[], float], whole: bool, focus_log: bool = False
+        self,
+        state: JobState,
+        rank: int,
+        run_dir: Path | None,
+        clock: Callable[[], float],
+        whole: bool,
+        ask_log: Asker,
+        focus_log: bool = False,
     ) -> None:
         super().__init__()
         self.state, self.rank, self.run_dir, self.start_on_log = state, rank, run_dir, focus_log
-        self.clock, self.whole = clock, whole
+        self.clock, self.whole, self.ask_log = clock, whole, ask_log
+        self.asked = False
 
     def compose(self) -> ComposeResult:
         yield Static(id="detail-title")
@@ -82,16 +99,17 @@ class RankDetailScreen(Screen[None]):
         yield Log(id="log", highlight=False)
         yield Footer()
 
-    def on_mount(self) -> None:
-        self.refresh_detail()
-        self.set_interval(1.0, self.refresh_detail)
+    async def on_mount(self) -> None:
+        await self.refresh_detail()
+        self.set_interval(LOG_ASK_S, self.refresh_detail)
         if self.start_on_log:
             self.action_focus_log()
 
-    def refresh_detail(self) -> None:
+    async def refresh_detail(self) -> None:
         rank = self.state.ranks.get(self.rank)
         if rank is None:
             return
+        self.asked = await self.ask_log(rank.rank)
         self.query_one("#detail-title", Static).update(
             f"[b]rank {rank.rank}[/b]  node {rank.node} ({rank.host})  local rank {rank.local_rank}  "
             f"pid {rank.pid}  restart {rank.restart}  step {rank.step}  phase {rank.phase}  dropped {rank.dropped}"
@@ -105,11 +123,17 @@ class RankDetailScreen(Screen[None]):
         self.query_one("#stack", Static).update(dump)
         log = self.query_one(Log)
         log.clear()
-        log.write_lines(log_tail(self.run_dir, self.state.meta, rank))
+        if self.asked:
+            if rank.log_tail is None:
+                log.write_lines([f"(asking node {rank.node} for rank {rank.rank}'s log)"])
+            else:
+                log.write_lines(rank.log_tail or [f"(nothing logged in attempt {rank.restart} yet)"])
+        else:
+            log.write_lines(log_tail(self.run_dir, self.state.meta, rank))
 
-    def action_toggle_window(self) -> None:
+    async def action_toggle_window(self) -> None:
         self.whole = not self.whole
-        self.refresh_detail()
+        await self.refresh_detail()
 
     def action_focus_log(self) -> None:
         self.query_one(Log).focus()

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from rich.text import Text
 from textual.app import RenderResult
-from textual_plotext import PlotextPlot
 
+from ddptop.tui.widgets.plot_area import PlotArea
 from ddptop.tui.widgets.time_axis import Window, gaps_apart, spans_decades, thin, time_ticks, value_range, value_ticks
 
 MARK_COLORS = {"alert": "red", "restart": "orange+"}
@@ -43,14 +43,7 @@ class Drawing:
     notes: list[str] = field(default_factory=list)
 
 
-class Chart(PlotextPlot):
-    DEFAULT_CSS = """
-    Chart {
-        height: 1fr;
-        width: 1fr;
-    }
-    """
-
+class Chart(PlotArea):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.drawing: Drawing | None = None
@@ -91,9 +84,4 @@ class Chart(PlotextPlot):
         plt.yticks(*value_ticks(low_y, high_y, log, drawing.text))
         notes = "".join(f"  {note}" for note in drawing.notes)
         plt.title(f"{drawing.title}{' (log)' if log else ''}{notes}")
-        try:
-            return super().render()
-        except (IndexError, ValueError, ZeroDivisionError):
-            # plotext's own limits (a size too small for its legend and labels): a chart
-            # that cannot be drawn says so, and the dashboard goes on.
-            return Text.from_markup(f"[b]{drawing.title}[/b]\n[dim]too small to draw here[/dim]")
+        return self.build(drawing.title)

@@ -85,6 +85,11 @@ def rank_drawing(win: Window, ranks: int) -> Drawing:
     )
 
 
+def many_ranks(state: JobState) -> bool:
+    """Ranks drawn as a heatmap rather than a line each."""
+    return len(state.ranks) > LINES_UP_TO
+
+
 class Charts(Vertical):
     GROUPS = grouped(lambda metric: metric.plot)
 
@@ -138,8 +143,8 @@ class Charts(Vertical):
             if which in (None, index):
                 self.job_charts[title].draw(job_drawing(title, metrics, win))
         if which in (None, len(self.GROUPS)):
-            ranks = max(state.ranks, default=-1) + 1
-            if ranks > LINES_UP_TO:
+            ranks = max(state.ranks, default=-1) + 1  # rank numbers index the history's arrays
+            if many_ranks(state):
                 self.heatmap.draw(win, ranks)
             else:
                 self.rank_lines.draw(rank_drawing(win, ranks))

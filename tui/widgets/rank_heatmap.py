@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 from rich.text import Text
 from textual.app import RenderResult
-from textual_plotext import PlotextPlot
 
 from ddptop.core.model.history import Point
+from ddptop.tui.widgets.plot_area import PlotArea
 from ddptop.tui.widgets.time_axis import Window, time_ticks
 
 NO_STEP = (60, 60, 60)
@@ -110,14 +110,7 @@ def heat(points: list[Point], ranks: int, rows: int, columns: int) -> Heat:
     return Heat(grid.tolist(), row_ranks, [p.wall for p in picked], worst)
 
 
-class RankHeatmap(PlotextPlot):
-    DEFAULT_CSS = """
-    RankHeatmap {
-        height: 1fr;
-        width: 1fr;
-    }
-    """
-
+class RankHeatmap(PlotArea):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.window: Window | None = None
@@ -151,7 +144,4 @@ class RankHeatmap(PlotextPlot):
         grouping = f", a row is up to {per_row} ranks (the slowest)" if per_row > 1 else ""
         worst = f"  slowest now: rank {found.worst[0]} at {found.worst[1]:.2f}x" if found.worst else ""
         plt.title(f"{title}{grouping}{worst}")
-        try:
-            return super().render()
-        except (IndexError, ValueError, ZeroDivisionError):  # plotext's own limits, as in chart.py
-            return Text.from_markup(f"[b]{title}[/b]\n[dim]too small to draw here[/dim]")
+        return self.build(title)
