@@ -23,6 +23,9 @@ from ddptop.core.rundir import RunDir, read_events
 from ddptop.core.wire import unixpath
 from ddptop.core.wire.stream import frames
 
+CLOSE_WAIT_S = 2.0
+"""How long leaving waits for the supervisor to have read the last commands."""
+
 
 class LiveSource:
     """A supervisor's stream: on its Unix socket (socket_path), or over TCP
@@ -35,6 +38,7 @@ class LiveSource:
         self.tcp = tcp
         self.token = token
         self._writer: asyncio.StreamWriter | None = None
+        self._ended = asyncio.Event()
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.tcp is not None:
@@ -49,8 +53,11 @@ class LiveSource:
         reader, self._writer = await self._open()
         self._writer.write(wire.encode({"type": "viewer_hello", "snapshot": True}))
         await self._writer.drain()
-        async for frame in frames(reader):
-            yield frame
+        try:
+            async for frame in frames(reader):
+                yield frame
+        finally:
+            self._ended.set()
 
     async def command(self, action: str, rank: int | None = None) -> None:
         """Ask the supervisor to act (stop, restart, kill_rank)."""
@@ -63,8 +70,19 @@ class LiveSource:
         await self._writer.drain()
 
     async def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        """Leave, after the supervisor has read what was sent: half-close, and wait (briefly)
+        for its end of stream. Closing at once loses a command sent just before (quit and
+        stop): the supervisor's next write to a closed socket fails, and asyncio then drops
+        what it had received and not yet read."""
+        writer = self._writer
+        if writer is None or writer.is_closing():
+            return
+        with contextlib.suppress(OSError):
+            if writer.can_write_eof():
+                writer.write_eof()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._ended.wait(), CLOSE_WAIT_S)
+        writer.close()
 
     def finished(self, state: JobState) -> None:
         """The supervisor keeps the state: nothing to do."""
