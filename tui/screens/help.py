@@ -9,11 +9,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 KEYS = [
-    ("enter", "rank detail: its plots, last stack dump, log tail; on a node, its ranks"),
+    ("enter", "rank detail: its step and comm time over the run, its stack, its own log tail; on a node, its ranks"),
     ("n", "node rollup (one line per node, worst rank named) / every rank"),
     ("s / S", "sort by the next column / reverse the order"),
     ("/", "filter ranks (words match node, rank, host, state); esc clears, or goes back to the nodes"),
     ("p", "pause the display (data keeps arriving)"),
+    ("w", "charts: the last ten minutes / the whole run (alerts red, restarts yellow on the time axis)"),
     ("l", "logs of the selected rank"),
     ("R", "restart the worker group (asks first)"),
     ("K", "kill the selected rank (asks first)"),
