@@ -48,12 +48,6 @@ def unpack(data: bytes) -> array[float]:
     return values
 
 
-def _mean(values: Iterable[float]) -> float:
-    """The mean of the values that are numbers; NaN when none is."""
-    present = [v for v in values if not math.isnan(v)]
-    return sum(present) / len(present) if present else NAN
-
-
 @dataclass(slots=True)
 class Point:
     """One bucket of a timeline: its first second, how many seconds it spans, the job's
@@ -69,21 +63,11 @@ class Point:
         return values[rank] if values is not None and rank < len(values) else NAN
 
 
-def _merge(points: list[Point]) -> Point:
-    """Neighbouring buckets as one: every figure the mean of theirs (equal spans weigh alike)."""
-    keys = {key for p in points for key in p.job}
-    job = {key: _mean(p.job.get(key, NAN) for p in points) for key in keys}
-    ranks: dict[str, array[float]] = {}
-    for series in RANK_SERIES:
-        width = max((len(p.ranks.get(series, ())) for p in points), default=0)
-        if width:
-            ranks[series] = array("f", (_mean(p.rank_value(series, r) for p in points) for r in range(width)))
-    return Point(points[0].wall, sum(p.span for p in points), job, ranks)
-
-
 class Filling:
-    """The bucket a growing timeline is filling: running sums, so a point costs O(ranks) to add
-    and the bucket O(ranks) to read, however many seconds it spans."""
+    """A bucket being filled: running sums, so a point costs O(ranks) to add and the bucket
+    O(ranks) to read, however many seconds it spans. Every figure is the mean of the points'
+    that are numbers (NaN where none is); points of equal span weigh alike, so neighbouring
+    buckets merge the same way."""
 
     def __init__(self) -> None:
         self.wall = NAN
@@ -118,6 +102,13 @@ class Filling:
         return Point(self.wall, self.span, job, ranks)
 
 
+def _merged(points: list[Point]) -> Point:
+    bucket = Filling()
+    for point in points:
+        bucket.add(point)
+    return bucket.point()
+
+
 class Timeline:
     """Points oldest first. grows=False keeps the last `limit` as they came; grows=True keeps
     them all, merging neighbours in pairs whenever there are more than `limit`."""
@@ -140,7 +131,7 @@ class Timeline:
             self.filling = Filling()
         if len(self.points) > self.limit:
             pairs = list(self.points)
-            self.points = deque(_merge(pairs[i : i + 2]) for i in range(0, len(pairs), 2))
+            self.points = deque(_merged(pairs[i : i + 2]) for i in range(0, len(pairs), 2))
             self.span *= 2
 
     def __iter__(self) -> Iterator[Point]:
