@@ -8,7 +8,8 @@ waiting for data.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from rich.text import Text
@@ -28,6 +29,17 @@ class Line:
     label: str
     xs: list[float]
     ys: list[float]
+
+
+def line_of(label: str, win: Window, values: Iterable[float | None]) -> Line:
+    """A line through the window's points, one value a point; a point with no value, or one
+    that is not a number, is left out."""
+    xs, ys = [], []
+    for point, value in zip(win.points, values):
+        if value is not None and math.isfinite(value):
+            xs.append(win.x(point.wall))
+            ys.append(value)
+    return Line(label, xs, ys)
 
 
 @dataclass(frozen=True)

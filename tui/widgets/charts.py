@@ -23,8 +23,8 @@ from textual.widgets import Static
 from ddptop.core.format import ms
 from ddptop.core.model.job import JobState
 from ddptop.core.model.metrics import Metric, grouped
-from ddptop.tui.widgets.chart import Chart, Drawing, Line
-from ddptop.tui.widgets.rank_heatmap import RankHeatmap, own_work
+from ddptop.tui.widgets.chart import Chart, Drawing, line_of
+from ddptop.tui.widgets.rank_heatmap import RankHeatmap, own_matrix
 from ddptop.tui.widgets.time_axis import Window, window
 
 LINES_UP_TO = 8
@@ -41,33 +41,17 @@ def _with_unit(metric: Metric) -> Callable[[float], str]:
 
 
 def job_drawing(title: str, metrics: list[Metric], win: Window) -> Drawing:
-    lines = []
-    for metric in metrics:
-        xs, ys = [], []
-        for point in win.points:
-            value = point.job.get(metric.key)
-            if value is not None and math.isfinite(value):
-                xs.append(win.x(point.wall))
-                ys.append(value)
-        if xs:
-            lines.append(Line(metric.key.replace("_", " "), xs, ys))
+    drawn = (line_of(metric.key.replace("_", " "), win, (p.job.get(metric.key) for p in win.points)) for metric in metrics)
+    lines = [line for line in drawn if line.xs]  # a metric never measured is no line, and no legend entry
     return Drawing(title, lines, win, _with_unit(metrics[0]), missing=f"no {title} reported yet")
 
 
 def rank_drawing(win: Window, ranks: int) -> Drawing:
     """One line per rank of its own work; the slowest now is named."""
-    xs_of: list[list[float]] = [[] for _ in range(ranks)]
-    ys_of: list[list[float]] = [[] for _ in range(ranks)]
-    last: list[float] = []
-    for point in win.points:
-        own = own_work(point, ranks)
-        for rank, value in enumerate(own):
-            if math.isfinite(value):
-                xs_of[rank].append(win.x(point.wall))
-                ys_of[rank].append(value)
-        last = own
-    lines = [Line(f"rank {r}", xs_of[r], ys_of[r]) for r in range(ranks)]
+    own = own_matrix(win.points, ranks)
+    lines = [line_of(f"rank {r}", win, own[:, r].tolist()) for r in range(ranks)]
     notes = []
+    last = own[-1].tolist() if len(own) else []
     finite = [(r, v) for r, v in enumerate(last) if math.isfinite(v)]
     if len(finite) > 1:
         typical = sorted(v for _, v in finite)[len(finite) // 2]

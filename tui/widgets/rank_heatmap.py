@@ -42,19 +42,6 @@ def colour(ratio: float) -> tuple[int, int, int]:
     return STOPS[-1][1]
 
 
-def own_work(point: Point, ranks: int) -> list[float]:
-    """Each rank's step time less its comm wait in that bucket (NaN: no step)."""
-    steps, comms = point.ranks.get("step_ms"), point.ranks.get("comm_ms")
-    if steps is None:
-        return [math.nan] * ranks
-    out = []
-    for rank in range(ranks):
-        step = steps[rank] if rank < len(steps) else math.nan
-        comm = comms[rank] if comms is not None and rank < len(comms) else math.nan
-        out.append(step - comm if not math.isnan(comm) else step)
-    return out
-
-
 @dataclass(frozen=True)
 class Heat:
     """The map, exactly rows x columns cells (plotext leaves gaps otherwise): ratios by row, top
@@ -71,7 +58,7 @@ def _spread(total: int, parts: int) -> list[range]:
     return [range(i * total // parts, max(i * total // parts + 1, (i + 1) * total // parts)) for i in range(parts)]
 
 
-def _own_matrix(points: list[Point], ranks: int) -> np.ndarray:
+def own_matrix(points: list[Point], ranks: int) -> np.ndarray:
     """points x ranks of own work (step less comm; step alone where comm is missing), NaN where no step."""
     matrix = np.full((len(points), ranks), np.nan, dtype=np.float32)
     for i, point in enumerate(points):
@@ -95,7 +82,7 @@ def heat(points: list[Point], ranks: int, rows: int, columns: int) -> Heat:
         return Heat([], [], [], None)
     indices = [stretch[-1] for stretch in _spread(len(points), columns)]
     unique = sorted(set(indices))
-    own = _own_matrix([points[i] for i in unique], ranks)  # each point once, however many columns show it
+    own = own_matrix([points[i] for i in unique], ranks)  # each point once, however many columns show it
     picked = [points[i] for i in indices]
     with warnings.catch_warnings():  # a column of no steps at all is NaN, as it should be
         warnings.simplefilter("ignore", RuntimeWarning)
