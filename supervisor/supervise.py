@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TextIO
 
 from ddptop.core import wire
@@ -115,9 +115,7 @@ class Supervisor:
         if action == "stacks":
             ours = self.torchrun.descendants()
             for rank in command.get("ranks") or []:
-                task = asyncio.ensure_future(self._collect_stack(rank, ours))
-                self._tasks.add(task)  # the loop holds tasks weakly: keep each until it is done
-                task.add_done_callback(self._tasks.discard)
+                self._in_background(self._collect_stack(rank, ours))
             return
         if action == "log_tail":
             self._log_tail(command.get("rank"))
@@ -138,6 +136,12 @@ class Supervisor:
             self._restart_when_up = True
             self._note(None, "the group is between attempts: it restarts once its first rank is up")
 
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run work beside the loop's own tasks, held until it is done: the loop holds tasks weakly."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _log_tail(self, rank: int | None) -> None:
         """The end of a rank's own log to every dashboard: read here when the rank is this
         node's, asked of its node's supervisor otherwise (which sends it up the same way)."""
@@ -149,7 +153,7 @@ class Supervisor:
             self.role.command(owner, {"type": "command", "action": "log_tail", "rank": state.rank})
             return
         style = str(self.state.meta.get("launch_style", "torchrun"))
-        lines = own_log_tail(self.hub.run.path, style, state.local_rank, state.restart, LOG_TAIL_LINES)
+        lines = own_log_tail(self.run.path, style, state.local_rank, state.restart, LOG_TAIL_LINES)
         self.hub.record({"type": "log_tail", "wall": time.time(), "rank": state.rank, "restart": state.restart, "lines": lines})
 
     def _kill_ranks(self, only: int | None = None) -> int:
@@ -197,9 +201,7 @@ class Supervisor:
         if kind in ("group_restart", "rank_gone") and self.role.judges and self.watchdog.judging():
             # torchrun waits for the failure's judgement before it restarts: give it as soon as the
             # failed attempt has said all it will (crash.py), not at the next tick.
-            task = asyncio.ensure_future(self._watch())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._in_background(self._watch())
         if kind == "rank_hello" and self._restart_when_up:  # after the watchdog saw the hello: this attempt ends
             self._restart_when_up = False
             self._kill_ranks()
