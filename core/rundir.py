@@ -135,6 +135,11 @@ def _alive(pid: Any, started: Any) -> bool:
         return False
 
 
+def single_node(meta: dict[str, Any]) -> bool:
+    """Whether a run's job is one node's (its --nnodes as given: "1", or the range "1:1")."""
+    return str(meta.get("nnodes", "1")) in ("1", "1:1")
+
+
 def create(script: Path, chosen: Path | None) -> RunDir:
     """Make a fresh run directory (the chosen one, or a new one under the root)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")

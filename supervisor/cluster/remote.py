@@ -39,7 +39,7 @@ class Target:
 
     @property
     def aggregates(self) -> bool:
-        return self.meta.get("node_rank") == 0 and str(self.meta.get("nnodes", "1")) not in ("1", "1:1")
+        return self.meta.get("node_rank") == 0 and not rundir.single_node(self.meta)
 
 
 def local_token(address: str) -> str | None:
@@ -99,6 +99,6 @@ def choose(spec: str, token_file: Path | None) -> tuple[Target, str | None]:
         if target.aggregates:
             return target, None
     first = targets[0]
-    if str(first.meta.get("nnodes", "1")) in ("1", "1:1"):
+    if rundir.single_node(first.meta):
         return first, None
     return first, f"none of {spec} is node 0's supervisor: showing node {first.meta.get('node_rank')}'s ranks only"

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from ddptop.core import wire
 from ddptop.core.model.events import exit_reason
 from ddptop.core.model.job import JobState
+from ddptop.core.rundir import single_node
 from ddptop.supervisor.watching.failures import last_error_line, port_in_use, script_frame
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.policy import WatchPolicy
@@ -85,7 +86,7 @@ class CrashRule:
         if record["type"] == "group_restart":
             # torchrun has stopped this node's group to restart it: on one node every failure of
             # the attempt is in, and waiting out the gather would only hold the restart back.
-            self._complete = str(self.state.meta.get("nnodes", "1")) in ("1", "1:1")
+            self._complete = single_node(self.state.meta)
             return []
         if record["pid"] not in self._expected_deaths and record["restart"] > self._ended:
             if not self._failures:
