@@ -64,6 +64,8 @@ class Probe:
         """The models running ddptop's default hook, until the script registers its own."""
         self.forward_hooks: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
         """The ids of the forward hooks ddptop added to each model, to leave out of its copies."""
+        self.groups: dict[int, Any] = {}
+        """The process groups of the DDP models, kept to the rank's end (threadstate.py says why)."""
         self.scaled: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
         """Tensors a GradScaler scaled, by id, with the scale they were multiplied by: the
         loss that goes to backward() is divided back (the latest SCALED_KEPT kept)."""
@@ -111,6 +113,7 @@ def _before_exit(probe: Probe) -> None:
     interpreter can still take them back (threadstate.py says why)."""
     threadstate.wait_for_release(probe.callbacks, EXIT_WAIT_S)
     threadstate.keep_past_exit(t for reduced in list(probe.reduced.values()) for t in reduced.held())
+    threadstate.keep_past_exit(probe.groups.values())
 
 
 EXIT_WAIT_S = 2.0
@@ -174,6 +177,14 @@ def _instrument(model: Any, probe: Probe) -> None:
     begin = model.register_forward_pre_hook(_forward_pre_hook(probe, _ensure_comm_hook), with_kwargs=True)
     end = model.register_forward_hook(lambda module, args, output: tracker.forward_end())
     probe.forward_hooks[model] = frozenset((begin.id, end.id))
+    # The model's Reducer holds its process group, whose destructor joins gloo's threads with
+    # the GIL held, while one of them may want the GIL to free a finished work or a comm hook's
+    # callback: a deadlock when the model goes (a script's main() returning). So the group
+    # outlives the model, and gloo's threads get the GIL to drop the callbacks as it goes.
+    group = getattr(model, "process_group", None)
+    if group is not None:
+        probe.groups[id(group)] = group
+    weakref.finalize(model, threadstate.wait_for_release, probe.callbacks, EXIT_WAIT_S).atexit = False
 
 
 def _without_hooks(state: dict[str, Any], ours: frozenset[int]) -> dict[str, Any]:

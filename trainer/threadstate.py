@@ -25,6 +25,16 @@ the process ("terminate called without an active exception"). On the
 on gloo (two core dumps read in gdb, one for each path). So at exit a rank
 waits for gloo to drop the callbacks (wait_for_release) and keeps the
 tensors past it (keep_past_exit).
+
+Freeing a DDP model has the same race, and ends in a deadlock: its
+process group's destructor joins gloo's threads with the GIL held, while
+one of them waits for the GIL to drop a callback. On the 2-core VM about
+one run in six hung so as a script's main() returned (gdb: the main thread
+in ~ProcessGroupGloo joining pt_gloo_runloop, which waits in take_gil to
+drop a callback, or the thread-local state of a finished work). So each DDP
+model waits for the callbacks' release as it is freed, and its process group
+is kept to the rank's end and past it (hooks.py): the threads are never
+joined, and end with the process.
 """
 
 from __future__ import annotations
