@@ -189,6 +189,11 @@ class Supervisor:
 
     def _observe(self, record: wire.Frame) -> None:
         kind = record["type"]
+        if kind == "agent_note":
+            text = record["text"] if record["node"] == 0 else f"node {record['node']}: {record['text']}"
+            if self.role.judges:  # one notice in the job's log, however many nodes say it
+                self.hub.note(text)
+            self.say(text)
         if kind == "group_restart":
             self.say(restart_text(record))
             # Another node's restart too (its node field is torchrun's group

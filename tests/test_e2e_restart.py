@@ -15,6 +15,7 @@ import pytest
 from conftest import DDPTOP, EXAMPLE, recorded, wait_for
 
 from ddptop.core import rundir
+from ddptop.trainer.template import MARK
 
 pytestmark = pytest.mark.slow
 
@@ -87,20 +88,62 @@ def test_killed_three_times_ends_bitwise_equal_to_an_uninterrupted_run(ddptop_ho
     assert resumed[1] == torn - EVERY, f"the torn checkpoint of step {torn} was loaded: {context}"
     left = sorted(p.name for p in (tmp_path / "ckpt-broken").iterdir())
     assert len(left) == 3 and not any(name.endswith(".tmp") for name in left), left
+    assert not any(r["type"] == "notice" and "plain way" in r["text"] for r in records), "the ranks were not forked from the template"
+    for restart in (1, 2, 3):
+        assert_phases_in_order(records, restart)
+
+
+TICK_S = 0.02
+"""A process's start time is read in the kernel's clock ticks."""
+
+
+def assert_phases_in_order(records: list[dict], restart: int) -> None:
+    """Where restart number `restart` went, mark by mark, as the event log has it:
+    the failure noticed, the group restarted, the old ranks stopped, the
+    rendezvous, then for each rank its process started, torch imported, its
+    group joined, the checkpoint loaded, and its first step done."""
+    agent = {r["phase"]: r["wall"] for r in records if r["type"] == "agent_phase" and r["restart"] == restart}
+    noticed = min(r["wall"] for r in records if r["type"] == "worker_failure" and r["restart"] == restart - 1)
+    restarted = next(r["wall"] for r in records if r["type"] == "group_restart" and r["restart"] == restart)
+    marks = [noticed, restarted, agent["stopped"], agent["rendezvous"]]
+    assert marks == sorted(marks), (restart, marks)
+    attempt: dict[int, int] = {}
+    ranks: dict[int, dict[str, float]] = {}
+    for r in records:
+        if r["type"] == "rank_hello":
+            attempt[r["rank"]] = r["restart"]
+            if r["restart"] == restart:
+                ranks[r["rank"]] = {"started": r["started"]}
+        elif attempt.get(r.get("rank")) == restart:
+            mine = ranks[r["rank"]]
+            if r["type"] == "phase":
+                mine[r["phase"]] = r["wall"]
+            elif r["type"] == "resume":
+                mine["resumed"] = r["wall"]
+            elif r["type"] == "step":
+                mine.setdefault("first step", r["wall"])
+    assert sorted(ranks) == [0, 1, 2, 3], (restart, ranks)
+    for rank, mine in ranks.items():
+        order = ["started", "torch", "group", "resumed", "first step"]
+        assert set(mine) == set(order), (restart, rank, mine)
+        walls = [agent["rendezvous"] - TICK_S, *(mine[name] for name in order)]
+        assert walls == sorted(walls), (restart, rank, mine, agent)
 
 
 def job_processes(supervisor: subprocess.Popen, ranks: int) -> list[psutil.Process]:
-    """torchrun and its ranks, once all have started: the processes that must not outlive the job."""
+    """torchrun, the template and the ranks it forked, once all have started: the processes
+    that must not outlive the job."""
 
     def found() -> list[psutil.Process] | None:
         try:
-            procs = psutil.Process(supervisor.pid).children(recursive=True)
-            workers = [p for p in procs if str(EXAMPLE) in " ".join(p.cmdline())]
-        except psutil.Error:
+            torchrun = next(p for p in psutil.Process(supervisor.pid).children() if str(EXAMPLE) in " ".join(p.cmdline()))
+            template = next(p for p in torchrun.children() if MARK in " ".join(p.cmdline()))
+            forked = template.children()
+        except (psutil.Error, StopIteration):
             return None
-        return procs if len(workers) == ranks + 1 else None  # the ranks and torchrun (its command names the script too)
+        return [torchrun, template, *forked] if len(forked) == ranks else None
 
-    return wait_for(found, 90, f"torchrun and {ranks} ranks")
+    return wait_for(found, 90, f"torchrun, the template and {ranks} ranks forked from it")
 
 
 def describe(proc: psutil.Process) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import functools
 import math
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -99,6 +100,7 @@ class Probe:
 
 def install(tracker: StepTracker, policy: GuardPolicy) -> None:
     probe = Probe(tracker, policy)
+    _mark_group_joined(tracker)
     _wrap_ddp(probe)
     _wrap_data_parallel(probe)
     _wrap_grad_scaler(probe)
@@ -106,6 +108,19 @@ def install(tracker: StepTracker, policy: GuardPolicy) -> None:
     register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(probe, optimizer))
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _optimizer_end(probe, optimizer))
     atexit.register(_before_exit, probe)
+
+
+def _mark_group_joined(tracker: StepTracker) -> None:
+    """A phase record once init_process_group returns: how long joining the group took at a (re)start."""
+    original = torch.distributed.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        tracker.event({"type": "phase", "rank": tracker.rank, "wall": time.time(), "phase": "group"})
+        return result
+
+    torch.distributed.init_process_group = init_process_group
 
 
 def _before_exit(probe: Probe) -> None:

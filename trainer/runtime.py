@@ -52,7 +52,20 @@ def rank_hello(given: tuple[int, int] | None = None) -> wire.Frame:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "restart": monitor.attempt(),
+        **({} if (started := started_wall()) is None else {"started": started}),
     }
+
+
+def started_wall() -> float | None:
+    """When this process started (for a rank forked from the template, the fork), as a
+    Unix time to the kernel's clock tick: the first mark of a rank's start-up."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            ticks = int(stat.read().rsplit(b")", 1)[1].split()[19])  # field 22, starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - age
 
 
 def die_with_parent(parent_env: str | None = AGENT_PID_ENV) -> None:
@@ -160,6 +173,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
     sender.start()
 
     def install_hooks() -> None:
+        tracker.event({"type": "phase", "rank": tracker.rank, "wall": time.time(), "phase": "torch"})
         try:
             from ddptop.trainer import hooks
 

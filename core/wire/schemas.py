@@ -29,6 +29,8 @@ _RANK_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "host": (_STR, True),
     "pid": (_INT, True),
     "restart": (_INT, True),
+    # When the process started (a rank forked from the template: the fork), a Unix time.
+    "started": (_NUM, False),
 }
 
 SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
@@ -79,8 +81,15 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "collectives": (_LIST, False),
         "dropped": (_INT, True),
     },
+    # A rank's start-up, step by step: torch imported ("torch"), its process group joined ("group").
+    "phase": {"rank": (_INT, True), "wall": (_NUM, True), "phase": (_STR, True)},
     # torchrun's own agent, through ddptop's probe (supervisor/launching/torchrun_probe.py).
     "agent_hello": {"node": (_INT, True)},
+    # A step of starting the workers of attempt `restart` that only the agent sees: the
+    # old workers "stopped", the "rendezvous" done, the new workers "started".
+    "agent_phase": {"node": (_INT, True), "restart": (_INT, True), "phase": (_STR, True), "wall": (_NUM, True)},
+    # What the user should know of how the agent starts workers (the template's fallback).
+    "agent_note": {"node": (_INT, True), "wall": (_NUM, True), "text": (_STR, True)},
     # A worker process ended with a failure: what only torchrun knows. restart:
     # the job's attempt it ran in (the probe's count, the same on every node).
     "worker_failure": {
@@ -238,10 +247,10 @@ COMMANDS = frozenset({"stop", "restart", "kill_rank", "stacks", "log_tail"})
 """Actions a viewer may request: stop the job, restart the group, kill one rank
 (and, from the aggregator to a node, collect stacks)."""
 
-RANK_RECORD_TYPES = frozenset({"step", "heartbeat", "exception", "checkpoint", "resume"})
+RANK_RECORD_TYPES = frozenset({"step", "heartbeat", "exception", "checkpoint", "resume", "phase"})
 """What a batch from a rank may carry."""
 
-AGENT_RECORD_TYPES = frozenset({"worker_failure", "group_restart"})
+AGENT_RECORD_TYPES = frozenset({"worker_failure", "group_restart", "agent_phase", "agent_note"})
 """What torchrun's probe may send after its hello."""
 
 FORWARDED_TYPES = (

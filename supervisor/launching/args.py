@@ -105,6 +105,13 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
             "help": f"... within this many seconds (default {CRASH_LOOP_WINDOW_S:.0f})",
         },
     ),
+    (
+        ("--no-template",),
+        {
+            "action": "store_true",
+            "help": "start each rank as torchrun does (a new Python that imports torch), not forked from a process that has imported torch once",
+        },
+    ),
     (("--headless",), {"action": "store_true", "help": "no dashboard: summaries on stdout, alerts on stderr"}),
     (("--run-dir",), {"type": Path, "help": "the run directory (default: a new one under ~/.local/state/ddptop/runs)"}),
     (("--summary-every",), {"type": _positive_float, "default": 5.0, "help": "seconds between headless summary lines"}),

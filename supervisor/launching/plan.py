@@ -109,6 +109,7 @@ def plan_job(args: LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir, styl
         no_python=args.no_python,
         nproc_per_node=nproc,
         style=style.name,
+        template=not opts.no_template,
         max_restarts=opts.max_restarts,
         restart_backoff=opts.restart_backoff,
         log_dir=run.logs_path,

@@ -30,10 +30,13 @@ from ddptop.core.model.events import exit_status
 from ddptop.trainer import flightrecorder, spawned
 from ddptop.trainer.policy import STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.runtime import AGENT_PID_ENV
+from ddptop.trainer.template import MARK
 
 BOOTSTRAP_DIR = str(Path(ddptop.trainer.bootstrap.__file__).parent)
 BACKOFF_ENV = "DDPTOP_RESTART_BACKOFF"
 """Base of the waits between restarts, read by the probe inside torchrun."""
+NO_TEMPLATE_ENV = "DDPTOP_NO_TEMPLATE"
+"""Set for --no-template: the probe starts every worker the plain way."""
 STOP_GRACE_S = 10.0
 """How long torchrun gets to stop its workers after SIGTERM before SIGKILL."""
 
@@ -64,6 +67,8 @@ class JobPlan:
     """script is a program, run without Python."""
     style: str = "torchrun"
     """How the script starts its ranks (launching/style.py): anything but torchrun runs one worker."""
+    template: bool = True
+    """Fork the workers from a template that has imported torch (trainer/template)."""
 
 
 def command(plan: JobPlan) -> list[str]:
@@ -120,6 +125,10 @@ def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, 
     env[STACKS_DIR_ENV] = str(plan.stacks_dir)
     env[spawned.STYLE_ENV] = plan.style
     env[BACKOFF_ENV] = str(plan.restart_backoff)
+    if plan.template:
+        env.pop(NO_TEMPLATE_ENV, None)
+    else:
+        env[NO_TEMPLATE_ENV] = "1"
     env.update(plan.guard.to_env())
     if plan.cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -171,13 +180,20 @@ class Torchrun:
             return set()
 
     def workers(self) -> set[int]:
-        """Pids of torchrun's own workers: the ranks, or a script that starts its ranks itself."""
+        """Pids of torchrun's own workers: the ranks, or a script that starts its ranks itself.
+        Those forked from the template are its children, and the template is none."""
         if self.pid is None:
             return set()
+        workers: set[int] = set()
         try:
-            return {p.pid for p in psutil.Process(self.pid).children()}
+            for child in psutil.Process(self.pid).children():
+                if MARK in " ".join(child.cmdline()):
+                    workers |= {p.pid for p in child.children()}
+                else:
+                    workers.add(child.pid)
         except psutil.Error:
-            return set()
+            pass
+        return workers
 
     async def wait(self) -> int:
         """torchrun's exit status, a signal death mapped to 128+N as shells do."""

@@ -15,6 +15,14 @@ engine, in the same process, with two of its agent's methods wrapped:
   failure, so a crash loop is stopped before another attempt starts, however
   loaded the machine.
 
+And, unless the job says --no-template, workers are forked from a template
+that has imported torch once (template.py, trainer/template), so a rank
+starts without starting Python and importing torch again.
+
+Each step of a start or restart that only the agent sees (the old workers
+stopped, the rendezvous done, the new workers started) is an `agent_phase`
+record, so the event log says where a restart's time went.
+
 And one change at the end: a failed job ends with the first failing rank's
 exit status (128+N for a signal), and a stopped one with 128+N of the stop
 signal, instead of torchrun's traceback and its 1: the supervisor has
@@ -34,10 +42,12 @@ from typing import Any
 
 from ddptop.core import wire
 from ddptop.core.model.events import exit_status
-from ddptop.supervisor.launching.torchrun import BACKOFF_ENV
+from ddptop.supervisor.launching import template
+from ddptop.supervisor.launching.torchrun import BACKOFF_ENV, NO_TEMPLATE_ENV
 from ddptop.trainer.monitor import ATTEMPT_ENV
 from ddptop.trainer.runtime import AGENT_PID_ENV
 from ddptop.trainer.sender import connect
+from ddptop.trainer.spawned import STYLE_ENV
 
 SEND_TIMEOUT_S = 1.0
 JUDGE_WAIT_S = 5.0
@@ -77,6 +87,15 @@ class Reporter:
             self._sock.sendall(wire.encode(frame))
         except OSError:
             self._sock = None
+
+    def note(self, text: str) -> None:
+        """Something the user should know of the launch: said by the supervisor, or here without one."""
+        if self.address is None:
+            print(f"ddptop: {text}", file=sys.stderr)
+        self.send({"type": "agent_note", "node": self.node, "wall": time.time(), "text": text})
+
+    def phase(self, name: str) -> None:
+        self.send({"type": "agent_phase", "node": self.node, "restart": self.restarts, "phase": name, "wall": time.time()})
 
     def hold_restart(self, restart: int, backoff: float) -> None:
         """Wait out the backoff, and until the supervisor says go (at most JUDGE_WAIT_S more).
@@ -140,6 +159,8 @@ def install(reporter: Reporter, backoff_base: float) -> None:
 
     monitor = LocalElasticAgent._monitor_workers
     restart = LocalElasticAgent._restart_workers
+    for method, phase in (("_stop_workers", "stopped"), ("_rendezvous", "rendezvous"), ("_start_workers", "started")):
+        setattr(LocalElasticAgent, method, _marking(getattr(LocalElasticAgent, method), reporter, phase))
 
     def _monitor_workers(self: Any, worker_group: Any) -> Any:
         result = monitor(self, worker_group)
@@ -175,7 +196,41 @@ def install(reporter: Reporter, backoff_base: float) -> None:
     LocalElasticAgent._restart_workers = _restart_workers  # type: ignore[method-assign]
 
 
+def _marking(method: Any, reporter: Reporter, phase: str) -> Any:
+    """The agent's method, followed by an agent_phase record once it returns."""
+
+    def marked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        reporter.phase(phase)
+        return result
+
+    return marked
+
+
+def start_template(argv: list[str]) -> template.Template | None:
+    """The template for this job's workers, started before torch is imported here so both imports
+    overlap; none when the job said --no-template, or its script starts its own ranks."""
+    plain = os.environ.get(NO_TEMPLATE_ENV) or os.environ.get(STYLE_ENV, "torchrun") != "torchrun" or "--no-python" in argv
+    return None if plain else template.Template.start(template.template_env(argv, dict(os.environ)))
+
+
+def use_template(forks: template.Template, reporter: Reporter) -> None:
+    said = False
+
+    def plain(why: str) -> None:
+        nonlocal said
+        if not said:
+            said = True
+            reporter.note(f"ranks start the plain way, without the template: {why}")
+
+    try:
+        template.install(forks, plain)
+    except (ImportError, AttributeError) as exc:
+        plain(f"this torch's worker start cannot be replaced ({exc})")
+
+
 def main(argv: list[str]) -> int:
+    forks = start_template(argv)
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -187,6 +242,8 @@ def main(argv: list[str]) -> int:
         install(reporter, float(os.environ.get(BACKOFF_ENV, "0")))
     except (ImportError, AttributeError) as exc:
         print(f"ddptop: torchrun probe off ({exc}); failures are reported without exit codes", file=sys.stderr)
+    if forks is not None:
+        use_template(forks, reporter)
     try:
         parser = run.get_args_parser()
         # The script's own options come after it; torchrun's argparse would take

@@ -30,10 +30,11 @@ def _is_ddptop_rank() -> bool:
     return bool(env.get("DDPTOP_ADDRESS")) and "RANK" in env and env.get("DDPTOP_RANK_PID", me) == me
 
 
-def _start() -> None:
+def start() -> None:
     """A script that starts its own ranks (trainer/spawned.py): its torchrun
     worker is no rank, the processes it starts are; any other torchrun
-    worker is a rank from the start."""
+    worker is a rank from the start. A rank forked from the template
+    (trainer/template) calls this once it has its rank's environment."""
     if os.environ.get("DDPTOP_LAUNCH_STYLE") == "spawn":
         from ddptop.trainer import spawned
 
@@ -52,6 +53,6 @@ _chain_to_shadowed_sitecustomize()
 
 if os.environ.get("DDPTOP_ADDRESS"):
     try:
-        _start()
+        start()
     except Exception as _exc:  # noqa: BLE001 - a broken monitor must never stop training
         print(f"ddptop: instrumentation off: {_exc}", file=sys.stderr)
