@@ -1,19 +1,23 @@
-"""How long a restart takes, from a rank's death to the first step after resume.
+"""How long a restart takes, from a rank's death to the first step after resume,
+and how long the first start takes, from the launch to the first step.
 
 The same job (the example, checkpointing every 10 steps) is run alternately
-under plain torchrun --max-restarts 1 and under `ddptop launch --headless
---max-restarts 1`; in each, one rank kills itself with SIGKILL at a chosen
-step of the first attempt. The example prints the wall time of its death
-and of the first step the restarted group finishes, so both sides are
-measured by the same clock in the same script:
+under plain torchrun --max-restarts 1, under `ddptop launch --headless
+--max-restarts 1` (ranks forked from its template, trainer/template) and
+under the same with --no-template (ranks started as torchrun starts them);
+in each, one rank kills itself with SIGKILL at a chosen step of the first
+attempt. The example prints the wall time of its death and of the first
+step of each attempt, so every side is measured by the same clock in the
+same script:
 
-    python bench/restart.py --ranks 2 --rounds 3
+    python bench/restart.py --ranks 2 --rounds 5
 
 The latency covers torchrun noticing the death, stopping the other ranks,
 a new rendezvous, starting the ranks (Python, torch import), joining the
 process group, monitor.resume and one step; the bench prints each phase's
-median for both sides, so a regression points at its phase. ddptop's first
-restart has no backoff, so what differs is its probe, bootstrap and supervisor.
+median for every side, so a regression points at its phase. ddptop's first
+restart has no backoff, so what differs is its probe, bootstrap, template
+and supervisor.
 
 Plain torchrun runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as ddptop
 does: without it torch 2.13's restarted gloo groups hang or fail to connect.
@@ -29,11 +33,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from overhead import DDPTOP, EXAMPLE, alternating
 
 DEATH = re.compile(r"injected kill at step \d+, wall ([0-9.]+)")
 RESUMED = re.compile(r"first step \d+ of attempt 1 done, wall ([0-9.]+)")
+FIRST = re.compile(r"first step \d+ of attempt 0 done, wall ([0-9.]+)")
 TIMELINE = re.compile(r"restart timeline (.*)$", re.M)
 AGENT_LINE = re.compile(r"^(?:\[[^\]]*\]:)?[IWE](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) \d+ \S+\] (.*)$", re.M)
 AGENT_MARKS = (
@@ -64,13 +70,14 @@ def _agent_wall(month: str, day: str, hour: str, minute: str, second: str) -> fl
 
 
 def timeline(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
-    """The wall time of each mark of one restart."""
+    """The wall time of each mark of one run: its launch, its first step, and its restart's marks."""
+    launch = time.time()
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     output = result.stdout + result.stderr
-    death, resumed, ranks = DEATH.search(output), RESUMED.search(output), TIMELINE.search(output)
-    if result.returncode != 0 or death is None or resumed is None or ranks is None:
+    death, resumed, ranks, first = DEATH.search(output), RESUMED.search(output), TIMELINE.search(output), FIRST.search(output)
+    if result.returncode != 0 or death is None or resumed is None or ranks is None or first is None:
         sys.exit(f"bench: run failed ({result.returncode}): {' '.join(cmd)}\n{output[-3000:]}")
-    marks = {"death": float(death.group(1)), "first step": float(resumed.group(1))}
+    marks = {"launch": launch, "started": float(first.group(1)), "death": float(death.group(1)), "first step": float(resumed.group(1))}
     for found in AGENT_LINE.finditer(output):
         wall = _agent_wall(*found.groups()[:5])
         for name, text in AGENT_MARKS:
@@ -80,10 +87,22 @@ def timeline(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
     return marks
 
 
-def latency_s(cmd: list[str], env: dict[str, str], phases: list[dict[str, float]]) -> float:
+def latency_s(cmd: list[str], env: dict[str, str], phases: list[dict[str, float]], first_starts: list[float]) -> float:
+    """The restart's latency; its phases and the run's first start go to the lists given."""
     marks = timeline(cmd, env)
     phases.append({name: marks[end] - marks[start] for name, start, end in PHASES if start in marks and end in marks})
+    first_starts.append(marks["started"] - marks["launch"])
     return marks["first step"] - marks["death"]
+
+
+def table(title: str, results: dict[str, list[float]]) -> None:
+    plain = statistics.median(results["plain torchrun"])
+    print(title)
+    print(f"{'':<22}{'median s':>10}{'min':>8}{'max':>8}{'/ plain':>9}")
+    for name, values in results.items():
+        median = statistics.median(values)
+        print(f"{name:<22}{median:>10.2f}{min(values):>8.2f}{max(values):>8.2f}{median / plain:>9.3f}")
+    print()
 
 
 def main() -> None:
@@ -126,34 +145,40 @@ def main() -> None:
             *job("plain"),
         ],
         "ddptop": lambda: [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), "--max-restarts", "1", *job("ddptop")],
+        "ddptop --no-template": lambda: [
+            DDPTOP,
+            "launch",
+            "--headless",
+            "--no-template",
+            "--nproc-per-node",
+            str(args.ranks),
+            "--max-restarts",
+            "1",
+            *job("plainddptop"),
+        ],
     }
     phases: dict[str, list[dict[str, float]]] = {name: [] for name in commands}
+    first_starts: dict[str, list[float]] = {name: [] for name in commands}
     results = alternating(
         args.rounds,
-        {name: lambda name=name, command=command: latency_s(command(), env, phases[name]) for name, command in commands.items()},
+        {
+            name: lambda name=name, command=command: latency_s(command(), env, phases[name], first_starts[name])
+            for name, command in commands.items()
+        },
         " s",
     )
 
-    plain, ours = statistics.median(results["plain torchrun"]), statistics.median(results["ddptop"])
     print()
-    print(
-        f"restart latency (death of rank 1 at step {args.kill_at} -> first step after resume), "
-        f"{args.ranks} ranks, {args.rounds} alternating rounds"
-    )
-    print(f"{'':<16}{'median s':>10}{'min':>8}{'max':>8}")
-    for name, values in results.items():
-        print(f"{name:<16}{statistics.median(values):>10.2f}{min(values):>8.2f}{max(values):>8.2f}")
-    print(f"ratio ddptop/plain (of medians): {ours / plain:.3f}")
-    print()
-    print(f"{'where the time went, median s':<56}{'plain':>8}{'ddptop':>8}{'diff':>8}")
+    where = f"{args.ranks} ranks, {args.rounds} alternating rounds, {os.cpu_count()} cores"
+    table(f"restart latency (death of rank 1 at step {args.kill_at} -> first step after resume), {where}", results)
+    table(f"first start (launch -> first step), {where}", first_starts)
+    print(f"{'where the restart went, median s':<56}" + "".join(f"{name[:14]:>16}" for name in commands))
     for name, _, _ in PHASES:
         sides = [
             statistics.median(p[name] for p in phases[side] if name in p) if any(name in p for p in phases[side]) else None
             for side in commands
         ]
-        text = ["-" if v is None else f"{v:.2f}" for v in sides]
-        diff = "-" if None in sides else f"{sides[1] - sides[0]:+.2f}"  # type: ignore[operator]
-        print(f"{name:<56}{text[0]:>8}{text[1]:>8}{diff:>8}")
+        print(f"{name:<56}" + "".join(f"{'-' if v is None else f'{v:.2f}':>16}" for v in sides))
 
 
 if __name__ == "__main__":
