@@ -17,11 +17,21 @@ import os
 import runpy
 import sys
 import types
+from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
 
 from ddptop.trainer.runtime import AGENT_PID_ENV, die_with_parent
 from ddptop.trainer.template import fit
-from ddptop.trainer.template.server import Request
+
+
+@dataclass
+class Request:
+    """A rank to become: torchrun's command line, environment and folder, and its stdio."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    fds: list[int]
 
 
 def become(request: Request) -> None:

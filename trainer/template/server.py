@@ -17,11 +17,11 @@ import socket
 import sys
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import NoReturn
 
 from ddptop.trainer.runtime import die_with_parent
-from ddptop.trainer.template import CONTROL_FD_ENV, PARENT_ENV, channel, fit
+from ddptop.trainer.template import CONTROL_FD_ENV, PARENT_ENV, channel, child, fit
+from ddptop.trainer.template.child import Request
 
 WARM = (
     "torch",
@@ -38,20 +38,8 @@ hooks module is imported but not installed (that is the rank's, once it
 knows who it is)."""
 
 
-@dataclass
-class Request:
-    """A rank to become: torchrun's command line, environment and folder, and its stdio."""
-
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    fds: list[int]
-
-
 def main() -> None:
     request = serve()
-    from ddptop.trainer.template import child
-
     child.become(request)
     child.run(request)
 
