@@ -41,6 +41,15 @@ def is_script(path: str) -> bool:
     return not path.startswith("<") and not any(part in path for part in NOT_THE_SCRIPT) and not is_ddptop(path)
 
 
+TEMPLATE_FILES = ("trainer/template/server.py", "trainer/template/child.py")
+"""The frames below the script's in a rank forked from ddptop's template (the fork's caller):
+not the rank's own, and not in a stack shown as the rank's."""
+
+
+def is_template(path: str) -> bool:
+    return path.endswith(TEMPLATE_FILES)
+
+
 def is_ddptop(path: str) -> bool:
     """Whether a frame's file is ddptop's own code."""
     return path.startswith(_own_folders())

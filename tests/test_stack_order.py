@@ -52,3 +52,30 @@ def test_py_spy_s_thread_names_and_native_threads():
     assert ordered[:3] == ["Process 42: python train.py", "Python v3.11.7 (/usr/bin/python3.11)", ""]
     assert ordered[3] == 'Thread 42 (idle): "MainThread"' and ordered[7] == 'Thread 43 (idle): "ddptop-sender"' + OWN_MARK
     assert ordered[-1] == "(1 thread in no Python code left out)"
+
+
+def test_a_forked_rank_s_dump_leaves_out_the_template_below_its_script():
+    """A rank forked from the template shows the stack a rank torchrun started would."""
+    faulthandler_dump = "\n".join(
+        [
+            "Current thread 0x00007f (most recent call first):",
+            '  File "/work/exp/train.py", line 43 in batches',
+            '  File "/work/exp/train.py", line 60 in <module>',
+            '  File "/venv/lib/python3.11/site-packages/ddptop/trainer/template/child.py", line 62 in run',
+            '  File "/venv/lib/python3.11/site-packages/ddptop/trainer/template/server.py", line 44 in main',
+            '  File "<string>", line 1 in <module>',
+        ]
+    )
+    assert script_first(faulthandler_dump).splitlines()[-1] == '  File "/work/exp/train.py", line 60 in <module>'
+    py_spy_dump = "\n".join(
+        [
+            'Thread 42 (idle): "MainThread"',
+            "    <module> (train.py:280)",
+            "    run (trainer/template/child.py:62)",
+            "    main (trainer/template/server.py:55)",
+            "    <module> (<string>:1)",
+        ]
+    )
+    assert script_first(py_spy_dump).splitlines() == ['Thread 42 (idle): "MainThread"', "    <module> (train.py:280)"]
+    plain = '  File "<string>", line 1 in <module>'  # a `python -c` script's own frame stays
+    assert script_first(f"Current thread 0x1 (most recent call first):\n{plain}").splitlines()[-1] == plain

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,17 @@ def test_a_frame_the_walk_cannot_read_gives_nowhere_not_an_exception(monkeypatch
 
     monkeypatch.setattr(sys, "_current_frames", broken)
     assert where_module.sample() == where_module.NOWHERE
+
+
+def test_a_forked_rank_s_stack_ends_at_its_script_not_in_the_template():
+    """The template's frames (the fork's caller) lie below the script's: the stack a heartbeat sends stops there."""
+    template = compile("def run(script):\n    return script()\n", str(Path(where_module.__file__).parent / "template" / "child.py"), "exec")
+    space: dict = {}
+    exec(template, space)
+
+    def script_main() -> where_module.Sample:
+        return sampled_from_another_thread()
+
+    stack = space["run"](script_main).stack
+    assert stack[0].startswith("test_where.py:") and stack[0].endswith(" in script_main"), stack
+    assert not any("template" in frame for frame in stack), stack

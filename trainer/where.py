@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from types import FrameType
 
-from ddptop.core.places import is_script, stack_line
+from ddptop.core.places import is_script, is_template, stack_line
 
 MAX_DEPTH = 200
 """Frames walked at most: deep recursion costs the sender thread no more than this."""
@@ -67,6 +67,8 @@ def _walk() -> Sample:
             break
         code = frame.f_code
         path = code.co_filename
+        if is_template(path):
+            break
         text = stack_line(path, frame.f_lineno, code.co_name)
         if script is None and is_script(path):
             script = text

@@ -20,7 +20,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ddptop.core.places import is_ddptop
+from ddptop.core.places import is_ddptop, is_template
 from ddptop.trainer.policy import STACK_SIGNAL
 
 DUMP_WAIT_S = 2.0
@@ -82,7 +82,8 @@ def script_first(text: str) -> str:
     others: list[list[str]] = []
     own: list[list[str]] = []
     native = 0
-    for block in blocks:
+    for i, block in enumerate(blocks):
+        blocks[i] = block = _without_template(block)
         frames = [line for line in block[1:] if line.strip()]
         if not frames or all("<no Python frame>" in line for line in frames):
             native += 1
@@ -96,6 +97,20 @@ def script_first(text: str) -> str:
     if native:
         out.append(f"({native} thread{'s' if native > 1 else ''} in no Python code left out)")
     return "\n".join(out).rstrip("\n")
+
+
+def _without_template(block: list[str]) -> list[str]:
+    """A thread's block less the frames below the script's in a rank forked from the
+    template (its last lines: outermost last), as a rank torchrun started shows none."""
+    end, forked = len(block), False
+    while end > 1:
+        path = _frame_path(block[end - 1])
+        if is_template(path):
+            forked = True
+        elif block[end - 1].strip() and path != "<string>":
+            break
+        end -= 1
+    return block[:end] if forked else block
 
 
 def _frame_path(line: str) -> str:
