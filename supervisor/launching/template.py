@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-from ddptop.trainer.template import CONTROL_FD_ENV, MARK, PARENT_ENV, channel
+from ddptop.trainer.template import CONTROL_FD_ENV, MARK, PARENT_ENV, channel, proctitle
 
 FORK_WAIT_S = 120.0
 """How long a worker's start waits for the template's answer: the first waits
@@ -85,7 +85,9 @@ class Template:
     def start(cls, env: dict[str, str]) -> Template:
         mine, theirs = channel.pair()
         env = {**env, CONTROL_FD_ENV: str(theirs.fileno()), PARENT_ENV: str(os.getpid())}
-        proc = subprocess.Popen([sys.executable, "-u", "-c", ENTRY], env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        room = " " * proctitle.ROOM  # an argument with no effect: the room its children's titles are written in
+        command = [sys.executable, "-u", "-c", ENTRY, room]
+        proc = subprocess.Popen(command, env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()
         return cls(proc, mine)
 

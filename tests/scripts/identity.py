@@ -31,6 +31,7 @@ def main() -> None:
         "session": os.getsid(0) == os.getpid() == os.getpgid(0),
         "stdio": [os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)],
         "buffered": [sys.stdout.line_buffering, sys.stdout.write_through, sys.stdout.encoding],
+        "cmdline": Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode().strip(),
         "parent": Path(f"/proc/{os.getppid()}/cmdline").read_text().replace("\0", " "),
     }
     with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as out:

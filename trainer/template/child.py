@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
 
 from ddptop.trainer.runtime import AGENT_PID_ENV, die_with_parent
-from ddptop.trainer.template import fit
+from ddptop.trainer.template import fit, proctitle
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Request:
 def become(request: Request) -> None:
     """Everything but running the script: the process, its stdio, its environment."""
     os.setsid()
+    proctitle.set_title(request.argv)
     for target, fd in enumerate(request.fds):
         os.dup2(fd, target)
         os.close(fd)
