@@ -23,6 +23,7 @@ from types import TracebackType
 from ddptop.core import wire
 from ddptop.trainer import flightrecorder, importwatch, monitor, where
 from ddptop.trainer.policy import STACK_SIGNAL, STACKS_DIR_ENV, GuardPolicy
+from ddptop.trainer.procstat import stat_fields
 from ddptop.trainer.sender import Sender
 from ddptop.trainer.steps import StepTracker
 
@@ -59,11 +60,12 @@ def rank_hello(given: tuple[int, int] | None = None) -> wire.Frame:
 def started_wall() -> float | None:
     """When this process started (for a rank forked from the template, the fork), as a
     Unix time to the kernel's clock tick: the first mark of a rank's start-up."""
+    fields = stat_fields(22)  # starttime, in clock ticks since boot
+    if fields is None:
+        return None
     try:
-        with open("/proc/self/stat", "rb") as stat:
-            ticks = int(stat.read().rsplit(b")", 1)[1].split()[19])  # field 22, starttime
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - fields[0] / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
         return None
     return time.time() - age
 

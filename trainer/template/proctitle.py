@@ -14,18 +14,18 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 
+from ddptop.trainer.procstat import stat_fields
+
 ROOM = 4000
 """Bytes of argv area the template starts with for its children's titles (the kernel reads a page of it)."""
 
 
 def set_title(argv: Sequence[str]) -> None:
     """Show argv as this process's command line, as far as the argv area holds it."""
-    try:
-        with open("/proc/self/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: fields 48 and 49
-    except (OSError, ValueError, IndexError):
+    fields = stat_fields(48, 49)  # arg_start, arg_end
+    if fields is None:
         return
+    start, end = fields
     size = end - start
     if size < 2:
         return
