@@ -67,8 +67,8 @@ def misfit(argv: Sequence[str], env: Mapping[str, str], cwd: str, template_env: 
         return f"torchrun starts `{' '.join(argv[:3])} ...`, which is not this Python running a script"
     changed = sorted(
         name
-        for name in set(env) ^ set(template_env) | {n for n in env if env[n] != template_env.get(n)}
-        if name.startswith(IMPORT_TIME_PREFIXES) and not name.startswith(PER_WORKER_PREFIXES)
+        for name in env.keys() | template_env.keys()
+        if env.get(name) != template_env.get(name) and name.startswith(IMPORT_TIME_PREFIXES) and not name.startswith(PER_WORKER_PREFIXES)
     )
     if changed:
         return f"the ranks' environment differs from the template's in {', '.join(changed)}"
