@@ -82,8 +82,7 @@ def script_first(text: str) -> str:
     others: list[list[str]] = []
     own: list[list[str]] = []
     native = 0
-    for i, block in enumerate(blocks):
-        blocks[i] = block = _without_template(block)
+    for block in map(_without_template, blocks):
         frames = [line for line in block[1:] if line.strip()]
         if not frames or all("<no Python frame>" in line for line in frames):
             native += 1
