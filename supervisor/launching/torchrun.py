@@ -36,7 +36,8 @@ BOOTSTRAP_DIR = str(Path(ddptop.trainer.bootstrap.__file__).parent)
 BACKOFF_ENV = "DDPTOP_RESTART_BACKOFF"
 """Base of the waits between restarts, read by the probe inside torchrun."""
 NO_TEMPLATE_ENV = "DDPTOP_NO_TEMPLATE"
-"""Set for --no-template: the probe starts every worker the plain way."""
+"""Set when the workers are not forked from the template (--no-template, or a job it does not
+serve): the probe starts every worker the plain way."""
 STOP_GRACE_S = 10.0
 """How long torchrun gets to stop its workers after SIGTERM before SIGKILL."""
 
@@ -125,7 +126,9 @@ def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, 
     env[STACKS_DIR_ENV] = str(plan.stacks_dir)
     env[spawned.STYLE_ENV] = plan.style
     env[BACKOFF_ENV] = str(plan.restart_backoff)
-    if plan.template:
+    # The template forks torchrun's workers when each is a rank running this Python on a script
+    # or a module: not a script that starts its ranks itself, nor a program (--no-python).
+    if plan.template and plan.style == "torchrun" and not plan.no_python:
         env.pop(NO_TEMPLATE_ENV, None)
     else:
         env[NO_TEMPLATE_ENV] = "1"

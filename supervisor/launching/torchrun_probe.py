@@ -47,7 +47,6 @@ from ddptop.supervisor.launching.torchrun import BACKOFF_ENV, NO_TEMPLATE_ENV
 from ddptop.trainer.monitor import ATTEMPT_ENV
 from ddptop.trainer.runtime import AGENT_PID_ENV
 from ddptop.trainer.sender import connect
-from ddptop.trainer.spawned import STYLE_ENV
 
 SEND_TIMEOUT_S = 1.0
 JUDGE_WAIT_S = 5.0
@@ -209,9 +208,10 @@ def _marking(method: Any, reporter: Reporter, phase: str) -> Any:
 
 def start_template(argv: list[str]) -> template.Template | None:
     """The template for this job's workers, started before torch is imported here so both imports
-    overlap; none when the job said --no-template, or its script starts its own ranks."""
-    plain = os.environ.get(NO_TEMPLATE_ENV) or os.environ.get(STYLE_ENV, "torchrun") != "torchrun" or "--no-python" in argv
-    return None if plain else template.Template.start(template.template_env(argv, dict(os.environ)))
+    overlap; none when the launcher said no (torchrun.environment)."""
+    if os.environ.get(NO_TEMPLATE_ENV):
+        return None
+    return template.Template.start(template.template_env(argv, dict(os.environ)))
 
 
 def use_template(forks: template.Template, reporter: Reporter) -> None:
