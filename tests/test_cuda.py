@@ -74,11 +74,13 @@ def test_the_guard_decides_a_step_late_without_waiting_and_agrees_with_the_cpu()
     torch.manual_seed(0)
     grads = [torch.randn(1000, device="cuda") * 100, torch.randn(10, 10, device="cuda")]
     on_cpu = [g.cpu() for g in grads]
-    expected = guard.verdict_late(on_cpu, [], clip_grad=1.0)
-    for value in guard.verdict_late([g.clone() for g in grads], [torch.ones((), device="cuda")], clip_grad=1.0).values():
+    expected = guard.verdict_late(guard.Gradients.of(on_cpu), [], clip_grad=1.0)
+    for value in guard.verdict_late(
+        guard.Gradients.of([g.clone() for g in grads]), [torch.ones((), device="cuda")], clip_grad=1.0
+    ).values():
         value.get()  # every kernel used below, loaded before the GPU is busy
     busy_gpu()
-    values = guard.verdict_late(grads, [torch.ones((), device="cuda")], clip_grad=1.0)
+    values = guard.verdict_late(guard.Gradients.of(grads), [torch.ones((), device="cuda")], clip_grad=1.0)
     assert sorted(values) == ["clipped", "grad_norm", "local_nonfinite", "nonfinite"]
     assert not any(v.ready() for v in values.values()), "the guard waited for the GPU"
     torch.cuda.synchronize()

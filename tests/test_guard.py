@@ -85,12 +85,12 @@ def test_the_late_verdict_agrees_with_the_one_taken_now():
     guard.clip(expected, norm, 1.0)
     local = guard.LocalCheck()
     local.add(torch.ones(3))
-    values = guard.verdict_late(grads, local.take(), clip_grad=1.0)
+    values = guard.verdict_late(guard.Gradients.of(grads), local.take(), clip_grad=1.0)
     assert values == {"grad_norm": pytest.approx(norm, rel=1e-6), "clipped": True}
     assert all(torch.allclose(a, b, rtol=1e-6) for a, b in zip(grads, expected))
 
     under = [g.clone() for g in grads]
-    assert guard.verdict_late(under, [], clip_grad=10.0)["clipped"] is False
+    assert guard.verdict_late(guard.Gradients.of(under), [], clip_grad=10.0)["clipped"] is False
     assert all(torch.equal(a, b) for a, b in zip(under, grads)), "gradients under the norm must be left bitwise alone"
 
 
@@ -99,9 +99,9 @@ def test_the_late_verdict_names_a_non_finite_step_and_its_source():
     grads[0].view(-1)[0] = float("nan")
     local = guard.LocalCheck()
     local.add(torch.tensor([float("nan")]))
-    assert guard.verdict_late(grads, local.take(), None) == {"nonfinite": True, "local_nonfinite": True}
-    assert guard.verdict_late(grads, [torch.ones(())], None) == {"nonfinite": True, "local_nonfinite": False}
-    assert guard.verdict_late(grads, [], None) == {"nonfinite": True, "local_nonfinite": None}
+    assert guard.verdict_late(guard.Gradients.of(grads), local.take(), None) == {"nonfinite": True, "local_nonfinite": True}
+    assert guard.verdict_late(guard.Gradients.of(grads), [torch.ones(())], None) == {"nonfinite": True, "local_nonfinite": False}
+    assert guard.verdict_late(guard.Gradients.of(grads), [], None) == {"nonfinite": True, "local_nonfinite": None}
 
 
 @pytest.mark.parametrize(

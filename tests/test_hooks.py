@@ -37,8 +37,9 @@ def gloo_world_of_one() -> Iterator[None]:
 
 
 @pytest.fixture
-def records(gloo_world_of_one: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
-    """ddptop's hooks installed as in a rank; the step records they emit."""
+def records(gloo_world_of_one: None, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
+    """ddptop's hooks installed as in a rank; the step records they emit. The
+    rank's policy is the default, or the test's indirect parameter."""
     ddp_methods = ("__init__", "__getstate__", "__setstate__", "register_comm_hook")
     patched = (*((DistributedDataParallel, name) for name in ddp_methods), (torch.amp.GradScaler, "step"), (torch.amp.GradScaler, "scale"))
     for cls, name in (*patched, (torch.autograd, "backward")):
@@ -48,7 +49,7 @@ def records(gloo_world_of_one: None, monkeypatch: pytest.MonkeyPatch) -> Iterato
     monkeypatch.setattr(optimizer_module, "_global_optimizer_post_hooks", collections.OrderedDict())
     out: list[dict[str, Any]] = []
     tracker = StepTracker(0, emit=out.append)
-    hooks.install(tracker, GuardPolicy())
+    hooks.install(tracker, getattr(request, "param", GuardPolicy()))
     yield out
     tracker.flush()
 
@@ -141,6 +142,43 @@ def test_a_grad_scaler_step_reports_the_unscaled_norm(records):
     scaler.step(optimizer)
     scaler.update()
     assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+
+
+AMP_STYLES = {
+    # minGPT-ddp: clips the gradients of the scaled loss, never unscale_s them: the script's own
+    # norm is the scaled one, and the optimizer applies gradients clipped to 1/scale.
+    "amp, no unscale_": (True, False),
+    # the PyTorch AMP recipe and Hugging Face: unscale_, then clip.
+    "amp, unscale_": (True, True),
+    # nanoGPT on a CPU or in bf16: GradScaler(enabled=False), its calls no-ops.
+    "disabled scaler": (False, True),
+}
+
+
+@pytest.mark.parametrize("records", [GuardPolicy(), GuardPolicy(clip_grad=0.5)], indirect=True, ids=["script clips", "ddptop clips too"])
+@pytest.mark.parametrize("style", list(AMP_STYLES))
+def test_the_norm_is_the_unscaled_one_before_the_scripts_own_clipping_under_a_grad_scaler(records, style):
+    """GRAD NORM is what the script's clip_grad_norm_ returns, unscaled, on every step."""
+    enabled, unscales = AMP_STYLES[style]
+    model = ddp_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, enabled=enabled)
+    expected: list[float] = []
+    for _ in range(4):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(torch.randn(4, 8)).pow(2).sum() * 10
+        scaler.scale(loss).backward()
+        if unscales:
+            scaler.unscale_(optimizer)
+        returned = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        expected.append(returned if unscales else returned / scaler.get_scale())
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+    model(torch.randn(1, 8))  # the next forward releases the record held for monitor.step()
+    shown = [r["grad_norm"] for r in records if r["type"] == "step"]
+    assert min(expected) > 1.0, "the script's clipping must have clipped for the test to mean anything"
+    assert shown == pytest.approx(expected, rel=1e-4)
 
 
 def test_a_non_finite_bucket_skips_the_step_and_names_this_rank(records):

@@ -6,7 +6,12 @@ change. Before the optimizer applies a step:
 - the global gradient norm is taken, every step: it is the pre-clip norm
   the dashboard shows, the NaN/Inf test, and the clipping factor in one pass.
   Where DDP's all-reduced buckets hold exactly the optimizer's gradients
-  (ReducedBuckets), it is taken over the buckets, a few flat tensors.
+  (ReducedBuckets), it is taken over the buckets, a few flat tensors. They
+  are also the gradients as the all-reduce left them, before anything the
+  script did to them after backward: its own clip_grad_norm_, a GradScaler's
+  unscale_. So the norm shown is theirs, divided by the scale a GradScaler
+  multiplied the loss by (Gradients): the unscaled pre-clip norm, whatever
+  the script clips, scales or forgets to unscale.
   After DDP's all-reduce every rank holds the same gradients, so a
   non-finite value on any rank is non-finite on all of them: every rank
   reaches the same verdict at the same step with no collective of its own;
@@ -36,6 +41,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -88,10 +94,15 @@ class ReducedBuckets:
 
     A step's buckets are held until the next step's first all-reduce: they
     are DDP's own tensors, so holding them costs no memory.
+
+    With gradient_as_bucket_view=True the gradients are views of the buckets
+    (`views`): whatever the script does to its gradients after backward
+    (unscale_, its own clipping) it does to the buckets too.
     """
 
-    def __init__(self, params: Iterable[torch.Tensor]) -> None:
+    def __init__(self, params: Iterable[torch.Tensor], views: bool = False) -> None:
         self.params = frozenset(id(p) for p in params)
+        self.views = views
         self._step: int | None = None
         self._latest: dict[int, torch.Tensor] = {}
 
@@ -113,6 +124,33 @@ class ReducedBuckets:
         return tensors if all(t.layout == torch.strided for t in tensors) else []
 
 
+@dataclass(frozen=True)
+class Gradients:
+    """What the guard reads at a step: `applied`, the tensors whose norm is the
+    NaN/Inf test and the clipping factor (the optimizer's gradients, or the
+    buckets that equal them); and `shown`, whose norm divided by `scale` is the
+    pre-clip norm the dashboard shows. They are one list unless clipping is
+    enforced: then the optimizer's gradients, which the script may have
+    clipped already, are clipped, and the buckets say what came before."""
+
+    applied: list[torch.Tensor]
+    shown: list[torch.Tensor]
+    scale: torch.Tensor | None = None
+    """What a GradScaler multiplied the loss by, when `shown` holds gradients of the scaled loss."""
+
+    @classmethod
+    def of(cls, grads: list[torch.Tensor]) -> Gradients:
+        """Gradients whose own norm is both the test and the one shown."""
+        return cls(grads, grads)
+
+    def shown_norm(self, applied_norm: torch.Tensor) -> torch.Tensor:
+        """The unscaled pre-clip norm, unread, given the norm of `applied`; taken before clipping."""
+        norm = applied_norm if self.shown is self.applied else _total(torch._foreach_norm(self.shown))
+        if self.scale is None:
+            return norm
+        return norm.float() / self.scale.to(norm.device).float().reshape(())
+
+
 def any_nonfinite(sums: list[Any]) -> bool | None:
     """Whether this rank's own gradients held a NaN/Inf; None when unknown (no DDP)."""
     if not sums:
@@ -131,6 +169,14 @@ def grad_norm(grads: list[torch.Tensor]) -> float | None:
     return float(_total(torch._foreach_norm(grads)))
 
 
+def norms_now(grads: Gradients) -> tuple[float, float] | None:
+    """(the norm of grads.applied, the shown pre-clip norm), read on the host; None with no gradients."""
+    if not grads.applied:
+        return None
+    norm = _total(torch._foreach_norm(grads.applied))
+    return float(norm), float(grads.shown_norm(norm))
+
+
 def _total(norms: Sequence[torch.Tensor]) -> torch.Tensor:
     """The L2 norm of per-tensor norms, on the first one's device, unread."""
     if len(norms) == 1:
@@ -139,7 +185,7 @@ def _total(norms: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
 
 
-def verdict_late(grads: list[torch.Tensor], local_sums: list[Any], clip_grad: float | None) -> dict[str, Any]:
+def verdict_late(grads: Gradients, local_sums: list[Any], clip_grad: float | None) -> dict[str, Any]:
     """The guard's record values without reading anything on the host now.
 
     For a step nobody waits on (policy.GuardPolicy.skips_now): the norm, the
@@ -148,21 +194,21 @@ def verdict_late(grads: list[torch.Tensor], local_sums: list[Any], clip_grad: fl
     device as clip_grad_norm_ does: scaled by min(1, max_norm / norm), which
     leaves gradients under the norm bitwise alone (a product with 1.0).
     """
-    norm = _total(torch._foreach_norm(grads))
+    norm = _total(torch._foreach_norm(grads.applied))
     device = norm.device
+    parts = [norm.float(), grads.shown_norm(norm).float()]
     if clip_grad is not None:
         factor = torch.clamp(clip_grad / (norm + CLIP_EPS), max=1.0)
-        for group in _by_device(grads).values():
+        for group in _by_device(grads.applied).values():
             torch._foreach_mul_(group, factor.to(group[0].device))
-    parts = [norm.float()]
     if local_sums:
         parts.append(torch.stack([s.to(device) for s in local_sums]).sum())  # non-finite if any sum is
     verdict = torch.stack(parts)
 
     def fields(v: list[float]) -> dict[str, Any]:
         if not math.isfinite(v[0]):
-            return {"nonfinite": True, "local_nonfinite": not math.isfinite(v[1]) if len(v) > 1 else None}
-        return {"grad_norm": v[0], "clipped": None if clip_grad is None else v[0] > clip_grad}
+            return {"nonfinite": True, "local_nonfinite": not math.isfinite(v[2]) if len(v) > 2 else None}
+        return {"grad_norm": v[1], "clipped": None if clip_grad is None else v[0] > clip_grad}
 
     if not verdict.is_cuda:
         return fields(verdict.tolist())

@@ -55,7 +55,8 @@ class Probe:
         self.memory = MemoryReadings()
         self.reduced: weakref.WeakKeyDictionary[Any, guard.ReducedBuckets] = weakref.WeakKeyDictionary()
         self.owners: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], guard.ReducedBuckets | None]] = weakref.WeakKeyDictionary()
-        self.scaling = False
+        self.scale: torch.Tensor | None = None
+        """The scale a GradScaler multiplied this step's loss by (None: no scaler, or a disabled one)."""
         self.stepping: Any = None
         """The optimizer whose step() is running. One that raised is left
         here, and its next step() begins afresh."""
@@ -78,7 +79,7 @@ class Probe:
         if model not in self.reduced:
             ignored = getattr(model, "parameters_to_ignore", ())
             trainable = (p for name, p in model.module.named_parameters() if p.requires_grad and name not in ignored)
-            self.reduced[model] = guard.ReducedBuckets(trainable)
+            self.reduced[model] = guard.ReducedBuckets(trainable, views=bool(getattr(model, "gradient_as_bucket_view", False)))
         return self.reduced[model]
 
     def parameters(self) -> Iterator[torch.Tensor]:
@@ -216,7 +217,7 @@ SCALED_KEPT = 16
 
 def _wrap_grad_scaler(probe: Probe) -> None:
     """End the step that GradScaler skips: optimizer.step() never runs for it. And
-    remember what it scaled, so the loss is recorded unscaled."""
+    remember what it scaled by, so the loss and the grad norm are recorded unscaled."""
     scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if scaler_class is None:
         return
@@ -226,7 +227,10 @@ def _wrap_grad_scaler(probe: Probe) -> None:
     @functools.wraps(original_scale)
     def scale(self: Any, outputs: Any) -> Any:
         scaled = original_scale(self, outputs)
-        if isinstance(scaled, torch.Tensor) and scaled is not outputs and self._scale is not None:
+        if scaled is outputs or self._scale is None:  # a disabled scaler scales nothing
+            return scaled
+        probe.scale = self._scale
+        if isinstance(scaled, torch.Tensor):
             probe.scaled[id(scaled)] = (weakref.ref(scaled), self._scale)
             if len(probe.scaled) > SCALED_KEPT:
                 del probe.scaled[next(iter(probe.scaled))]
@@ -237,13 +241,10 @@ def _wrap_grad_scaler(probe: Probe) -> None:
     @functools.wraps(original_step)
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         before = probe.tracker.step
-        probe.scaling = True
-        try:
-            result = original_step(self, optimizer, *args, **kwargs)
-        finally:
-            probe.scaling = False
+        result = original_step(self, optimizer, *args, **kwargs)
         if probe.tracker.step == before:
             probe.local.take()
+            probe.scale = None
             probe.tracker.scaler_skip(_after_step(probe))
         return result
 
@@ -444,37 +445,44 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     the verdict is read a step late instead (policy.GuardPolicy.skips_now).
     """
     local = probe.local.take()
-    grads = _reduced_gradients(probe, optimizer) or guard.gradients(optimizer)
-    if not grads:
+    scale, probe.scale = probe.scale, None
+    grads = _gradients(probe, optimizer, scale)
+    if not grads.applied:
         return {}
-    if probe.policy.skips_now(grads[0].is_cuda):
+    if probe.policy.skips_now(grads.applied[0].is_cuda):
         return _verdict_now(probe, optimizer, grads, local)
     return guard.verdict_late(grads, local, probe.policy.clip_grad)
 
 
-def _reduced_gradients(probe: Probe, optimizer: Any) -> list[torch.Tensor]:
-    """The optimizer's gradients as the all-reduced buckets that hold them,
-    or [] where the buckets may differ from them: a GradScaler unscales the
-    gradients and not the buckets, and enforced clipping must see the
-    gradients the script may have clipped itself. The norm is then the one
-    of the gradients as the all-reduce left them, before the script's own
-    clipping, as the dashboard's GRAD NORM promises."""
-    if probe.scaling or probe.policy.clip_grad is not None:
-        return []
+def _gradients(probe: Probe, optimizer: Any, scale: torch.Tensor | None) -> guard.Gradients:
+    """What the guard reads: the all-reduced buckets that hold the optimizer's
+    gradients where there are such, as the all-reduce left them: before the
+    script's own clipping and unscale_, so their norm over the GradScaler's
+    scale is the unscaled pre-clip norm GRAD NORM promises. Enforced clipping
+    must act on the optimizer's gradients themselves, which the script may have
+    clipped already, so then those are applied and the buckets only shown.
+    Without such buckets (no DDP model owns exactly the optimizer's parameters)
+    the optimizer's gradients are both, as a GradScaler.step has unscaled them."""
     owner = probe.buckets_of(optimizer)
-    return owner.take(probe.tracker.step) if owner is not None else []
+    reduced = owner.take(probe.tracker.step) if owner is not None else []
+    if owner is None or not reduced:
+        return guard.Gradients.of(guard.gradients(optimizer))
+    shown_scale = None if owner.views else scale  # buckets the gradients are views of were unscaled with them
+    applied = reduced if probe.policy.clip_grad is None else guard.gradients(optimizer)
+    return guard.Gradients(applied, reduced, shown_scale)
 
 
-def _verdict_now(probe: Probe, optimizer: Any, grads: list[torch.Tensor], local: list[Any]) -> dict[str, Any]:
-    norm = guard.grad_norm(grads)
-    if norm is None:  # no parameter has a gradient this step: nothing to check or clip
+def _verdict_now(probe: Probe, optimizer: Any, grads: guard.Gradients, local: list[Any]) -> dict[str, Any]:
+    norms = guard.norms_now(grads)
+    if norms is None:  # no parameter has a gradient this step: nothing to check or clip
         return {}
+    norm, shown = norms
     if not math.isfinite(norm):
         guard.skip(optimizer)
         return {"nonfinite": True, "local_nonfinite": guard.any_nonfinite(local), "skipped": "nan"}
-    values: dict[str, Any] = {"grad_norm": norm}
+    values: dict[str, Any] = {"grad_norm": shown}
     if probe.policy.clip_grad is not None:
-        values["clipped"] = guard.clip(grads, norm, probe.policy.clip_grad)
+        values["clipped"] = guard.clip(grads.applied, norm, probe.policy.clip_grad)
     return values
 
 
