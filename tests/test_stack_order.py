@@ -1,10 +1,20 @@
-"""Stack dumps as users read them: the main thread first, ddptop's own threads last and marked."""
+"""Stack dumps as users read them: the main thread first, ddptop's own threads last and marked;
+a stopped rank's stack, or why there is none."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
+from conftest import wait_for
+
+from ddptop.supervisor.watching import stacks
 from ddptop.supervisor.watching.stacks import OWN_MARK, script_first
 from ddptop.trainer import sender
 
@@ -79,3 +89,103 @@ def test_a_forked_rank_s_dump_leaves_out_the_template_below_its_script():
     assert script_first(py_spy_dump).splitlines() == ['Thread 42 (idle): "MainThread"', "    <module> (train.py:280)"]
     plain = '  File "<string>", line 1 in <module>'  # a `python -c` script's own frame stays
     assert script_first(f"Current thread 0x1 (most recent call first):\n{plain}").splitlines()[-1] == plain
+
+
+def test_the_training_thread_inside_ddptops_hooks_is_still_the_main_thread():
+    """A rank stuck in an all-reduce runs through ddptop's backward wrapper: what
+    started the thread says whose it is, not what it runs now."""
+    dump = "\n".join(
+        [
+            "Thread 0x00007f01 (most recent call first):",
+            f'  File "{sender.__file__}", line 112 in _run',
+            '  File "/usr/lib/python3.11/threading.py", line 982 in run',
+            '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap',
+            "",
+            "Current thread 0x00007f00 (most recent call first):",
+            '  File "/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", line 347 in backward',
+            f'  File "{hooks_file()}", line 236 in backward',
+            '  File "/work/exp/train.py", line 51 in train',
+            '  File "/work/exp/train.py", line 60 in <module>',
+        ]
+    )
+    blocks = script_first(dump).split("\n\n")
+    assert blocks[0].startswith("Current thread") and OWN_MARK not in blocks[0]
+    assert blocks[1].startswith("Thread 0x00007f01") and blocks[1].splitlines()[0].endswith(OWN_MARK)
+
+
+def hooks_file() -> str:
+    """ddptop's hooks module, found without importing it (it imports torch)."""
+    spec = importlib.util.find_spec("ddptop.trainer.hooks")
+    assert spec is not None and spec.origin is not None
+    return spec.origin
+
+
+def test_py_spy_s_native_frames_do_not_hide_whose_thread_it_is_or_the_template():
+    dump = "\n".join(
+        [
+            'Thread 43 (idle): "ddptop-sender"',
+            "    0x7f25182a3f16 (libc.so.6)",
+            "    Sender._run (trainer/sender.py:112)",
+            "    Thread._bootstrap (threading.py:1002)",
+            "    0x7f25183278ec (libc.so.6)",
+            "",
+            'Thread 42 (idle): "MainThread"',
+            "    clock_nanosleep (libc.so.6)",
+            "    <module> (train.py:280)",
+            "    run (trainer/template/child.py:62)",
+            "    <module> (<string>:1)",
+            "    0x7f251824524a (libc.so.6)",
+        ]
+    )
+    assert script_first(dump).splitlines() == [
+        'Thread 42 (idle): "MainThread"',
+        "    clock_nanosleep (libc.so.6)",
+        "    <module> (train.py:280)",
+        "",
+        'Thread 43 (idle): "ddptop-sender"' + OWN_MARK,
+        "    0x7f25182a3f16 (libc.so.6)",
+        "    Sender._run (trainer/sender.py:112)",
+        "    Thread._bootstrap (threading.py:1002)",
+        "    0x7f25183278ec (libc.so.6)",
+    ]
+
+
+STOPPED_RANK = """
+import sys, time
+def train_step():
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.01)
+train_step()
+"""
+
+
+@pytest.fixture
+def stopped_rank(tmp_path: Path) -> Iterator[subprocess.Popen]:
+    """A process stopped with SIGSTOP in its script's train_step, as a user's kill -STOP leaves a rank."""
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED_RANK], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: stacks._process_state(proc.pid) == "T", 10, "the process to stop")
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_a_stopped_rank_s_stack_is_read_by_py_spy(stopped_rank, tmp_path):
+    assert stacks.py_spy() is not None, "py-spy is a dependency: ./dev installs it"
+    got = await stacks.dump(tmp_path, 0, stopped_rank.pid)
+    assert got is not None
+    source, text = got
+    assert source == "py-spy --nonblocking" and "train_step (<string>:6)" in text, text
+
+
+async def test_without_py_spy_a_stopped_rank_is_said_to_be_stopped(stopped_rank, tmp_path, monkeypatch):
+    monkeypatch.setattr(stacks, "py_spy", lambda: None)
+    assert await stacks.dump(tmp_path, 0, stopped_rank.pid) is None  # faulthandler's handler cannot run
+    assert (
+        stacks.why_none(stopped_rank.pid)
+        == "py-spy is not installed and faulthandler got no answer (it is stopped: SIGSTOP, or a debugger holds it)"
+    )

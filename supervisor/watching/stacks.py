@@ -1,10 +1,16 @@
-"""Getting a stuck rank's Python stacks: py-spy when installed, else faulthandler.
+"""Getting a stuck rank's stacks: py-spy (a dependency), else faulthandler.
 
-The ranks' bootstrap registers faulthandler on STACK_SIGNAL with a file in
-the run's stacks/raw/ folder (trainer/runtime.py). Asking for a dump is
-sending the signal and reading what the file gained; faulthandler writes
-from its C signal handler, so a rank blocked in a collective still answers.
-py-spy, when on PATH and allowed to attach, also shows native frames.
+py-spy reads the rank's memory from outside, so it needs nothing of the
+rank: a rank stopped (SIGSTOP), or stuck in native code with the GIL held,
+still shows where it is. `py-spy dump --native` attaches with ptrace and
+adds the native frames; a stopped rank cannot be attached to, and gets
+`--nonblocking`, its Python frames only. Without py-spy (or where ptrace
+is not allowed, some containers) the ranks' bootstrap has registered
+faulthandler on STACK_SIGNAL with a file in the run's stacks/raw/ folder
+(trainer/runtime.py): asking is sending the signal and reading what the
+file gained; it writes from its C signal handler, so a rank blocked in a
+collective still answers, but a stopped one cannot. A rank nobody could
+read gets a reason (why_none), said once on the alert.
 
 Either dump lists threads in no order a reader needs. What the alert, the
 event log, the dashboard and stacks/rank<R>.<pid>.txt get is script_first():
@@ -18,6 +24,7 @@ import asyncio
 import os
 import re
 import shutil
+import sysconfig
 from pathlib import Path
 
 from ddptop.core.places import is_ddptop, is_template
@@ -34,18 +41,46 @@ def stack_file(folder: Path, rank: int, pid: int) -> Path:
 
 
 async def dump(raw: Path, rank: int, pid: int) -> tuple[str, str] | None:
-    """(source, text) of the rank's stacks now, script first, or None when it cannot say.
+    """(source, text) of the rank's stacks now, script first, or None when it cannot say (why_none says why).
 
     raw is where the rank's faulthandler writes.
     """
     got: tuple[str, str] | None = None
-    if shutil.which("py-spy"):
-        text = await _py_spy(pid)
-        if text:
-            got = "py-spy", text
+    spy = py_spy()
+    if spy is not None:
+        for source, flag in (("py-spy --native", "--native"), ("py-spy --nonblocking", "--nonblocking")):
+            text = await _py_spy(spy, flag, pid)
+            if text:
+                got = source, text
+                break
     if got is None:
         got = await _faulthandler(stack_file(raw, rank, pid), pid)
     return None if got is None else (got[0], script_first(got[1]))
+
+
+def py_spy() -> str | None:
+    """The py-spy command: on PATH, or beside this Python (a venv that is not activated)."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=sysconfig.get_path("scripts"))
+
+
+def why_none(pid: int) -> str:
+    """Why no stack could be read of a live rank, in words for the alert."""
+    state = _process_state(pid)
+    if state is None:
+        return "it is gone"
+    stopped = " (it is stopped: SIGSTOP, or a debugger holds it)" if state in ("T", "t") else ""
+    if py_spy() is None:
+        return f"py-spy is not installed and faulthandler got no answer{stopped}"
+    return f"py-spy could not read it (ptrace not permitted here?) and faulthandler got no answer{stopped}"
+
+
+def _process_state(pid: int) -> str | None:
+    """The state letter of /proc/PID/stat (R, S, D, T...), None for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            return stream.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def keep(folder: Path, rank: int, pid: int, source: str, text: str) -> None:
@@ -55,6 +90,7 @@ def keep(folder: Path, rank: int, pid: int, source: str, text: str) -> None:
 
 
 _THREAD = re.compile(r"^(Current thread|Thread) ")
+_PY_SPY_THREAD = re.compile(r"^Thread ", re.MULTILINE)
 _PATHS = re.compile(r'File "([^"]+)"|\(([^():]+):\d+\)')
 OWN_MARK = "  [ddptop's own thread]"
 
@@ -83,19 +119,43 @@ def script_first(text: str) -> str:
     own: list[list[str]] = []
     native = 0
     for block in map(_without_template, blocks):
-        frames = [line for line in block[1:] if line.strip()]
-        if not frames or all("<no Python frame>" in line for line in frames):
+        kind = _thread_kind(block)
+        if kind == "native":
             native += 1
-        elif '"ddptop-' in block[0] or any(is_ddptop(_frame_path(line)) for line in frames):
+        elif kind == "own":
             own.append([block[0] + OWN_MARK, *block[1:]])
-        elif '"MainThread"' in block[0] or "_bootstrap" not in frames[-1]:
-            main.append(block)
         else:
-            others.append(block)
+            (main if kind == "main" else others).append(block)
     out = head + [line for block in main + others + own for line in _spaced(block)]
     if native:
         out.append(f"({native} thread{'s' if native > 1 else ''} in no Python code left out)")
     return "\n".join(out).rstrip("\n")
+
+
+_NAME = re.compile(r'^Thread \S+ \([^)]*\): "([^"]*)"')
+
+
+def _thread_kind(block: list[str]) -> str:
+    """main, own (a thread ddptop started), other, or native (no Python frame).
+
+    By what started the thread, not by what it runs now: the training thread
+    runs through ddptop's hooks (a backward, a comm hook) and is still the
+    script's. py-spy names threads (MainThread, ddptop-sender); in a
+    faulthandler dump the main thread is the one threading's _bootstrap did
+    not start, and a thread is ddptop's when the function it was started
+    with, its outermost frame outside threading, is ddptop's."""
+    frames = [path for line in block[1:] if (path := _frame_path(line))]
+    if not frames:
+        return "native"
+    named = _NAME.match(block[0])
+    if named is not None and named[1] == "MainThread":
+        return "main"
+    started = next((path for path in reversed(frames) if not path.endswith("threading.py")), "")
+    if (named is not None and named[1].startswith("ddptop-")) or is_ddptop(started):
+        return "own"
+    if named is None and not frames[-1].endswith("threading.py"):
+        return "main"
+    return "other"
 
 
 def _without_template(block: list[str]) -> list[str]:
@@ -106,7 +166,7 @@ def _without_template(block: list[str]) -> list[str]:
         path = _frame_path(block[end - 1])
         if is_template(path):
             forked = True
-        elif block[end - 1].strip() and path != "<string>":
+        elif path and path != "<string>":  # native frames (py-spy --native) lie below the template's too
             break
         end -= 1
     return block[:end] if forked else block
@@ -124,20 +184,21 @@ def _spaced(block: list[str]) -> list[str]:
     return [*block, ""]
 
 
-async def _py_spy(pid: int) -> str | None:
+async def _py_spy(command: str, flag: str, pid: int) -> str | None:
     try:
         proc = await asyncio.create_subprocess_exec(
-            "py-spy",
-            "dump",
-            "--pid",
-            str(pid),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
+            command, "dump", flag, "--pid", str(pid), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
         )
-        out, _ = await asyncio.wait_for(proc.communicate(), PY_SPY_TIMEOUT_S)
-    except (OSError, asyncio.TimeoutError):
+    except OSError:
         return None
-    return out.decode(errors="replace") if proc.returncode == 0 else None
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), PY_SPY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        proc.kill()  # py-spy detaches as it dies: the rank is not left held
+        await proc.wait()
+        return None
+    text = out.decode(errors="replace")
+    return text if proc.returncode == 0 and _PY_SPY_THREAD.search(text) else None
 
 
 async def _faulthandler(path: Path, pid: int) -> tuple[str, str] | None:
