@@ -98,7 +98,7 @@ class Supervisor:
         """A restart asked while the group was between attempts, carried out at the next hello."""
         self._why: str | None = None
         """What explains a failed job, for `ddptop ls`: the verdict that stopped it, else its first crash."""
-        self._restarts_held: list[int] = []
+        self._restarts_held: list[wire.Frame] = []
         """Restarts torchrun's probe holds until the watchdog has judged their failure."""
         for text in self.outlets.early:  # said already, on stderr: now for the event log too
             self.hub.note(text)
@@ -195,10 +195,9 @@ class Supervisor:
                 self.hub.note(text)
             self.say(text)
         if kind == "group_restart":
-            self.say(restart_text(record))
             # Another node's restart too (its node field is torchrun's group
             # rank, not ours): a probe lets through only its own number's go.
-            self._restarts_held.append(record["restart"])
+            self._restarts_held.append(record)
         elif kind == "stack" and (waiter := self._stack_waiters.pop(record["rank"], None)) is not None and not waiter.done():
             waiter.set_result(None)
         if self.role.judges:
@@ -226,8 +225,9 @@ class Supervisor:
         for verdict in verdicts:
             await self._carry_out(verdict)
         if self._restarts_held and not self.watchdog.judging() and self._stopping is None:
-            for restart in self._restarts_held:
-                self.hub.collector.tell_agents({"type": "restart_go", "restart": restart})
+            for held in self._restarts_held:
+                self.say(restart_text(held, going=True))
+                self.hub.collector.tell_agents({"type": "restart_go", "restart": held["restart"]})
             self._restarts_held.clear()
 
     async def _carry_out(self, verdict: Verdict) -> None:

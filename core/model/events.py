@@ -25,9 +25,14 @@ def exit_reason(exitcode: int) -> str:
     return f"exit code {exitcode}"
 
 
-def restart_text(record: wire.Frame) -> str:
-    """A group_restart record in words: count, cause and backoff."""
-    text = f"torchrun restarts the worker group (restart {record['restart']}, {record['remaining']} left)"
+def restart_text(record: wire.Frame, going: bool = False) -> str:
+    """A group_restart record in words: count, cause and backoff.
+
+    torchrun's probe asks, and holds the restart until the watchdog has judged
+    the failure (a crash loop stops the job instead): the record itself is the
+    request; `going` says it as the supervisor gives the go."""
+    verb = "restarts" if going else "asks to restart"
+    text = f"torchrun {verb} the worker group (restart {record['restart']}, {record['remaining']} left)"
     if record.get("rank") is not None and record.get("exitcode") is not None:
         verb = "failed with" if record["exitcode"] >= 0 else "was"
         text += f" after rank {record['rank']} {verb} {exit_reason(record['exitcode'])}"
