@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -179,7 +180,18 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # The reader went away (`ddptop --help | head`): as `head` itself would, stop quietly. Python
+        # flushes stdout once more at exit; pointed at /dev/null, that flush has nowhere to fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_launch_help())
         return 0 if argv else 2
@@ -194,8 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, RunDirError) as exc:
         print(f"ddptop: error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

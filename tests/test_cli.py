@@ -3,10 +3,11 @@
 import json
 import math
 import os
+import subprocess
 
 import psutil
 import pytest
-from conftest import EXAMPLE, run_ddptop
+from conftest import DDPTOP, EXAMPLE, run_ddptop
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import EventLog
@@ -43,6 +44,18 @@ def assert_one_line_error(result, fragment: str) -> None:
 )
 def test_bad_input_is_one_line_and_exit_2(ddptop_home, args, fragment):
     assert_one_line_error(run_ddptop(*args), fragment)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["launch", "--help"], ["ls"]])
+def test_a_reader_that_went_away_ends_the_output_quietly(ddptop_home, args):
+    """`ddptop --help | head -1`: the pipe's reader closes before ddptop has written; here, before it starts."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([DDPTOP, *args], stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
 
 
 def test_a_script_that_is_not_python(ddptop_home, tmp_path):
