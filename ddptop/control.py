@@ -39,7 +39,7 @@ class Connection:
         sock.sendall(wire.encode({"type": "viewer_hello", "history": False}))
 
     def send(self, action: str, rank: int | None = None) -> None:
-        frame: wire.Frame = {"type": "command", "action": action}
+        frame: wire.Frame = {"type": "command", "action": action, "origin": "shell"}
         if rank is not None:
             frame["rank"] = rank
         self.sock.sendall(wire.encode(frame))

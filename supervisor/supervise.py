@@ -111,7 +111,7 @@ class Supervisor:
         whole worker group while its --max-restarts budget lasts.
         """
         action = command["action"]
-        source = self.role.commander
+        source = f"from the shell (ddptop {action.replace('_rank', '')})" if command.get("origin") == "shell" else self.role.commander
         if action == "stacks":
             ours = self.torchrun.descendants()
             for rank in command.get("ranks") or []:

@@ -136,7 +136,7 @@ SCHEMAS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "viewer_hello": {"history": (_BOOL, False), "snapshot": (_BOOL, False)},
     # What a dashboard may ask of the supervisor, and the job's aggregator of a
     # node's supervisor (stacks: collect those ranks' Python stacks).
-    "command": {"action": (_STR, True), "rank": (_INT, False), "ranks": (_LIST, False)},
+    "command": {"action": (_STR, True), "rank": (_INT, False), "ranks": (_LIST, False), "origin": (_STR, False)},
     # Over TCP, the first frame of every connection: the run's token.
     "auth": {"token": (_STR, True)},
     # A node's supervisor joins the job's aggregator (node 0's supervisor), which
