@@ -77,10 +77,10 @@ def test_kill_restart_logs_and_stop_from_the_shell_then_ls_tells_the_outcome(ddp
     assert attempts[0] == 0 and attempts[-1] == 2 and attempts == sorted(set(attempts)), attempts  # attempt 1 may have said nothing
     assert "[rank1 stderr]" in followed
 
-    again = run_ddptop("stop", run.id)
-    assert again.returncode == 2 and f"run {run.id} has stopped: nothing to stop" in again.stderr
     said = [r["text"] for r in rundir.read_events(run) if r["type"] == "action"]
     assert "kill of rank 1 requested from the shell (ddptop kill)" in said and "stop requested from the shell (ddptop stop)" in said, said
+    again = run_ddptop("stop", run.id)
+    assert again.returncode == 2 and f"run {run.id} has stopped: nothing to stop" in again.stderr
     (row,) = json.loads(run_ddptop("ls", "--json").stdout)
     assert (row["state"], row["exit_code"], row["why"]) == ("stopped", 143, None)
     assert row["steps"] > 60 and row["duration_s"] > 0
@@ -97,8 +97,6 @@ def test_ls_says_why_a_run_failed(ddptop_home):
     done = run_ddptop("launch", "--headless", str(SCRIPTS / "early_failure.py"), "--gpus", "2")
     assert done.returncode == 1
     assert re.search(r"^ddptop: goodput 0% of [\d.]+ s; lost: startup", done.stdout, re.M), done.stdout
-    said = [r["text"] for r in rundir.read_events(run) if r["type"] == "action"]
-    assert "kill of rank 1 requested from the shell (ddptop kill)" in said and "stop requested from the shell (ddptop stop)" in said, said
     (row,) = json.loads(run_ddptop("ls", "--json").stdout)
     assert row["state"] == "failed" and row["exit_code"] == 1 and row["steps"] is None
     assert row["why"].startswith("crash-loop: ") and "AttributeError" in row["why"] and "early_failure.py:11" in row["why"], row["why"]

@@ -64,7 +64,8 @@ def run(tmp_path, ddptop_home):
 
 def test_gpus_are_bound_when_present(run):
     plan, notices = plan_job(split(["t.py", "--gpus", "2"]), FakeNvml(gpus=4), run)
-    assert plan.visible_gpus == [0, 1] and not plan.cpu_only and notices == []
+    assert plan.visible_gpus == [0, 1] and not plan.cpu_only
+    assert notices == ["the script is one rank of a torchrun job: torchrun starts it once per rank on 2 GPUs"]
     assert gpu_count(FakeNvml(gpus=4)) == 4
 
 
@@ -76,7 +77,10 @@ def test_more_gpus_than_the_machine_has_is_refused(run):
 def test_no_gpu_means_cpu_ranks_on_gloo(run):
     plan, notices = plan_job(split(["t.py", "--gpus", "4"]), None, run)
     assert plan.cpu_only and plan.nproc_per_node == 4
-    assert notices == ["no CUDA GPU found: starting 4 CPU ranks on gloo"]
+    assert notices == [
+        "the script is one rank of a torchrun job: torchrun starts it once per rank",
+        "no CUDA GPU found: starting 4 CPU ranks on gloo",
+    ]
 
 
 def test_a_rank_that_exited_but_is_not_reaped_gives_no_reading():

@@ -6,7 +6,7 @@ import pytest
 
 from ddptop.core.model.job import JobState
 from ddptop.supervisor.watching.failures import crash_excerpt, last_error_line, script_frame
-from ddptop.supervisor.watching.policy import WatchPolicy
+from ddptop.supervisor.watching.policy import Started, WatchPolicy
 from ddptop.supervisor.watching.rules.hang import STARTUP_GRACE_S
 from ddptop.supervisor.watching.rules.per_step import GATHER_S
 from ddptop.supervisor.watching.watchdog import Watchdog
@@ -240,6 +240,17 @@ def test_failures_later_in_the_same_attempt_are_consequences_not_a_second_crash(
     feed(dog, state, {**first, "restart": 1, "rank": 0, "pid": 200, "exitcode": 1})
     clock.now += 0.5
     assert [v.ranks for v in dog.tick()] == [[0]]
+
+
+def test_a_spawned_rank_that_was_killed_is_named_though_another_raised_when_it_went():
+    """mp.spawn: rank 1 is SIGKILLed, rank 0 raises in the broken collective, and the
+    spawning parent (torchrun's only worker) fails naming process 1."""
+    dog, state, _ = make(WatchPolicy(started=Started(style="spawn")), world=2)
+    feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": "Traceback...\nRuntimeError: Connection closed by peer\n"})
+    spawner_said = "Traceback...\ntorch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGKILL"
+    feed(dog, state, {**failure(0, 1, pid=999), "message": spawner_said})
+    [v, *_] = dog.tick(final=True)
+    assert v.kind == "crash" and v.ranks == [1], v.text
 
 
 def test_crash_quotes_the_ranks_own_exception():

@@ -67,8 +67,8 @@ def check_entry(args: LaunchArgs) -> Path | None:
     return source
 
 
-def style_notice(style: Style, script: Path, gpus: int | None) -> str | None:
-    """What a user is told once when their script is started once rather than per GPU."""
+def style_notice(style: Style, script: Path, gpus: int | None) -> str:
+    """How the script is started, said once: per rank by torchrun, or once."""
     devices = f" on {gpus} GPU{'s' if gpus != 1 else ''}" if gpus else ""
     if style.name == "spawn":
         return f"{style.reason}: started once{devices}, its ranks are watched"
@@ -77,7 +77,7 @@ def style_notice(style: Style, script: Path, gpus: int | None) -> str | None:
             f"{style.reason}: started once, one process driving every GPU{devices}; "
             f"DistributedDataParallel is faster (one process per GPU): https://pytorch.org/tutorials/intermediate/ddp_tutorial.html"
         )
-    return None
+    return f"{style.reason}: torchrun starts it once per rank{devices}"
 
 
 def plan_job(args: LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir, style: Style = TORCHRUN) -> tuple[JobPlan, list[str]]:
@@ -95,9 +95,8 @@ def plan_job(args: LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir, styl
         nproc = opts.nproc_per_node or 1
     if style.name != "torchrun" and (opts.nnodes or opts.rdzv_endpoint):
         raise UsageError(f"{args.script} starts its ranks itself (launch style {style.name}): it runs on one node, without --nnodes")
-    notice = style_notice(style, args.script, opts.gpus if gpus else None)
-    if notice is not None:
-        notices.append(notice)
+    notices.append(style_notice(style, args.script, opts.gpus if gpus else None))
+    if style.name != "torchrun":
         nproc = 1  # the script starts its own ranks, or drives every GPU from one process
     if not gpus:
         what = f"{nproc} CPU rank{'s' if nproc > 1 else ''} on gloo" if style.name == "torchrun" else "it on the CPU"

@@ -70,3 +70,13 @@ def port_in_use(text: str) -> int | None:
     """The port a rendezvous could not listen on, from torch's error (`port: 12355, ..., name: EADDRINUSE`)."""
     found = _PORT_IN_USE.search(text)
     return None if found is None else int(found.group(1) or found.group(2))
+
+
+_SPAWNED = re.compile(r"\b[Pp]rocess (\d+) terminated with")
+
+
+def spawned_process(text: str) -> int | None:
+    """The child torch.multiprocessing.spawn says failed first ("process 1 terminated with
+    signal SIGKILL", "-- Process 1 terminated with the following error:"): its index among the spawned."""
+    match = _SPAWNED.search(text)
+    return int(match[1]) if match else None

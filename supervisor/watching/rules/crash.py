@@ -21,7 +21,7 @@ from ddptop.core import wire
 from ddptop.core.model.events import exit_reason
 from ddptop.core.model.job import JobState
 from ddptop.core.rundir import single_node
-from ddptop.supervisor.watching.failures import last_error_line, port_in_use, script_frame
+from ddptop.supervisor.watching.failures import last_error_line, port_in_use, script_frame, spawned_process
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.crash_loop import CrashLoop, alike, repeated_before_first_step, same_words
@@ -104,13 +104,13 @@ class CrashRule:
         failures, self._failures = self._failures, []
         failures.sort(key=self._cause_first)
         first = failures[0]
-        rank = self._rank_of(first)
+        tail = self.log_tail(first)
+        rank = self._rank_of(first, tail)
         # What fails later in this attempt failed of this: on other nodes the
         # broken collective surfaces a moment after, in a gather of its own.
         self.end_attempt(first["restart"])
         state = self.state.ranks.get(rank)
         where = "" if state is None else (" before its first step" if state.step < 0 else f" after step {state.step} (in {state.phase})")
-        tail = self.log_tail(first)
         exceptions = self.liveness.exceptions
         traceback = exceptions.get(rank) or first.get("message")
         error = traceback.strip().splitlines()[-1] if traceback and traceback.strip() else self._error_line(first, tail)
@@ -156,14 +156,20 @@ class CrashRule:
         seen = self.liveness
         return self._complete and all(rank in seen.gone for rank, a in seen.attempt.items() if a == attempt)
 
-    def _rank_of(self, failure: wire.Frame) -> int:
+    def _rank_of(self, failure: wire.Frame, tail: list[str]) -> int:
         """The rank a failure is of: torchrun's worker, or, for a script that starts
-        its own ranks (the failed worker is their parent), the first of its ranks
-        in that attempt to go, one that left an exception before one that did not."""
+        its own ranks (the failed worker is their parent), the child its spawn names
+        as the one that failed (its index among this node's ranks); failing that, the
+        first of its ranks in that attempt to go, one that left an exception before one
+        that did not (a rank the others' failure broke may raise too, but later)."""
         if self.started.style != "spawn":
             return failure["rank"]
         seen = self.liveness
         ranks = [r for r, attempt in seen.attempt.items() if attempt == failure["restart"]]
+        spawned = spawned_process(failure.get("message") or "\n".join(tail))
+        mine = sorted(r for r in ranks if (state := self.state.ranks.get(r)) is not None and state.node == failure["node"])
+        if spawned is not None and spawned < len(mine):
+            return mine[spawned]
         said = [r for r in ranks if r in seen.exceptions]
         return min(said or ranks, key=lambda r: seen.gone.get(r, float("inf")), default=failure["rank"])
 
