@@ -181,6 +181,26 @@ def test_the_norm_is_the_unscaled_one_before_the_scripts_own_clipping_under_a_gr
     assert shown == pytest.approx(expected, rel=1e-4)
 
 
+def test_a_script_that_restores_its_own_optimizer_state_goes_on_from_its_step_count(records):
+    """nanoGPT's ckpt.pt, a Trainer's resume: the optimizer's step count is where the script goes on."""
+    model = ddp_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    saved = {key: value for key, value in optimizer.state_dict().items()}
+    saved["state"] = {
+        i: {"step": torch.tensor(40.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+        for i, p in enumerate(model.parameters())
+    }
+    optimizer.load_state_dict(saved)  # as `optimizer.load_state_dict(checkpoint["optimizer"])` does
+    for _ in range(2):
+        backward(model)
+        optimizer.step()
+        optimizer.zero_grad()
+    model(torch.randn(1, 8))
+    assert [r["step"] for r in records if r["type"] == "step"] == [40, 41]
+    [resumed] = [r for r in records if r["type"] == "resume"]
+    assert resumed["step"] == 39 and resumed["path"] == hooks.RESUMED_FROM
+
+
 def test_a_non_finite_bucket_skips_the_step_and_names_this_rank(records):
     model = ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -57,6 +57,8 @@ class Probe:
         self.owners: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], guard.ReducedBuckets | None]] = weakref.WeakKeyDictionary()
         self.scale: torch.Tensor | None = None
         """The scale a GradScaler multiplied this step's loss by (None: no scaler, or a disabled one)."""
+        self.resume_seen = False
+        """Whether the first optimizer step has looked for a script's own resume (once a process)."""
         self.stepping: Any = None
         """The optimizer whose step() is running. One that raised is left
         here, and its next step() begins afresh."""
@@ -434,7 +436,38 @@ def _optimizer_begin(probe: Probe, optimizer: Any) -> None:
     if probe.stepping is not None and probe.stepping is not optimizer:
         return
     probe.stepping = optimizer
+    if not probe.resume_seen:
+        probe.resume_seen = True
+        _follow_the_scripts_resume(probe, optimizer)
     probe.tracker.optimizer_begin(_guard(probe, optimizer))
+
+
+RESUMED_FROM = "its optimizer's state (the script's own checkpoint)"
+
+
+def _follow_the_scripts_resume(probe: Probe, optimizer: Any) -> None:
+    """Steps go on from where a script that resumes itself goes on.
+
+    A script that restores its own checkpoint (nanoGPT's ckpt.pt, a
+    Trainer's resume_from_checkpoint) loads its optimizer's state before the
+    first step of the attempt; the step count Adam-like optimizers keep there
+    is the steps done, so ddptop's next step is that count, as under
+    monitor.resume. An optimizer that keeps no count (plain SGD) says nothing:
+    then ddptop's steps count from 0 in each attempt. A count on a GPU is not
+    read: that would wait for the device.
+    """
+    count = next((state.get("step") for state in optimizer.state.values()), None)
+    if isinstance(count, torch.Tensor):
+        if count.device.type != "cpu" or count.numel() != 1:
+            return
+        count = count.item()
+    if not isinstance(count, (int, float)) or count <= probe.tracker.step:
+        return
+    tracker = probe.tracker
+    tracker.resumed_at(int(count))
+    tracker.event(
+        {"type": "resume", "rank": tracker.rank, "wall": time.time(), "step": int(count) - 1, "path": RESUMED_FROM, "damaged": []}
+    )
 
 
 def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
