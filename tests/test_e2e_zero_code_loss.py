@@ -46,6 +46,8 @@ def test_a_nanogpt_style_loop_s_loss_and_tokens(tmp_path):
         own = dict(printed(run, rank, "lossum"))
         assert sorted(own) == list(range(30))
         assert got[rank] == pytest.approx(own, rel=1e-12, abs=0.0)
+        norms = {r["step"]: r["grad_norm"] for r in records if r["type"] == "step" and r["rank"] == rank}
+        assert norms == pytest.approx(dict(printed(run, rank, "gradnorm")), rel=1e-4)  # GRAD NORM: what the script's clip saw
     assert {r["tokens"] for r in records if r["type"] == "step"} == {4 * 4 * 16}  # micro-steps x batch x block
 
 

@@ -181,8 +181,9 @@ def test_the_norm_is_the_unscaled_one_before_the_scripts_own_clipping_under_a_gr
     assert shown == pytest.approx(expected, rel=1e-4)
 
 
-def test_a_script_that_restores_its_own_optimizer_state_goes_on_from_its_step_count(records):
+def test_a_script_that_restores_its_own_optimizer_state_goes_on_from_its_step_count(records, monkeypatch):
     """nanoGPT's ckpt.pt, a Trainer's resume: the optimizer's step count is where the script goes on."""
+    monkeypatch.setattr(guard, "gradients", lambda optimizer: pytest.fail("the buckets of the step were lost"))
     model = ddp_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     saved = {key: value for key, value in optimizer.state_dict().items()}
@@ -191,12 +192,16 @@ def test_a_script_that_restores_its_own_optimizer_state_goes_on_from_its_step_co
         for i, p in enumerate(model.parameters())
     }
     optimizer.load_state_dict(saved)  # as `optimizer.load_state_dict(checkpoint["optimizer"])` does
+    expected = []
     for _ in range(2):
         backward(model)
+        expected.append(norm_of(model.parameters()))
         optimizer.step()
         optimizer.zero_grad()
     model(torch.randn(1, 8))
-    assert [r["step"] for r in records if r["type"] == "step"] == [40, 41]
+    steps = [r for r in records if r["type"] == "step"]
+    assert [r["step"] for r in steps] == [40, 41]
+    assert [r["grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-6), "the first step's buckets are its own"
     [resumed] = [r for r in records if r["type"] == "resume"]
     assert resumed["step"] == 39 and resumed["path"] == hooks.RESUMED_FROM
 

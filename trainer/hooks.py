@@ -436,10 +436,11 @@ def _optimizer_begin(probe: Probe, optimizer: Any) -> None:
     if probe.stepping is not None and probe.stepping is not optimizer:
         return
     probe.stepping = optimizer
+    values = _guard(probe, optimizer)  # first: this step's buckets are filed under the step as it was
     if not probe.resume_seen:
         probe.resume_seen = True
         _follow_the_scripts_resume(probe, optimizer)
-    probe.tracker.optimizer_begin(_guard(probe, optimizer))
+    probe.tracker.optimizer_begin(values)
 
 
 RESUMED_FROM = "its optimizer's state (the script's own checkpoint)"

@@ -234,7 +234,9 @@ class JobState:
         return JobTotals(
             ranks_seen=len(ranks),
             world_size=self.world_size,
-            steps_done=min((r.step + 1 for r in ranks if r.step >= 0), default=None),
+            # The furthest rank: DDP's all-reduce holds the others within a step of it, and the
+            # nearest is only the one whose records came last (a killed rank's never come).
+            steps_done=max((r.step + 1 for r in ranks if r.step >= 0), default=None),
             total_steps=self.total_steps,
             busbw=busbw,
             dropped=sum(r.dropped for r in ranks),

@@ -2,7 +2,8 @@
 a GradScaler, token ids in, the loss divided by the accumulation steps. ddptop is never mentioned.
 
 Each rank prints, per optimizer step, the sum of the (scaled-down) micro-step losses it called
-backward() on, `[lossum] STEP VALUE`, so a test can compare ddptop's zero-code loss with it.
+backward() on, `[lossum] STEP VALUE`, so a test can compare ddptop's zero-code loss with it, and the
+norm its clip_grad_norm_ returned (after unscale_, before clipping), `[gradnorm] STEP VALUE`.
 """
 
 import argparse
@@ -63,11 +64,12 @@ def main() -> None:
             X, Y = get_batch(generator)
             scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         print(f"[lossum] {iter_num} {summed!r}", flush=True)
+        print(f"[gradnorm] {iter_num} {float(norm)!r}", flush=True)
     dist.destroy_process_group()
 
 

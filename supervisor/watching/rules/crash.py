@@ -110,7 +110,10 @@ class CrashRule:
         # broken collective surfaces a moment after, in a gather of its own.
         self.end_attempt(first["restart"])
         state = self.state.ranks.get(rank)
-        where = "" if state is None else (" before its first step" if state.step < 0 else f" after step {state.step} (in {state.phase})")
+        # A rank killed at once leaves its last records unsent; its peers in the attempt stepped with it.
+        reached = max((r.step for r in self.state.ranks.values() if r.restart == first["restart"]), default=-1)
+        step = -1 if state is None else max(state.step, reached)
+        where = "" if state is None else (" before its first step" if step < 0 else f" after step {step} (in {state.phase})")
         exceptions = self.liveness.exceptions
         traceback = exceptions.get(rank) or first.get("message")
         error = traceback.strip().splitlines()[-1] if traceback and traceback.strip() else self._error_line(first, tail)
@@ -133,7 +136,7 @@ class CrashRule:
             "crash",
             text,
             ranks=[rank],
-            step=None if state is None or state.step < 0 else state.step,
+            step=None if step < 0 else step,
             details={"exitcode": first["exitcode"], "log": tail, "traceback": traceback},
         )
         # Ranks that fail alike at once come first in any order, and only one

@@ -1,0 +1,117 @@
+"""Right numbers on training code as people write it, run unchanged under `ddptop launch --gpus 2`:
+minGPT-ddp's Trainer (mixed precision, a GradScaler it never unscales before clipping, a
+snapshot.pt it resumes from by itself) and a Hugging Face Trainer job. What ddptop shows is checked
+against what each script computes or logs itself."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, recorded, run_ddptop
+
+from ddptop.core import rundir
+from ddptop.trainer.hooks import RESUMED_FROM
+
+pytestmark = pytest.mark.slow
+
+
+def launch(tmp_path: Path, script: Path, *args: str) -> tuple[rundir.RunDir, list[dict], str]:
+    run = rundir.RunDir(tmp_path / "run")
+    done = run_ddptop("launch", "--headless", "--run-dir", str(run.path), str(script), "--gpus", "2", *args, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run, recorded(run), done.stdout
+
+
+def by_attempt(records: list[dict]) -> dict[tuple[int, int], dict[int, dict]]:
+    """(rank, attempt) -> step -> its step record: a rank's records follow its attempt's hello."""
+    attempt: dict[int, int] = {}
+    out: dict[tuple[int, int], dict[int, dict]] = defaultdict(dict)
+    for record in records:
+        if record["type"] == "rank_hello":
+            attempt[record["rank"]] = record["restart"]
+        elif record["type"] == "step":
+            out[record["rank"], attempt[record["rank"]]][record["step"]] = record
+    return out
+
+
+def printed(run: rundir.RunDir, rank: int, attempt: int, tag: str) -> dict[int, float]:
+    lines = rundir.rank_log_tail(run.path, rank, attempt, 100_000, streams=("stdout",))
+    return {int(m[1]): float(m[2]) for line in lines if (m := re.match(rf"\[{tag}\] (\d+) (\S+)$", line))}
+
+
+def test_a_mingpt_style_amp_job_that_resumes_itself_shows_its_own_norms_and_steps(ddptop_home, tmp_path):
+    """AMP that clips the scaled gradients: GRAD NORM is the unscaled pre-clip norm on every step.
+    Killed at step 25, the script resumes from its step-20 snapshot, and so do ddptop's steps."""
+    snapshot = tmp_path / "snapshot.pt"
+    args = ("--max-steps", "40", "--save-every", "10", "--die-at", "25", "--snapshot", str(snapshot))
+    run, records, _ = launch(tmp_path, SCRIPTS / "mingpt_style.py", *args)
+    steps = by_attempt(records)
+    for rank in (0, 1):
+        resumed = steps[rank, 1]
+        assert sorted(resumed) == list(range(20, 40)), "the second attempt's steps go on from the snapshot's"
+        own = printed(run, rank, 1, "prenorm")
+        assert {s: r["grad_norm"] for s, r in resumed.items()} == pytest.approx(own, rel=1e-4)
+        first = steps[rank, 0]  # a rank killed at once leaves its last records unsent
+        assert len(first) >= 5 and {s: r["grad_norm"] for s, r in first.items()} == pytest.approx(
+            {s: v for s, v in printed(run, rank, 0, "prenorm").items() if s in first}, rel=1e-4
+        )
+    said = [r for r in records if r["type"] == "resume"]
+    assert {(r["rank"], r["step"], r["path"]) for r in said} == {(0, 19, RESUMED_FROM), (1, 19, RESUMED_FROM)}
+    (row,) = json.loads(run_ddptop("ls", "--json").stdout)
+    assert row["steps"] == 40 and row["goodput"]["failures"] == 1
+
+
+HF_JOB = """
+import argparse
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+args = parser.parse_args()
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n=256, length=16):
+        self.ids = torch.randint(0, 100, (n, length), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]), "labels": self.ids[i]}
+
+
+model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=1, n_head=2))
+training = TrainingArguments(
+    output_dir=args.out, max_steps=20, per_device_train_batch_size=4, use_cpu=True, report_to=[],
+    logging_steps=5, save_strategy="no", max_grad_norm=1.0, learning_rate=1e-3,
+)
+Trainer(model=model, args=training, train_dataset=Tokens()).train()
+"""
+
+
+@pytest.mark.frameworks
+def test_a_hugging_face_trainer_job_has_tokens_and_the_grad_norm_the_trainer_logs(ddptop_home, tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    script = tmp_path / "hf_trainer.py"
+    script.write_text(HF_JOB)
+    run, records, stdout = launch(tmp_path, script, "--out", str(tmp_path / "out"))
+    steps = [r for r in records if r["type"] == "step"]
+    assert len(steps) == 40 and all(r["tokens"] == 4 * 16 and r["samples"] == 4 for r in steps)
+    assert re.search(r"\| [\d,]+ tokens/s \|", stdout), stdout[-1000:]
+    logged = [
+        ast.literal_eval(line[line.index("{") :])
+        for line in rundir.rank_log_tail(run.path, 0, 0, 100_000, streams=("stdout", "stderr"))
+        if "'grad_norm'" in line
+    ]
+    assert len(logged) == 4  # every logging_steps=5 of 20
+    rank0 = {r["step"]: r["grad_norm"] for r in steps if r["rank"] == 0}
+    # The Trainer logs the norm of the step just taken: steps 5, 10, 15, 20 are ddptop's 4, 9, 14, 19.
+    assert [rank0[5 * (i + 1) - 1] for i in range(4)] == pytest.approx([float(entry["grad_norm"]) for entry in logged], rel=1e-4)
