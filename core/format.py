@@ -6,6 +6,8 @@ not reported a figure yet is a normal state, not an error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 def count(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
@@ -13,6 +15,19 @@ def count(value: float | None) -> str:
 
 def ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def significant(digits: int) -> Callable[[float | None], str]:
+    """A number to `digits` significant digits, trailing zeros kept, so rows line up in
+    precision (2.200 beside 2.205, not 2.2): a loss or a norm, whatever its magnitude."""
+
+    def text(value: float | None) -> str:
+        if value is None:
+            return "-"
+        shown = f"{value:#.{digits}g}"
+        return shown[:-1] if shown.endswith(".") else shown
+
+    return text
 
 
 def nbytes(value: float | None) -> str:

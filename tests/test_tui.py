@@ -82,6 +82,15 @@ async def test_a_row_per_rank_and_the_header_update_live(job):
         assert column(app, "rank") == ["0", "1", "2", "3"]
 
 
+async def test_a_cpu_job_s_table_at_160_columns_shows_cpu_and_rss_not_empty_gpu_columns(job):
+    job.feed(world=4)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 40)):
+        await until(lambda: table(app).row_count == 4, "a row per rank")
+        header = table(app).render_line(0).text
+        assert "CPU %" in header and "RSS" in header and "GPU" not in header, header
+
+
 async def test_the_header_says_how_the_script_started_its_ranks(job):
     job.hub.record({"type": "run", "wall": time.time(), "script": "/data/dp.py", "launch_style": "single", "gpus": 2})
     job.feed(world=1)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ddptop.core.format import count, ms, nbytes
+from ddptop.core.format import count, ms, nbytes, significant
 from ddptop.core.model.rank import RankState
 from ddptop.core.model.stats import median
 
@@ -76,7 +76,8 @@ class Metric:
     plot: str | None = None
     summary: str | None = None
     optional: bool = False
-    """Its column is left out of the rank table until a rank has it (tokens/s: language models only)."""
+    """Its column is left out of the rank table until a rank has it (tokens/s: language models only;
+    the GPU's figures: GPU jobs only)."""
 
     def format(self, rank: RankState) -> str:
         return self.cell(rank) if self.cell is not None else self.text(self.read(rank))
@@ -184,7 +185,7 @@ LOSS = Metric(
     "loss",
     "",
     lambda r: r.loss,
-    number("{:.4g}"),
+    significant(4),
     job=mean,
     column="LOSS",
     prometheus=Prometheus("loss", "the last step's loss: what backward() was called on, or what the script reported"),
@@ -195,12 +196,13 @@ GRAD_NORM = Metric(
     "grad_norm",
     "",
     lambda r: r.grad_norm,
-    number("{:.3g}"),
+    significant(3),
     column="GRAD NORM",
     prometheus=Prometheus("grad_norm", "the last global gradient norm before clipping"),
 )
-GPU_UTIL = Metric("gpu_util", "percent", _gpu_util, number("{:.0f}"), column="GPU %")
-GPU_USED = Metric("gpu_used", "bytes", _gpu_used, nbytes, column="GPU MEM used pk/total", cell=_gpu_memory_bar)
+# Optional: a CPU job has no GPU figures, and their empty columns would push CPU % and RSS off a narrow screen.
+GPU_UTIL = Metric("gpu_util", "percent", _gpu_util, number("{:.0f}"), column="GPU %", optional=True)
+GPU_USED = Metric("gpu_used", "bytes", _gpu_used, nbytes, column="GPU MEM used pk/total", cell=_gpu_memory_bar, optional=True)
 GPU_ALLOCATED = Metric(
     "gpu_mem",
     "bytes",
