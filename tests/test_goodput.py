@@ -53,6 +53,26 @@ def test_a_step_far_over_the_job_s_pace_is_a_stall():
     assert split is not None and split["stalled_s"] == pytest.approx(40.0 - 15.0)
 
 
+def test_a_job_that_ends_stuck_spent_its_tail_stalled_and_one_that_recovers_did_not():
+    goodput = Goodput()
+    goodput.observe({"type": "run", "wall": 0.0})
+    end = job(goodput, 0, range(30), start=0.0, ranks=1)
+    goodput.observe({"type": "alert", "kind": "stall", "wall": end + 15.0, "text": "..."})
+    goodput.observe({"type": "alert", "kind": "hang", "wall": end + 300.0, "text": "..."})
+    goodput.observe({"type": "exit", "wall": end + 301.0, "code": 143})
+    split = goodput.split()
+    assert split is not None and split["stalled_s"] == pytest.approx(301.0) and split["other_s"] == pytest.approx(0.0)
+
+    recovered = Goodput()
+    recovered.observe({"type": "run", "wall": 0.0})
+    end = job(recovered, 0, range(30), start=0.0, ranks=1)
+    recovered.observe({"type": "alert", "kind": "stall", "wall": end + 15.0, "text": "..."})
+    recovered.observe({"type": "step", "rank": 0, "step": 30, "step_ms": 16_100.0, "wall": end + 16.1})  # the step it was stuck in
+    recovered.observe({"type": "exit", "wall": end + 18.1, "code": 0})
+    split = recovered.split()
+    assert split is not None and split["other_s"] == pytest.approx(2.0)
+
+
 def test_nothing_known_is_no_split_and_no_step_is_all_start_up():
     goodput = Goodput()
     assert goodput.split(10.0) is None

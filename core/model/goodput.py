@@ -14,7 +14,9 @@ dashboard and a replay all split the same time the same way:
 - stalled: the part of a step beyond STALL_FACTOR x the job's median step
   time and STALL_MIN_S (a data stall, a rank stuck a while);
 - productive: the rest of the steps' time; the remainder of the wall time
-  (after the last step: shutdown, a final evaluation) is "other".
+  (after the last step: shutdown, a final evaluation) is "other", except
+  where a stall or hang verdict came after the last step: a job that ends
+  stuck (stopped, or out of restarts) spent that tail stalled.
 
 Steps are counted from rank 0's records: DDP holds every rank to its pace.
 With the
@@ -34,7 +36,9 @@ from ddptop.core.model.stats import median
 
 STALL_FACTOR = 20.0
 STALL_MIN_S = 15.0
-GOODPUT_TYPES = frozenset({"run", "rank_hello", "step", "checkpoint", "exit"})
+GOODPUT_TYPES = frozenset({"run", "rank_hello", "step", "checkpoint", "exit", "alert"})
+STUCK_KINDS = frozenset({"stall", "hang"})
+"""Verdicts that say the job stopped stepping: the time from its last step on was stalled."""
 """The records the fold reads."""
 PARTS = ("productive", "startup", "restarts", "recomputed", "skipped", "stalled", "other")
 
@@ -68,6 +72,8 @@ class Goodput:
     """Recent step times, whose median sets what a stall is."""
     write_ms: list[float] = field(default_factory=list)
     ended: float | None = None
+    stuck: bool = False
+    """A stall or hang verdict came after the latest step."""
     _pace: float | None = None
     """The median of typical, taken anew every PACE_EVERY steps (a sort of a thousand times is not free at 1,000 steps/s)."""
     _steps: int = 0
@@ -85,8 +91,11 @@ class Goodput:
             self.write_ms.append(record["write_ms"])
         elif kind == "exit":
             self.ended = record["wall"]
+        elif kind == "alert" and record.get("kind") in STUCK_KINDS:
+            self.stuck = True
 
     def _step(self, record: wire.Frame) -> None:
+        self.stuck = False
         seconds, end, step = record["step_ms"] / 1000.0, record["wall"], record["step"]
         attempt = self.attempts.get(self.attempt)
         if attempt is None:
@@ -123,6 +132,8 @@ class Goodput:
         wall = end - self.started
         if not self.attempts:
             parts["startup"] = wall
+        elif self.stuck:
+            parts["stalled"] += max(0.0, end - previous_end)
         # Step times come from the ranks' clocks, the wall time from the supervisor's: where they
         # disagree (records of a job replayed or made up), the steps' parts shrink to fit the wall.
         stepping = ("productive", "recomputed", "skipped", "stalled")
