@@ -174,7 +174,10 @@ def norms_now(grads: Gradients) -> tuple[float, float] | None:
     if not grads.applied:
         return None
     norm = _total(torch._foreach_norm(grads.applied))
-    return float(norm), float(grads.shown_norm(norm))
+    applied = float(norm)
+    if grads.shown is grads.applied and grads.scale is None:
+        return applied, applied  # the common case: one read
+    return applied, float(grads.shown_norm(norm))
 
 
 def _total(norms: Sequence[torch.Tensor]) -> torch.Tensor:
