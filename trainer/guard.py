@@ -162,15 +162,9 @@ def gradients(optimizer: Any) -> list[torch.Tensor]:
     return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
-def grad_norm(grads: list[torch.Tensor]) -> float | None:
-    """The global L2 norm of grads, read on the host; inf or nan when they are not finite."""
-    if not grads:
-        return None
-    return float(_total(torch._foreach_norm(grads)))
-
-
 def norms_now(grads: Gradients) -> tuple[float, float] | None:
-    """(the norm of grads.applied, the shown pre-clip norm), read on the host; None with no gradients."""
+    """(the global L2 norm of grads.applied, the shown pre-clip norm), read on the host; inf or nan
+    when the gradients are not finite; None with no gradients."""
     if not grads.applied:
         return None
     norm = _total(torch._foreach_norm(grads.applied))
