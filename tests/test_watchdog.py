@@ -250,7 +250,19 @@ def test_a_spawned_rank_that_was_killed_is_named_though_another_raised_when_it_w
     spawner_said = "Traceback...\ntorch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGKILL"
     feed(dog, state, {**failure(0, 1, pid=999), "message": spawner_said})
     [v, *_] = dog.tick(final=True)
-    assert v.kind == "crash" and v.ranks == [1], v.text
+    assert v.kind == "crash" and v.ranks == [1] and v.text.startswith("rank 1 was killed by SIGKILL"), v.text
+
+
+def test_a_spawned_rank_s_death_is_read_from_the_spawners_log_whatever_its_last_line():
+    """No error file: the spawner's stderr (its children's too) holds the report, not always last."""
+    log = [
+        "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGKILL",
+        "  /venv/ddptop/trainer/hooks.py(419): done",  # rank 0's noise, interleaved after it
+    ]
+    dog, state, _ = make(WatchPolicy(started=Started(style="spawn")), world=2, log=log)
+    feed(dog, state, failure(0, 1, pid=999))
+    [v, *_] = dog.tick(final=True)
+    assert v.ranks == [1] and v.text.startswith("rank 1 was killed by SIGKILL"), v.text
 
 
 def test_crash_quotes_the_ranks_own_exception():

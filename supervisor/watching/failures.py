@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 
 from ddptop.core.places import is_script, place
 
@@ -72,11 +73,20 @@ def port_in_use(text: str) -> int | None:
     return None if found is None else int(found.group(1) or found.group(2))
 
 
-_SPAWNED = re.compile(r"\b[Pp]rocess (\d+) terminated with")
+_SPAWNED = re.compile(r"\b[Pp]rocess (\d+) terminated with (?:signal (SIG\w+)|exit code (-?\d+))?")
 
 
-def spawned_process(text: str) -> int | None:
-    """The child torch.multiprocessing.spawn says failed first ("process 1 terminated with
-    signal SIGKILL", "-- Process 1 terminated with the following error:"): its index among the spawned."""
+def spawned_failure(text: str) -> tuple[int, int | None] | None:
+    """The child torch.multiprocessing.spawn says failed first, as torchrun's report names a
+    worker: (its index among the spawned, its exit code, negative for a signal, or None where
+    it raised: "-- Process 1 terminated with the following error:")."""
     match = _SPAWNED.search(text)
-    return int(match[1]) if match else None
+    if match is None:
+        return None
+    index, name, code = int(match[1]), match[2], match[3]
+    if name is not None:
+        try:
+            return index, -signal.Signals[name].value
+        except KeyError:
+            return index, None
+    return index, None if code is None else int(code)

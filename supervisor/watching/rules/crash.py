@@ -21,7 +21,7 @@ from ddptop.core import wire
 from ddptop.core.model.events import exit_reason
 from ddptop.core.model.job import JobState
 from ddptop.core.rundir import single_node
-from ddptop.supervisor.watching.failures import last_error_line, port_in_use, script_frame, spawned_process
+from ddptop.supervisor.watching.failures import last_error_line, port_in_use, script_frame, spawned_failure
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.crash_loop import CrashLoop, alike, repeated_before_first_step, same_words
@@ -105,7 +105,10 @@ class CrashRule:
         failures.sort(key=self._cause_first)
         first = failures[0]
         tail = self.log_tail(first)
-        rank = self._rank_of(first, tail)
+        # A script that starts its own ranks: the worker that failed is their parent, whose spawn says which child failed, and how.
+        spawned = spawned_failure(first.get("message") or "\n".join(tail)) if self.started.style == "spawn" else None
+        rank = self._rank_of(first, spawned)
+        exitcode = spawned[1] if spawned is not None and spawned[1] is not None else first["exitcode"]
         # What fails later in this attempt failed of this: on other nodes the
         # broken collective surfaces a moment after, in a gather of its own.
         self.end_attempt(first["restart"])
@@ -118,7 +121,7 @@ class CrashRule:
         traceback = exceptions.get(rank) or first.get("message")
         error = traceback.strip().splitlines()[-1] if traceback and traceback.strip() else self._error_line(first, tail)
         frame = script_frame(traceback or "\n".join(tail))
-        text = f"rank {rank} {'failed with ' if first['exitcode'] >= 0 else 'was '}{exit_reason(first['exitcode'])}{where}"
+        text = f"rank {rank} {'failed with ' if exitcode >= 0 else 'was '}{exit_reason(exitcode)}{where}"
         if error is not None:
             text += f": {error}" if traceback else f"; its log ends: {error}"
             if frame is not None and frame not in error:
@@ -159,7 +162,7 @@ class CrashRule:
         seen = self.liveness
         return self._complete and all(rank in seen.gone for rank, a in seen.attempt.items() if a == attempt)
 
-    def _rank_of(self, failure: wire.Frame, tail: list[str]) -> int:
+    def _rank_of(self, failure: wire.Frame, spawned: tuple[int, int | None] | None) -> int:
         """The rank a failure is of: torchrun's worker, or, for a script that starts
         its own ranks (the failed worker is their parent), the child its spawn names
         as the one that failed (its index among this node's ranks); failing that, the
@@ -169,10 +172,9 @@ class CrashRule:
             return failure["rank"]
         seen = self.liveness
         ranks = [r for r, attempt in seen.attempt.items() if attempt == failure["restart"]]
-        spawned = spawned_process(failure.get("message") or "\n".join(tail))
         mine = sorted(r for r in ranks if (state := self.state.ranks.get(r)) is not None and state.node == failure["node"])
-        if spawned is not None and spawned < len(mine):
-            return mine[spawned]
+        if spawned is not None and spawned[0] < len(mine):
+            return mine[spawned[0]]
         said = [r for r in ranks if r in seen.exceptions]
         return min(said or ranks, key=lambda r: seen.gone.get(r, float("inf")), default=failure["rank"])
 
