@@ -8,7 +8,12 @@ two identical jobs in each rank's process: one plain, built before ddptop's
 hooks are installed, and one instrumented, built after them. Blocks of steps
 alternate between the two, so drift falls on both alike; each block's wall
 and CPU time per step are kept, and the figures are rank 0's medians over
-blocks. Records go to a bounded deque instead of a socket, as the sender's
+blocks. Each block starts with a few untimed steps (--warmup-steps): the
+first steps after a switch run on caches the other jobs filled, which no
+real run pays, and those steps cost a job the more the more code it runs
+(on the 2-core VM, 5bf1d53's ddptop measured ~100 µs a step in 10-step
+blocks that included them and ~75 in blocks that followed another of its
+own). Records go to a bounded deque instead of a socket, as the sender's
 queue would take them.
 
     python bench/inrank.py --width 256 --batch-size 32 --blocks 300
@@ -182,6 +187,9 @@ def measure(args: argparse.Namespace) -> None:
 
     def block(job: Job, steps: int) -> tuple[float, float]:
         bind(job is hooked)
+        job.run(args.warmup_steps)
+        if cuda:
+            torch.cuda.synchronize()
         wall, cpu = time.perf_counter(), time.process_time()
         job.run(steps)
         if cuda:
@@ -297,7 +305,7 @@ def report(args: argparse.Namespace, world: int, times: dict[str, list[tuple[flo
     ranks = "one rank" if world == 1 else f"rank 0 of {world}"
     print(
         f"{ranks} on {device()} ({args.threads} CPU thread), width {args.width}, batch {args.batch_size}, --on-nan {args.on_nan}{left_out}; "
-        f"{args.blocks} alternating blocks of {args.block_steps} steps each"
+        f"{args.blocks} alternating blocks of {args.block_steps} steps each, after {args.warmup_steps} untimed"
     )
     print(f"{'ms/step, median of blocks':<28}{'plain':>9}{'job':>9}{'cost µs':>9}{'ratio':>8}")
     plain = [statistics.median(t[index] for t in times["plain"]) for index in (0, 1)]
@@ -321,6 +329,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--blocks", type=int, default=300, help="blocks per job, alternating")
     parser.add_argument("--block-steps", type=int, default=10)
+    parser.add_argument("--warmup-steps", type=int, default=5, help="untimed steps that start each block (see above)")
     parser.add_argument("--threads", type=int, default=1, help="torch's CPU threads (torchrun sets 1 per rank when a machine runs several)")
     parser.add_argument("--on-nan", default="auto", help="the guard's policy (auto never waits on CUDA; skip does)")
     parser.add_argument(

@@ -129,3 +129,11 @@ def test_policy_round_trips_through_the_environment():
     policy = GuardPolicy(on_nan="stop", clip_grad=0.5, desync_every=7)
     assert GuardPolicy.from_env(policy.to_env()) == policy
     assert GuardPolicy.from_env({"DDPTOP_ON_NAN": "bogus", "DDPTOP_CLIP_GRAD": "x"}) == GuardPolicy()
+
+
+def test_a_one_rank_group_s_non_finite_gradients_are_its_own_without_local_sums():
+    grads = [torch.tensor([1.0, math.nan])]
+    solo = guard.Gradients(grads, grads, solo=True)
+    assert guard.verdict_late(solo, [], None) == {"nonfinite": True, "local_nonfinite": True}
+    assert solo.local_nonfinite([]) is True
+    assert guard.Gradients.of(grads).local_nonfinite([]) is None, "without DDP, and not alone, nothing is known"

@@ -58,4 +58,4 @@ class MemoryReadings:
         if not self._last or now >= self._next:
             self._last = self._read()
             self._next = now + self._every
-        return dict(self._last)
+        return dict(self._last) if self._last else {}

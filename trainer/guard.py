@@ -41,8 +41,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -75,6 +74,8 @@ class LocalCheck:
 
     def take(self) -> list[Any]:
         """This step's sums; the next step starts empty."""
+        if not self._sums:
+            return []
         sums = list(self._sums)
         self._sums.clear()
         return sums
@@ -100,11 +101,14 @@ class ReducedBuckets:
     (unscale_, its own clipping) it does to the buckets too.
     """
 
-    def __init__(self, params: Iterable[torch.Tensor], views: bool = False) -> None:
+    def __init__(self, params: Iterable[torch.Tensor], views: bool = False, solo: bool = False) -> None:
         self.params = frozenset(id(p) for p in params)
         self.views = views
+        self.solo = solo
+        """A one-rank group: the rank's own buckets need no LocalCheck (Gradients.solo)."""
         self._step: int | None = None
         self._latest: dict[int, torch.Tensor] = {}
+        self._dense: bool | None = None
 
     def put(self, step: int, index: int, tensor: torch.Tensor) -> None:
         if step != self._step:
@@ -117,26 +121,35 @@ class ReducedBuckets:
         return list(self._latest.values())
 
     def take(self, step: int) -> list[torch.Tensor]:
-        """The buckets reduced in this step, when all are dense."""
+        """The buckets reduced in this step, when all are dense (a model's
+        buckets keep their layout, so that is looked at once)."""
         if step != self._step:
             return []
         tensors = self.held()
-        return tensors if all(t.layout == torch.strided for t in tensors) else []
+        if self._dense is None:
+            self._dense = all(t.layout == torch.strided for t in tensors)
+        return tensors if self._dense else []
 
 
-@dataclass(frozen=True)
-class Gradients:
+class Gradients(NamedTuple):
     """What the guard reads at a step: `applied`, the tensors whose norm is the
     NaN/Inf test and the clipping factor (the optimizer's gradients, or the
     buckets that equal them); and `shown`, whose norm divided by `scale` is the
     pre-clip norm the dashboard shows. They are one list unless clipping is
     enforced: then the optimizer's gradients, which the script may have
-    clipped already, are clipped, and the buckets say what came before."""
+    clipped already, are clipped, and the buckets say what came before.
+
+    A NamedTuple rather than a frozen dataclass: one is built every step, and
+    a frozen dataclass's __init__ costs several times a tuple's."""
 
     applied: list[torch.Tensor]
     shown: list[torch.Tensor]
     scale: torch.Tensor | None = None
     """What a GradScaler multiplied the loss by, when `shown` holds gradients of the scaled loss."""
+    solo: bool = False
+    """Whether the buckets came from a one-rank group: the all-reduce changed
+    nothing, so the rank's own gradients are the reduced ones and a non-finite
+    verdict is this rank's own without a LocalCheck."""
 
     @classmethod
     def of(cls, grads: list[torch.Tensor]) -> Gradients:
@@ -149,6 +162,10 @@ class Gradients:
         if self.scale is None:
             return norm
         return norm.float() / self.scale.to(norm.device).float().reshape(())
+
+    def local_nonfinite(self, sums: list[Any]) -> bool | None:
+        """Whether this rank's own gradients held a NaN/Inf, at a step whose reduced ones did."""
+        return True if self.solo else any_nonfinite(sums)
 
 
 def any_nonfinite(sums: list[Any]) -> bool | None:
@@ -204,7 +221,8 @@ def verdict_late(grads: Gradients, local_sums: list[Any], clip_grad: float | Non
 
     def fields(v: list[float]) -> dict[str, Any]:
         if not math.isfinite(v[0]):
-            return {"nonfinite": True, "local_nonfinite": not math.isfinite(v[2]) if len(v) > 2 else None}
+            local = True if grads.solo else not math.isfinite(v[2]) if len(v) > 2 else None
+            return {"nonfinite": True, "local_nonfinite": local}
         return {"grad_norm": v[1], "clipped": None if clip_grad is None else v[0] > clip_grad}
 
     if not verdict.is_cuda:

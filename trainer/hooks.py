@@ -50,11 +50,14 @@ class Probe:
     def __init__(self, tracker: StepTracker, policy: GuardPolicy) -> None:
         self.tracker = tracker
         self.policy = policy
+        self.skips_now = (policy.skips_now(cuda=False), policy.skips_now(cuda=True))
+        """policy.skips_now by whether the gradients are on a GPU, decided once."""
         self.timer = CommTimer()
         self.local = guard.LocalCheck()
         self.memory = MemoryReadings()
         self.reduced: weakref.WeakKeyDictionary[Any, guard.ReducedBuckets] = weakref.WeakKeyDictionary()
-        self.owners: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], guard.ReducedBuckets | None]] = weakref.WeakKeyDictionary()
+        self.owners: weakref.WeakKeyDictionary[Any, tuple[list[int] | int, guard.ReducedBuckets | None]] = weakref.WeakKeyDictionary()
+        self._last_owner: tuple[Callable[[], Any], list[int] | int, guard.ReducedBuckets | None] = (lambda: None, 0, None)
         self.scale: torch.Tensor | None = None
         """The scale a GradScaler multiplied this step's loss by (None: no scaler, or a disabled one)."""
         self.resume_seen = False
@@ -81,7 +84,10 @@ class Probe:
         if model not in self.reduced:
             ignored = getattr(model, "parameters_to_ignore", ())
             trainable = (p for name, p in model.module.named_parameters() if p.requires_grad and name not in ignored)
-            self.reduced[model] = guard.ReducedBuckets(trainable, views=bool(getattr(model, "gradient_as_bucket_view", False)))
+            views = bool(getattr(model, "gradient_as_bucket_view", False))
+            group = getattr(model, "process_group", None)
+            solo = group is not None and group.size() == 1
+            self.reduced[model] = guard.ReducedBuckets(trainable, views=views, solo=solo)
         return self.reduced[model]
 
     def parameters(self) -> Iterator[torch.Tensor]:
@@ -90,14 +96,20 @@ class Probe:
 
     def buckets_of(self, optimizer: Any) -> guard.ReducedBuckets | None:
         """The model whose bucketed parameters are exactly the optimizer's
-        trainable ones, looked up again only when its groups change size."""
-        shape = tuple(len(group["params"]) for group in optimizer.param_groups)
+        trainable ones, looked up again only when its groups change size.
+        The last optimizer's answer is kept apart: most scripts step one."""
+        groups = optimizer.param_groups
+        shape = [len(group["params"]) for group in groups] if len(groups) > 1 else len(groups[0]["params"]) if groups else 0
+        last_optimizer, last_shape, last_owner = self._last_owner
+        if last_optimizer() is optimizer and last_shape == shape:
+            return last_owner
         known = self.owners.get(optimizer)
         if known is None or known[0] != shape:
-            params = frozenset(id(p) for group in optimizer.param_groups for p in group["params"] if p.requires_grad)
+            params = frozenset(id(p) for group in groups for p in group["params"] if p.requires_grad)
             owner = next((r for r in self.reduced.values() if r.params == params), None)
             known = (shape, owner)
             self.owners[optimizer] = known
+        self._last_owner = (weakref.ref(optimizer), shape, known[1])
         return known[1]
 
 
@@ -292,12 +304,13 @@ def _loss_value(probe: Probe, tensor: Any) -> Any:
     """A backward's value for the step's loss: a float, a device tensor on CUDA, or None."""
     if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1 or not tensor.is_floating_point():
         return None
-    known = probe.scaled.get(id(tensor))
-    scale = known[1] if known is not None and known[0]() is tensor else None
-    value = tensor.detach()
-    if value.device.type == "cpu":
-        return float(value) / float(scale) if scale is not None else float(value)
-    value = value.float().reshape(())
+    scale = None
+    if probe.scaled:
+        known = probe.scaled.get(id(tensor))
+        scale = known[1] if known is not None and known[0]() is tensor else None
+    if tensor.device.type == "cpu":
+        return tensor.item() / float(scale) if scale is not None else tensor.item()
+    value = tensor.detach().float().reshape(())
     return value / scale.reshape(()) if scale is not None else value
 
 
@@ -404,13 +417,15 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
     carries none (this module's postponed annotations would be strings).
     """
 
-    tracker, timer, local = probe.tracker, probe.timer, probe.local
+    tracker, timer = probe.tracker, probe.timer
+    local = None if reduced.solo else probe.local  # one rank's all-reduce changes nothing to check against
 
     def timed_hook(state, bucket):
         tracker.comm_begin()
         step, index = tracker.step, bucket.index()
         buffer = bucket.buffer()
-        local.add(buffer)
+        if local is not None:
+            local.add(buffer)
         span = timer.begin(buffer)
 
         def done(fut):
@@ -483,7 +498,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     grads = _gradients(probe, optimizer, scale)
     if not grads.applied:
         return {}
-    if probe.policy.skips_now(grads.applied[0].is_cuda):
+    if probe.skips_now[grads.applied[0].is_cuda]:
         return _verdict_now(probe, optimizer, grads, local)
     return guard.verdict_late(grads, local, probe.policy.clip_grad)
 
@@ -498,12 +513,13 @@ def _gradients(probe: Probe, optimizer: Any, scale: torch.Tensor | None) -> guar
     Without such buckets (no DDP model owns exactly the optimizer's parameters)
     the optimizer's gradients are both, as a GradScaler.step has unscaled them."""
     owner = probe.buckets_of(optimizer)
-    reduced = owner.take(probe.tracker.step) if owner is not None else []
-    if owner is None or not reduced:
+    reduced = owner.take(probe.tracker.step) if owner is not None else None
+    if not reduced:
         return guard.Gradients.of(guard.gradients(optimizer))
+    assert owner is not None
     shown_scale = None if owner.views else scale  # buckets the gradients are views of were unscaled with them
     applied = reduced if probe.policy.clip_grad is None else guard.gradients(optimizer)
-    return guard.Gradients(applied, reduced, shown_scale)
+    return guard.Gradients(applied, reduced, shown_scale, owner.solo)
 
 
 def _verdict_now(probe: Probe, optimizer: Any, grads: guard.Gradients, local: list[Any]) -> dict[str, Any]:
@@ -513,7 +529,7 @@ def _verdict_now(probe: Probe, optimizer: Any, grads: guard.Gradients, local: li
     norm, shown = norms
     if not math.isfinite(norm):
         guard.skip(optimizer)
-        return {"nonfinite": True, "local_nonfinite": guard.any_nonfinite(local), "skipped": "nan"}
+        return {"nonfinite": True, "local_nonfinite": grads.local_nonfinite(local), "skipped": "nan"}
     values: dict[str, Any] = {"grad_norm": shown}
     if probe.policy.clip_grad is not None:
         values["clipped"] = guard.clip(grads.applied, norm, probe.policy.clip_grad)
@@ -540,19 +556,27 @@ def _after_step(probe: Probe) -> dict[str, Any]:
     return values
 
 
+_TOKEN_DTYPES = frozenset(
+    getattr(torch, name) for name in ("uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64") if hasattr(torch, name)
+)
+"""Integer dtypes, the ones token ids come in (not floats, complex numbers or bools)."""
+
+
 def _tokens(args: tuple, kwargs: dict) -> int | None:
     """Elements of the forward's token ids: its `input_ids`, else its first positional
     tensor, when that is 2-D and of integers (images and 1-D labels are not tokens)."""
-    ids = kwargs.get("input_ids")
+    ids = kwargs.get("input_ids") if kwargs else None
     if ids is None:
         ids = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in _TOKEN_DTYPES or ids.dim() != 2:
         return None
     return ids.numel()
 
 
 def _batch_size(args: tuple, kwargs: dict) -> int | None:
     """Leading dimension of the first tensor in the forward's inputs."""
+    if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
+        return int(args[0].shape[0])  # the usual forward: model(x)
     for value in (*args, *kwargs.values()):
         if isinstance(value, (list, tuple)):
             candidates = value

@@ -85,9 +85,14 @@ def scalar(value: Any) -> float | Late | None:
     if hasattr(value, "is_cuda"):
         if value.is_cuda:
             return LateTensor(value.detach().reshape(()))
-        return float(value.detach())  # a loss still needs its graph: no warning, no copy
+        return float(value.item())  # a loss still needs its graph: item() reads it without a copy or a warning
     return float(value)
 
 
+_PLAIN = frozenset((int, float, bool, str))
+
+
 def is_late(value: object) -> bool:
+    if type(value) in _PLAIN:  # most of a record's values: no attribute lookups that fail
+        return False
     return hasattr(value, "ready") and hasattr(value, "get")

@@ -192,7 +192,8 @@ def _add(values: dict[str, Any], lates: dict[str, late.Late], new: dict[str, Any
             values.pop(key, None)
         else:
             values[key] = value
-            lates.pop(key, None)
+            if lates:
+                lates.pop(key, None)
 
 
 def _resolve(record: wire.Frame, lates: dict[str, late.Late], wait: bool) -> wire.Frame:
