@@ -11,9 +11,8 @@ and CPU time per step are kept, and the figures are rank 0's medians over
 blocks. Each block starts with a few untimed steps (--warmup-steps): the
 first steps after a switch run on caches the other jobs filled, which no
 real run pays, and those steps cost a job the more the more code it runs
-(on the 2-core VM, 5bf1d53's ddptop measured ~100 µs a step in 10-step
-blocks that included them and ~75 in blocks that followed another of its
-own). Records go to a bounded deque instead of a socket, as the sender's
+(per-step times by position in a block, on the 2-core VM: the first steps
+of every job are 10-25% slower, ddptop's the most). Records go to a bounded deque instead of a socket, as the sender's
 queue would take them.
 
     python bench/inrank.py --width 256 --batch-size 32 --blocks 300
