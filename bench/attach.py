@@ -9,6 +9,10 @@ steps of every rank, an alert an hour and a few restarts. Then:
   has drawn its charts;
 - replay: the same state saved beside a run's log (as the supervisor saves
   it when the job ends) is replayed, timed the same way;
+- a crashed run: --crash-ranks ranks x --crash-steps steps (1.9 M step
+  records by default) written through a real hub, which saves its state
+  every SNAPSHOT_EVERY_S of the run's time as a supervisor does, and then
+  killed: its log flushed, no final snapshot. Replayed, timed the same way;
 - the old way, for scale: replaying a log record by record, measured on
   --log-records records and extrapolated to the day's step records.
 
@@ -29,7 +33,7 @@ from ddptop.core.eventlog import EventLog
 from ddptop.core.model import snapshot
 from ddptop.core.model.history import pack
 from ddptop.core.model.job import JobState
-from ddptop.supervisor.serving.hub import Hub
+from ddptop.supervisor.serving.hub import SNAPSHOT_EVERY_S, Hub
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.source import LiveSource, ReplaySource
 from ddptop.tui.widgets.chart import Chart
@@ -95,6 +99,33 @@ async def time_replay(run: rundir.RunDir, last_step: int) -> float:
         return time.perf_counter() - started
 
 
+def crashed_run(path: Path, ranks: int, steps: int, start: float) -> tuple[rundir.RunDir, int, float, int]:
+    """A run written by a real hub at STEPS_PER_S steps a second and killed: every second a
+    summary, the periodic snapshot when due (by the run's clock), and at the end a flushed
+    log and no final snapshot. (run, its last step, mean seconds a snapshot took, snapshots)."""
+    run = rundir.create(Path("train.py"), path)
+    now = [start]
+    hub = Hub(run, lambda command: None, clock=lambda: now[0])
+    hub.record({"type": "run", "wall": start, "id": "crashed", "script": "train.py"})
+    for rank in range(ranks):
+        hello = {"type": "rank_hello", "rank": rank, "local_rank": rank % 8, "world_size": ranks, "node": rank // 8}
+        hub.record({**hello, "host": f"n{rank // 8}", "pid": 1000 + rank, "restart": 0})
+    took: list[float] = []
+    for step in range(steps):
+        now[0] = start + step / STEPS_PER_S
+        for rank in range(ranks):
+            record = {"type": "step", "rank": rank, "step": step, "wall": now[0], "step_ms": 100.0, "comm_ms": 30.0}
+            hub.record({**record, "samples": 64, "loss": 4.0 * math.exp(-step / 20000) + 0.1})
+        if step % STEPS_PER_S == STEPS_PER_S - 1:
+            hub.record_totals()
+            hub.keep_state()
+            if hub.snapshot_s is not None:
+                took.append(hub.snapshot_s)
+                hub.snapshot_s = None
+    hub.flush()
+    return run, steps - 1, sum(took) / max(1, len(took)), len(took)
+
+
 async def time_record_by_record(path: Path, ranks: int, records: int) -> float:
     """Records a second a dashboard folds when it reads a log record by record."""
     run = rundir.create(Path("train.py"), path)
@@ -118,6 +149,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--log-records", type=int, default=300_000)
+    parser.add_argument("--crash-ranks", type=int, default=64)
+    parser.add_argument("--crash-steps", type=int, default=30_000)
     args = parser.parse_args()
     seconds = int(args.hours * 3600)
     base = Path(tempfile.mkdtemp(prefix="ddptop-bench-attach-"))
@@ -138,6 +171,16 @@ def main() -> None:
     log.close()
     snapshot.save(replayed.snapshot_path, state, log.position())
     print(f"replay:         shown in {asyncio.run(time_replay(replayed, last_step)):.2f} s")
+
+    started = time.perf_counter()
+    crashed, crash_last, snapshot_s, snapshots = crashed_run(base / "crashed", args.crash_ranks, args.crash_steps, time.time() - 3600)
+    records = args.crash_ranks * args.crash_steps
+    print(
+        f"a crashed run of {args.crash_ranks} ranks x {args.crash_steps:,} steps ({records / 1e6:.1f} M step records) written "
+        f"through a hub in {time.perf_counter() - started:.0f} s; {snapshots} periodic snapshots (every {SNAPSHOT_EVERY_S:.0f} s "
+        f"of the run), {snapshot_s * 1000:.0f} ms each on average; no final one"
+    )
+    print(f"replay of the crashed run: shown in {asyncio.run(time_replay(crashed, crash_last)):.2f} s")
 
     rate = asyncio.run(time_record_by_record(base / "log", args.ranks, args.log_records))
     day_records = seconds * STEPS_PER_S * args.ranks

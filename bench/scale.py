@@ -4,8 +4,8 @@ Three processes, as in a real job:
 
 - the supervisor's serving half in a child: the real hub (collector, event
   log, job state, viewers) with the real watchdog observing every record
-  and ticking every 0.25 s, the per-second summary record and the
-  once-a-minute heap trim (supervisor/heap.py), as
+  and ticking every 0.25 s, the per-second summary record, the periodic
+  state snapshot and the once-a-minute heap trim (supervisor/heap.py), as
   `ddptop launch` runs them;
 - N synthetic ranks in another child (bench/synthetic.py: the real wire,
   a batch frame every 100 ms, a heartbeat a second, a parameter checksum
@@ -75,6 +75,7 @@ def supervise(run_path: str, results: multiprocessing.Queue, stop: Connection) -
             asyncio.create_task(every(1.0, hub.record_totals)),
             asyncio.create_task(every(WATCH_S, watch)),
             asyncio.create_task(every(1.0, hub.log.flush)),
+            asyncio.create_task(every(1.0, hub.keep_state)),
             asyncio.create_task(every(heap.TRIM_S, heap.trim)),
         ]
         stopped = asyncio.Event()

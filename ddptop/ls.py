@@ -3,7 +3,8 @@
 What a run's supervisor wrote into meta.json when the job ended (exit
 status, steps done, and for a failed run the verdict that explains it) is
 read back; a run whose supervisor died before it could say is judged from
-its event log's last record (rundir.RunDir.state).
+its event log's last record (rundir.RunDir.state), and its steps are those
+of the state its supervisor last saved (at most SNAPSHOT_EVERY_S old).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from ddptop.core import rundir
 from ddptop.core.format import duration
+from ddptop.core.model import snapshot
 from ddptop.core.usage import OneLineParser
 
 
@@ -36,7 +38,7 @@ def row(run: rundir.RunDir, now: float) -> dict[str, Any]:
         "duration_s": None
         if started is None
         else round((ended if ended is not None else now if state == "running" else started) - started, 1),
-        "steps": meta.get("steps"),
+        "steps": meta.get("steps") if meta.get("steps") is not None else snapshot.steps_done(run.snapshot_path),
         "exit_code": meta.get("exit_code"),
         "why": meta.get("why"),
         "goodput": meta.get("goodput"),

@@ -303,6 +303,7 @@ class Supervisor:
             asyncio.create_task(_every(STATE_S, self._record_totals)),
             asyncio.create_task(_every(self.summary_every, self._print_summary)),
             asyncio.create_task(_every(FLUSH_S, self._flush)),
+            asyncio.create_task(_every(FLUSH_S, self._keep_state)),
             asyncio.create_task(_every(WATCH_S, self._watch)),
             asyncio.create_task(_every(heap.TRIM_S, self._trim_heap)),
         ]
@@ -392,6 +393,9 @@ class Supervisor:
         self.hub.flush()
         if META in self.outlets.down:  # written whole each time: once there is room, it is all there
             self._update_meta()
+
+    async def _keep_state(self) -> None:
+        self.hub.keep_state()
 
     def _update_meta(self, **changes: Any) -> None:
         """meta.json from the supervisor's own copy: a file it could not write or read back is no loss."""

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from ddptop.core import rundir, wire
 from ddptop.core.eventlog import EventLog
 from ddptop.core.model import snapshot
 from ddptop.core.model.history import RECENT_POINTS, WHOLE_POINTS, History, pack, unpack
 from ddptop.core.model.job import JobState
+from ddptop.ls import row
+from ddptop.supervisor.serving import hub as hubs
 from ddptop.tui.source import ReplaySource
 
 BASE = 1_800_000_000.0
@@ -50,9 +55,15 @@ def test_a_rank_with_no_step_in_a_second_is_nan_and_left_out_of_the_means():
 def busy_state(ranks: int, steps: int) -> JobState:
     """A job with every kind of record the dashboard shows: hellos, steps, samples, alerts, a restart."""
     state = JobState()
-    state.ingest({"type": "run", "wall": BASE, "id": "r", "script": "train.py"})
+    busy(state, state.ingest, ranks, steps)
+    return state
+
+
+def busy(state: JobState, ingest: Callable[[dict], None], ranks: int, steps: int) -> None:
+    """Those records, each given to ingest (a state's, or a hub's record) with state folding them."""
+    ingest({"type": "run", "wall": BASE, "id": "r", "script": "train.py"})
     for rank in range(ranks):
-        state.ingest(
+        ingest(
             {
                 "type": "rank_hello",
                 "rank": rank,
@@ -77,9 +88,9 @@ def busy_state(ranks: int, steps: int) -> JobState:
                 "samples": 8,
                 "loss": 1.0 / (step + 1),
             }
-            state.ingest(record)
+            ingest(record)
         if step % 10 == 9:
-            state.ingest(
+            ingest(
                 {
                     "type": "sample",
                     "wall": wall,
@@ -88,11 +99,10 @@ def busy_state(ranks: int, steps: int) -> JobState:
                     "procs": [{"rank": 0, "pid": 10, "gpu": 0, "rss": 1 << 30}],
                 }
             )
-            state.ingest(state.summary(wall))
-    state.ingest({"type": "alert", "wall": BASE + 5, "kind": "straggler", "text": "rank 3 is slow", "ranks": [3], "action": "none"})
-    state.ingest({"type": "group_restart", "wall": BASE + 6, "node": 0, "restart": 1, "remaining": 2})
-    state.ingest({"type": "checkpoint", "rank": 0, "step": 40, "wall": BASE + 6, "write_ms": 12.0, "path": "ckpt.pt"})
-    return state
+            ingest(state.summary(wall))
+    ingest({"type": "alert", "wall": BASE + 5, "kind": "straggler", "text": "rank 3 is slow", "ranks": [3], "action": "none"})
+    ingest({"type": "group_restart", "wall": BASE + 6, "node": 0, "restart": 1, "remaining": 2})
+    ingest({"type": "checkpoint", "rank": 0, "step": 40, "wall": BASE + 6, "write_ms": 12.0, "path": "ckpt.pt"})
 
 
 def restored(frames: list[wire.Frame]) -> JobState:
@@ -183,3 +193,52 @@ async def test_a_saved_state_that_does_not_fit_the_log_is_ignored(tmp_path):
     run.snapshot_path.write_bytes(b"not frames")
     source = ReplaySource(run)
     assert (await read(source)).records == 1 and source.read_whole
+
+
+async def test_a_run_whose_supervisor_died_replays_from_its_last_periodic_snapshot(tmp_path):
+    run = rundir.create(Path("train.py"), tmp_path / "run")
+    run.write_meta({"script": "train.py", "state": "running", "started": BASE})  # as a supervisor starts it
+    now = [0.0]
+    hub = hubs.Hub(run, lambda command: None, clock=lambda: now[0])
+    busy(hub.state, hub.record, ranks=8, steps=60)
+    hub.keep_state()
+    assert not run.snapshot_path.exists(), "not before SNAPSHOT_EVERY_S has passed"
+    now[0] = hubs.SNAPSHOT_EVERY_S
+    hub.keep_state()
+    assert hub.snapshot_s is not None and run.snapshot_path.exists()
+    for rank in range(8):  # after the snapshot, then the supervisor is killed: its log flushed, nothing else
+        hub.record({"type": "step", "rank": rank, "step": 60, "wall": BASE + 7, "step_ms": 100.0, "samples": 8})
+    hub.flush()
+    source = ReplaySource(run)
+    replayed = await read(source)
+    assert not source.read_whole, "it starts from the snapshot, not the log's start"
+    assert replayed.totals() == hub.state.totals() and replayed.records == hub.state.records
+    assert row(run, BASE)["steps"] == 60, "ls gives the steps of the saved state for a run that never said"
+
+
+async def test_a_snapshot_of_another_layout_is_not_read_as_this_one(tmp_path):
+    state = JobState()
+    run = write_run(tmp_path / "run", state, [{"type": "run", "wall": BASE, "id": "r", "script": "t.py"}])
+    snapshot.save(run.snapshot_path, busy_state(4, 20), (1, 0))
+    assert snapshot.load(run.snapshot_path) is not None
+    frames = list(snapshot.frames(busy_state(4, 20)))
+    older = [{**frames[0], "version": 1}, *frames[1:]]
+    with run.snapshot_path.open("wb") as out:
+        for frame in [{"type": "position", "segment": 1, "offset": 0}, *older]:
+            out.write(wire.encode(frame))
+    assert snapshot.load(run.snapshot_path) is None
+    source = ReplaySource(run)
+    assert (await read(source)).ranks == {} and source.read_whole, "the log is read whole instead"
+    dashboard = restored(older)
+    assert dashboard.ranks == {} and "snapshot layout 1" in dashboard.events[-1]["text"]
+
+
+@pytest.mark.parametrize("missing", ["tokens", "comm_bytes"])
+def test_a_snapshot_from_a_reader_without_a_window_field_still_reads(missing):
+    frames = list(snapshot.frames(busy_state(2, 20)))
+    for frame in frames:
+        for rank in frame.get("ranks", []):
+            del rank["window"][missing]
+    copy = restored(frames)
+    assert copy.ranks[1].busy_ms() == busy_state(2, 20).ranks[1].busy_ms()
+    assert {getattr(p, missing) for p in copy.ranks[1].window.points} == {None}

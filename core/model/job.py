@@ -47,6 +47,8 @@ class JobState:
         self.exit: wire.Frame | None = None
         self.checkpoint_step: int | None = None
         self.goodput = Goodput()
+        self.snapshot_unreadable = False
+        """Whether the snapshot being folded is of a layout this reader does not know (its frames are skipped)."""
 
     def rank(self, rank: int) -> RankState:
         state = self.ranks.get(rank)

@@ -40,6 +40,10 @@ if TYPE_CHECKING:
     from ddptop.core.model.job import JobState
 
 SNAPSHOT_TYPES = frozenset({"snapshot", "snapshot_ranks", "snapshot_points"})
+VERSION = 2
+"""The layout of the frames below. 2: ranks and their windows by field name (1 had
+windows by position, and no number). A reader reads only its own version: a
+replay then reads the log whole, a dashboard says it cannot read the state."""
 FRAME_BUDGET = wire.MAX_FRAME // 2
 """Bytes a snapshot frame aims at: half the limit leaves room for a rank's long stack."""
 RANK_BYTES = 12_000
@@ -53,6 +57,8 @@ def frames(state: JobState) -> Iterator[wire.Frame]:
     history = state.history
     yield {
         "type": "snapshot",
+        "version": VERSION,
+        "steps_done": max((r.step + 1 for r in state.ranks.values() if r.step >= 0), default=None),
         "job": {name: getattr(state, name) for name in _JOB_FIELDS},
         "alert_kinds": dict(state.alert_kinds),
         "events": list(state.events),
@@ -95,16 +101,45 @@ def load(path: Path) -> tuple[Position, list[wire.Frame]] | None:
     with contextlib.suppress(OSError, wire.FrameError, KeyError, TypeError, IndexError), path.open("rb") as stream:
         found = list(wire.read_frames(stream))
         head = found[0]
-        if head["type"] == "position" and all(f.get("type") in SNAPSHOT_TYPES for f in found[1:]):
+        if head["type"] == "position" and all(f.get("type") in SNAPSHOT_TYPES for f in found[1:]) and readable(found[1]):
             return (head["segment"], head["offset"]), found[1:]
     return None
+
+
+def steps_done(path: Path) -> int | None:
+    """The steps a run had done as of its saved state, reading only the file's first frames
+    (`ddptop ls`, for a run whose supervisor died before it could say)."""
+    with contextlib.suppress(OSError, wire.FrameError, StopIteration), path.open("rb") as stream:
+        frames = wire.read_frames(stream)
+        head, first = next(frames), next(frames)
+        if head.get("type") == "position" and readable(first) and isinstance(first.get("steps_done"), int):
+            return int(first["steps_done"])
+    return None
+
+
+def readable(first: wire.Frame) -> bool:
+    """Whether a snapshot's first frame is of the layout this reader knows."""
+    return first.get("type") == "snapshot" and first.get("version") == VERSION
+
+
+def unreadable_text(first: wire.Frame) -> str:
+    return (
+        f"the supervisor sent its state in snapshot layout {first.get('version', 1)} and this dashboard reads "
+        f"layout {VERSION}: run the same ddptop on both sides to see the job's history; live records follow"
+    )
 
 
 def restore(state: JobState, record: wire.Frame) -> None:
     """Fold one snapshot frame into a state; the first ("snapshot") starts it afresh."""
     kind = record["type"]
     if kind == "snapshot":
+        state.snapshot_unreadable = not readable(record)
+        if state.snapshot_unreadable:
+            state.events.append({"type": "notice", "wall": state.last_wall, "text": unreadable_text(record)})
+            return
         _restore_job(state, record)
+    elif state.snapshot_unreadable:
+        return
     elif kind == "snapshot_ranks":
         for data in record["ranks"]:
             rank = _restored_rank(data)
@@ -133,19 +168,28 @@ def _restore_job(state: JobState, record: wire.Frame) -> None:
     state.history.whole.filling = _restored_filling(record["filling"])
 
 
+_RANK_FIELDS = tuple(f.name for f in dataclasses.fields(RankState) if f.name not in _RANK_SKIP)
+_POINT_FIELDS = tuple(f.name for f in dataclasses.fields(StepPoint))
+
+
 def _rank(rank: RankState) -> dict[str, Any]:
-    data = {f.name: getattr(rank, f.name) for f in dataclasses.fields(rank) if f.name not in _RANK_SKIP}
+    """A rank by field name, its window as one list per StepPoint field: a reader
+    built with fields added or removed still reads it (missing ones are None)."""
+    data = {name: getattr(rank, name) for name in _RANK_FIELDS}
     data["gpu"] = list(rank.gpu) if rank.gpu is not None else None
-    data["window"] = [dataclasses.astuple(p) for p in rank.window.points]
+    points = rank.window.points
+    data["window"] = {name: [getattr(p, name) for p in points] for name in _POINT_FIELDS}
     return data
 
 
 def _restored_rank(data: dict[str, Any]) -> RankState:
-    fields = {name: value for name, value in data.items() if name not in _RANK_SKIP}
-    rank = RankState(**fields)
+    rank = RankState(**{name: data[name] for name in _RANK_FIELDS if name in data})
     rank.gpu = (data["gpu"][0], data["gpu"][1]) if data.get("gpu") else None
-    for point in data["window"]:
-        rank.window.add(StepPoint(*point))
+    window: dict[str, list[Any]] = data["window"]
+    length = max((len(values) for values in window.values()), default=0)
+    columns = [window.get(name) or [None] * length for name in _POINT_FIELDS]
+    for values in zip(*columns):
+        rank.window.add(StepPoint(*values))
     return rank
 
 

@@ -24,6 +24,12 @@ from ddptop.supervisor.serving.viewers import CommandHandler, Viewers
 
 EVENT_LOG = "the event log"
 SNAPSHOT = "the state snapshot"
+SNAPSHOT_EVERY_S = 30.0
+"""How often, at most, the state is saved while the job runs: a replay of a run
+whose supervisor died reads at most this much of its log after the snapshot."""
+SNAPSHOT_SHARE = 0.01
+"""The most of the supervisor's time the periodic snapshot may take: a state
+that takes longer to save is saved less often (90 ms at 1,024 ranks)."""
 UNLOGGED = frozenset({"log_tail"})
 """Answers to a dashboard's question, not part of the run's story: shown, not logged."""
 
@@ -35,6 +41,7 @@ class Hub:
         on_command: CommandHandler,
         observer: Callable[[wire.Frame], None] | None = None,
         outlets: Outlets | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """observer sees every record after the state has folded it in (the watchdog); outlets
         handles the event log's write errors: the state, the dashboards and the watchdog go on
@@ -46,6 +53,11 @@ class Hub:
         self.log = EventLog(run.events_path)
         self.viewers = Viewers(self.log, self.snapshot_frames, on_drop=self.note)
         self.collector = Collector(self.record, self.viewers, on_command)
+        self.snapshot_s: float | None = None
+        """Seconds the last periodic snapshot took (bench/scale.py reports it)."""
+        self._clock = clock
+        """When the periodic snapshot is due, by this clock (a bench's is simulated)."""
+        self._next_snapshot = clock() + SNAPSHOT_EVERY_S
         self.taps: list[Callable[[wire.Frame, bytes], None]] = []
         """Also given every record and its encoding: a node's uplink to the aggregator."""
 
@@ -63,6 +75,18 @@ class Hub:
     def snapshot_frames(self) -> list[bytes]:
         """The job's state as encoded frames, for a dashboard attaching now."""
         return [wire.encode(frame) for frame in snapshot.frames(self.state)]
+
+    def keep_state(self) -> None:
+        """Save the state beside the log, as of the log's end on disk, every SNAPSHOT_EVERY_S or
+        less often when it is slow to save: a replay of a run whose supervisor was killed, or
+        whose machine lost power, starts from it and reads only the log after it."""
+        now = self._clock()
+        if now < self._next_snapshot or not self.outlets.write(EVENT_LOG, self.log.flush):
+            return
+        started = time.perf_counter()
+        self.outlets.write(SNAPSHOT, snapshot.save, self.run.snapshot_path, self.state, self.log.position())
+        self.snapshot_s = time.perf_counter() - started
+        self._next_snapshot = now + max(SNAPSHOT_EVERY_S, self.snapshot_s / SNAPSHOT_SHARE)
 
     def note(self, text: str) -> None:
         """A notice of the supervisor's own, for the log and every dashboard."""
