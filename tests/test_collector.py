@@ -4,12 +4,13 @@ import asyncio
 import struct
 
 import pytest
+from builders import hello
 from conftest import until
 
 from ddptop.core import wire
 from ddptop.supervisor.serving.collector import Collector
 
-HELLO = {"type": "rank_hello", "rank": 2, "local_rank": 0, "world_size": 4, "node": 0, "host": "h", "pid": 9, "restart": 0}
+HELLO = hello(2, 4, local_rank=0)
 STEP = {"type": "step", "rank": 2, "step": 0, "wall": 1.0, "step_ms": 5.0}
 
 

@@ -122,9 +122,9 @@ def test_a_state_rebuilt_from_its_snapshot_frames_is_the_same_state():
     assert copy.goodput.split(BASE + 20) == state.goodput.split(BASE + 20)
     for rank, ours in state.ranks.items():
         theirs = copy.ranks[rank]
-        assert (theirs.step, theirs.loss, theirs.busy_ms(), theirs.gpu, theirs.rss) == (
+        assert (theirs.step, theirs.latest, theirs.busy_ms(), theirs.gpu, theirs.rss) == (
             ours.step,
-            ours.loss,
+            ours.latest,
             ours.busy_ms(),
             ours.gpu,
             ours.rss,

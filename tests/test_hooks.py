@@ -89,6 +89,19 @@ def test_the_norm_comes_from_the_reduced_buckets_and_is_the_gradients_norm(recor
         step_and_check_the_norm(records, model, optimizer, model.parameters())
 
 
+def test_each_step_carries_the_learning_rate_it_was_taken_with(records):
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    for _ in range(3):
+        optimizer.zero_grad()
+        backward(model)
+        optimizer.step()
+        schedule.step()
+    model(torch.randn(1, 8))  # the last record goes at the next forward
+    assert [r["lr"] for r in records if r["type"] == "step"] == [0.1, 0.05, 0.025]
+
+
 def test_accumulated_steps_report_the_norm_of_the_summed_gradients(records):
     model = ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
+import builders
+
 from ddptop.core.model.job import JobState
 from ddptop.core.model.metrics import GPU_USED, GPU_UTIL
+from ddptop.core.model.stats import StepPoint
+from ddptop.core.wire.records import WINDOWED
 
 
 def hello(rank: int, node: int) -> dict:
-    return {
-        "type": "rank_hello",
-        "rank": rank,
-        "local_rank": 0,
-        "world_size": 2,
-        "node": node,
-        "host": f"h{node}",
-        "pid": 10 + rank,
-        "restart": 0,
-    }
+    return builders.hello(rank, 2, local_rank=0, node=node, host=f"h{node}")
 
 
 def sample(node: int, rank: int, util: float) -> dict:
@@ -50,3 +45,16 @@ def test_a_rank_s_last_place_stands_once_its_heartbeats_carry_none():
     state.ingest({**beat, "where": "train.py:51 in train_step"})
     state.ingest({**beat, "phase": "exit"})
     assert state.ranks[0].where == "train.py:51 in train_step"
+
+
+def test_a_step_value_of_the_wire_s_table_is_kept_as_the_table_says():
+    state = JobState()
+    state.ingest(hello(0, 0))
+    for n, lr in enumerate((0.1, 0.05)):
+        state.ingest(builders.step(0, n, wall=float(n), samples=8, lr=lr, comm_ms=2.0))
+    state.ingest(builders.step(0, 2, wall=2.0, samples=8))
+    rank = state.ranks[0]
+    assert rank.latest["lr"] == 0.05, "kept latest: a step without it leaves the last one standing"
+    assert [p.get("samples") for p in rank.window.points] == [8, 8, 8] and rank.window.mean("comm_ms") == 2.0
+    assert ("wall", "step_ms", *WINDOWED) == StepPoint.FIELDS
+    assert state.summary(2.0)["metrics"]["lr"] == 0.05

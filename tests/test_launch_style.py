@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from builders import hello
 
 from ddptop.supervisor.launching.style import chosen, detect
 from ddptop.supervisor.watching.failures import port_in_use
@@ -96,10 +97,6 @@ def test_a_port_in_use_is_read_from_torch_s_error():
     text = "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. port: 12355, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
     assert port_in_use(text) == 12355
     assert port_in_use("RuntimeError: boom at port: 12355") is None
-
-
-def hello(rank: int, world: int) -> dict:
-    return {"type": "rank_hello", "rank": rank, "local_rank": rank, "world_size": world, "node": 0, "host": "h", "pid": 1, "restart": 0}
 
 
 def test_a_self_started_world_other_than_the_gpus_given_is_said_once():

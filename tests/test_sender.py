@@ -4,12 +4,13 @@ import socket
 import threading
 
 import pytest
+from builders import hello
 from conftest import wait_for
 
 from ddptop.core import wire
 from ddptop.trainer.sender import Sender
 
-HELLO = {"type": "rank_hello", "rank": 0, "local_rank": 0, "world_size": 1, "node": 0, "host": "h", "pid": 1, "restart": 0}
+HELLO = hello(0)
 
 
 def heartbeat() -> dict:

@@ -179,7 +179,7 @@ async def test_a_stopped_rank_s_stack_is_read_by_py_spy(stopped_rank, tmp_path):
     got = await stacks.dump(tmp_path, 0, stopped_rank.pid)
     assert got is not None
     source, text = got
-    assert source == "py-spy --nonblocking" and "train_step (<string>:6)" in text, text
+    assert source == "py-spy --nonblocking" and "train_step (<string>:" in text, text  # stopped in its sleep or its loop
 
 
 async def test_without_py_spy_a_stopped_rank_is_said_to_be_stopped(stopped_rank, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from builders import hello
 from conftest import until
 from test_tui_snapshots import BASE, fixed_run
 
@@ -80,9 +81,7 @@ async def test_a_run_with_no_loss_one_step_nan_and_a_silent_rank_draws_what_it_h
     log, state = EventLog(run.events_path), JobState()
     records = [{"type": "run", "wall": BASE, "id": "odd", "script": "train.py"}]
     for rank in range(3):  # rank 2 says hello and never steps
-        records.append(
-            {"type": "rank_hello", "rank": rank, "local_rank": rank, "world_size": 3, "node": 0, "host": "h", "pid": 1 + rank, "restart": 0}
-        )
+        records.append(hello(rank, 3))
     records += [{"type": "step", "rank": r, "step": 0, "wall": BASE + 1, "step_ms": 10.0, "comm_ms": math.inf} for r in (0, 1)]
     for record in records:
         log.append(record)

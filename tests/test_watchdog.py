@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builders
 import pytest
 
 from ddptop.core.model.job import JobState
@@ -21,20 +22,10 @@ class Clock:
 
 
 def hello(rank: int, restart: int = 0, world: int = 4) -> dict:
-    return {
-        "type": "rank_hello",
-        "rank": rank,
-        "local_rank": rank,
-        "world_size": world,
-        "node": 0,
-        "host": "h",
-        "pid": 100 + rank,
-        "restart": restart,
-    }
+    return builders.hello(rank, world, restart=restart)
 
 
-def step(rank: int, n: int, **extra: object) -> dict:
-    return {"type": "step", "rank": rank, "step": n, "wall": 0.0, "step_ms": 10.0, **extra}
+step = builders.step
 
 
 def failure(rank: int, code: int, restart: int = 0, pid: int | None = None, local_rank: int | None = None, node: int = 0) -> dict:

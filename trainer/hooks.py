@@ -540,7 +540,11 @@ def _optimizer_end(probe: Probe, optimizer: Any) -> None:
     if optimizer is not probe.stepping:
         return
     probe.stepping = None
-    probe.tracker.optimizer_end(_after_step(probe))
+    values = _after_step(probe)
+    lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+    if type(lr) is float:  # a tensor learning rate (capturable schedules) would need a read of the device
+        values["lr"] = lr
+    probe.tracker.optimizer_end(values)
 
 
 def _after_step(probe: Probe) -> dict[str, Any]:

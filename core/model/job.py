@@ -20,6 +20,7 @@ from ddptop.core.model.metrics import COMM_MS, JOB_METRICS
 from ddptop.core.model.rank import GpuState, RankState
 from ddptop.core.model.stats import StepPoint, bus_bandwidth, median
 from ddptop.core.model.totals import JobTotals
+from ddptop.core.wire.records import LATEST, WINDOWED
 
 EVENT_TYPES = frozenset({"alert", "action", "notice", "wire_error", "exit", "group_restart"})
 """Records the dashboard's alert panel lists."""
@@ -93,9 +94,9 @@ class JobState:
         state.step = record["step"]
         state.last_wall = record["wall"]
         state.steps_seen += 1
-        for key in ("loss", "grad_norm", "mem_alloc", "mem_reserved", "mem_peak"):
+        for key in LATEST:
             if record.get(key) is not None:
-                setattr(state, key, record[key])
+                state.latest[key] = record[key]
         skipped = record.get("skipped")
         if skipped == "nan":
             state.nan_skips += 1
@@ -111,17 +112,7 @@ class JobState:
         if record.get("comm_ms") is not None:
             state.interval_comm_ms += record["comm_ms"]
             state.interval_comm_steps += 1
-        state.window.add(
-            StepPoint(
-                wall=record["wall"],
-                step_ms=record["step_ms"],
-                data_ms=record.get("data_ms"),
-                comm_ms=record.get("comm_ms"),
-                comm_bytes=record.get("comm_bytes"),
-                samples=record.get("samples"),
-                tokens=record.get("tokens"),
-            )
-        )
+        state.window.add(StepPoint(record["wall"], record["step_ms"], **{key: record.get(key) for key in WINDOWED}))
 
     def _on_heartbeat(self, record: wire.Frame) -> None:
         state = self.rank(record["rank"])

@@ -87,9 +87,13 @@ def _mean(attr: str) -> Callable[[RankState], float | None]:
     return lambda rank: rank.window.mean(attr)
 
 
+def _latest(key: str) -> Callable[[RankState], float | None]:
+    return lambda rank: rank.latest.get(key)
+
+
 def _gpu_used(rank: RankState) -> float | None:
     """What the rank holds on its GPU: NVML's per-process figure, else the allocator's reserve."""
-    return rank.gpu_mem if rank.gpu_mem is not None else rank.mem_reserved
+    return rank.gpu_mem if rank.gpu_mem is not None else rank.latest.get("mem_reserved")
 
 
 def _gpu_memory_bar(rank: RankState) -> str:
@@ -98,7 +102,7 @@ def _gpu_memory_bar(rank: RankState) -> str:
     if not total_bytes or used is None:
         return nbytes(used)
     filled = round(8 * used / total_bytes)
-    return f"{'█' * filled}{'░' * (8 - filled)} {nbytes(used)} pk {nbytes(rank.mem_peak)}/{nbytes(total_bytes)}"
+    return f"{'█' * filled}{'░' * (8 - filled)} {nbytes(used)} pk {nbytes(rank.latest.get('mem_peak'))}/{nbytes(total_bytes)}"
 
 
 def _gpu_util(rank: RankState) -> float | None:
@@ -184,7 +188,7 @@ DATA_MS = Metric(
 LOSS = Metric(
     "loss",
     "",
-    lambda r: r.loss,
+    _latest("loss"),
     significant(4),
     job=mean,
     column="LOSS",
@@ -195,10 +199,19 @@ LOSS = Metric(
 GRAD_NORM = Metric(
     "grad_norm",
     "",
-    lambda r: r.grad_norm,
+    _latest("grad_norm"),
     significant(3),
     column="GRAD NORM",
     prometheus=Prometheus("grad_norm", "the last global gradient norm before clipping"),
+)
+LEARNING_RATE = Metric(
+    "lr",
+    "",
+    _latest("lr"),
+    significant(3),
+    job=middle,
+    prometheus=Prometheus("learning_rate", "the learning rate of the optimizer's first parameter group"),
+    summary="lr {}",
 )
 # Optional: a CPU job has no GPU figures, and their empty columns would push CPU % and RSS off a narrow screen.
 GPU_UTIL = Metric("gpu_util", "percent", _gpu_util, number("{:.0f}"), column="GPU %", optional=True)
@@ -206,7 +219,7 @@ GPU_USED = Metric("gpu_used", "bytes", _gpu_used, nbytes, column="GPU MEM used p
 GPU_ALLOCATED = Metric(
     "gpu_mem",
     "bytes",
-    lambda r: r.mem_alloc,
+    _latest("mem_alloc"),
     nbytes,
     job=highest,
     prometheus=Prometheus("gpu_memory_allocated_bytes", "GPU memory allocated by the rank's tensors"),
@@ -216,14 +229,14 @@ GPU_ALLOCATED = Metric(
 GPU_RESERVED = Metric(
     "gpu_reserved",
     "bytes",
-    lambda r: r.mem_reserved,
+    _latest("mem_reserved"),
     nbytes,
     prometheus=Prometheus("gpu_memory_reserved_bytes", "GPU memory reserved by the rank's caching allocator"),
 )
 GPU_PEAK = Metric(
     "gpu_peak",
     "bytes",
-    lambda r: r.mem_peak,
+    _latest("mem_peak"),
     nbytes,
     prometheus=Prometheus("gpu_memory_peak_bytes", "peak GPU memory allocated by the rank"),
 )
@@ -257,6 +270,7 @@ METRICS: tuple[Metric, ...] = (
     DATA_MS,
     LOSS,
     GRAD_NORM,
+    LEARNING_RATE,
     GPU_UTIL,
     GPU_USED,
     GPU_ALLOCATED,

@@ -40,11 +40,8 @@ class RankState:
     """The main thread's frames, outermost first, as of the last heartbeat that changed them."""
     dropped: int = 0
     last_wall: float = 0.0
-    loss: float | None = None
-    grad_norm: float | None = None
-    mem_alloc: int | None = None
-    mem_reserved: int | None = None
-    mem_peak: int | None = None
+    latest: dict[str, float] = field(default_factory=dict)
+    """The last value of each per-step value kept "latest" (wire/records.py STEP_VALUES: loss, grad norm, GPU memory...)."""
     cpu_percent: float | None = None
     rss: int | None = None
     gpu: tuple[int, int] | None = None

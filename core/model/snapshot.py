@@ -169,7 +169,7 @@ def _restore_job(state: JobState, record: wire.Frame) -> None:
 
 
 _RANK_FIELDS = tuple(f.name for f in dataclasses.fields(RankState) if f.name not in _RANK_SKIP)
-_POINT_FIELDS = tuple(f.name for f in dataclasses.fields(StepPoint))
+_POINT_FIELDS = StepPoint.FIELDS
 
 
 def _rank(rank: RankState) -> dict[str, Any]:
@@ -188,8 +188,8 @@ def _restored_rank(data: dict[str, Any]) -> RankState:
     window: dict[str, list[Any]] = data["window"]
     length = max((len(values) for values in window.values()), default=0)
     columns = [window.get(name) or [None] * length for name in _POINT_FIELDS]
-    for values in zip(*columns):
-        rank.window.add(StepPoint(*values))
+    for wall, step_ms, *values in zip(*columns):
+        rank.window.add(StepPoint(wall, step_ms, **dict(zip(_POINT_FIELDS[2:], values))))
     return rank
 
 

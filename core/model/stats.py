@@ -10,7 +10,8 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from dataclasses import dataclass
+
+from ddptop.core.wire.records import WINDOWED
 
 WINDOW = 100
 """Steps per rank that the rolling figures cover."""
@@ -40,24 +41,37 @@ def bus_bandwidth(nbytes: float, seconds: float, world_size: int) -> float | Non
     return nbytes / seconds * 2 * (world_size - 1) / world_size
 
 
-@dataclass(slots=True)
 class StepPoint:
-    """One step as a window keeps it; slots, since a window holds 100 per rank."""
+    """One step as a window keeps it: its wall time, step time and the values
+    STEP_VALUES keeps in the window (wire/records.py), so a new one needs no
+    change here. Slots, since a window holds 100 per rank."""
 
-    wall: float
-    step_ms: float
-    data_ms: float | None
-    comm_ms: float | None
-    comm_bytes: int | None
-    samples: int | None
-    tokens: int | None
+    __slots__ = ("wall", "step_ms", *WINDOWED)
+    FIELDS = ("wall", "step_ms", *WINDOWED)
+
+    def __init__(self, wall: float, step_ms: float, **values: float | None) -> None:
+        self.wall = wall
+        self.step_ms = step_ms
+        for name in WINDOWED:
+            setattr(self, name, values.get(name))
+
+    def get(self, name: str) -> float | None:
+        """A windowed value by name; None when the step did not carry it."""
+        value: float | None = getattr(self, name)
+        return value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StepPoint) and all(getattr(self, f) == getattr(other, f) for f in self.FIELDS)
+
+    def __repr__(self) -> str:
+        return f"StepPoint({', '.join(f'{f}={getattr(self, f)!r}' for f in self.FIELDS)})"
 
 
 def _busy(point: StepPoint) -> float:
-    return point.step_ms - (point.comm_ms or 0.0)
+    return point.step_ms - (point.get("comm_ms") or 0.0)
 
 
-_SUMMED = ("step_ms", "data_ms", "comm_ms", "comm_bytes", "samples", "tokens")
+_SUMMED = ("step_ms", *WINDOWED)
 
 
 class RollingWindow:

@@ -1,0 +1,478 @@
+"""Every record ddptop exchanges, one typed definition each: the wire's source of truth.
+
+A record type is a TypedDict here; its schema check (schemas.py), the
+model's per-step fields (model/stats.py StepPoint, model/rank.py latest)
+and the tests' record builders (tests/records.py) are derived from these
+definitions, so a field is declared once. NotRequired fields may be absent
+(or None); `type` names the record.
+
+A rank's step record is the one that grows: what a step measures is a row
+of STEP_VALUES, which says how the supervisor keeps it (in each rank's
+rolling window of steps, or its latest value). A new per-step metric is a
+row there, the line in the trainer that measures it, and a row of the
+metric table (model/metrics.py) where it shows.
+
+Only the standard library here: every training rank imports the wire.
+"""
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Literal
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # pragma: no cover - Python 3.10's TypedDict does not know NotRequired
+    from typing_extensions import NotRequired, TypedDict
+
+
+@dataclass(frozen=True)
+class StepValue:
+    """One thing a step measures, as its record carries it and the supervisor keeps it."""
+
+    name: str
+    type: type[int] | type[float]
+    kept: Literal["window", "latest"]
+    """window: in each rank's rolling window of steps, for means, rates and percentiles;
+    latest: the rank's last value (a step without it leaves the last one standing)."""
+    doc: str
+
+
+STEP_VALUES: tuple[StepValue, ...] = (
+    StepValue("data_ms", float, "window", "waiting for data: from the previous step's end to this one's first forward"),
+    StepValue("samples", int, "window", "the forward inputs' batch dimension, summed over the step's forwards"),
+    StepValue("tokens", int, "window", "elements of the forwards' token ids (a 2-D integer input)"),
+    StepValue("comm_ms", float, "window", "the union of the step's gradient all-reduce intervals"),
+    StepValue("comm_bytes", int, "window", "bytes the step's gradient buckets all-reduced"),
+    StepValue("loss", float, "latest", "what backward() was called on, summed over the step, or what monitor.step() said"),
+    StepValue("grad_norm", float, "latest", "the global gradient norm before clipping, unscaled"),
+    StepValue("lr", float, "latest", "the learning rate of the optimizer's first parameter group, as the step used it"),
+    StepValue("mem_alloc", int, "latest", "GPU bytes allocated by the rank's tensors"),
+    StepValue("mem_reserved", int, "latest", "GPU bytes the caching allocator holds"),
+    StepValue("mem_peak", int, "latest", "the allocator's peak of allocated bytes"),
+)
+WINDOWED = tuple(v.name for v in STEP_VALUES if v.kept == "window")
+LATEST = tuple(v.name for v in STEP_VALUES if v.kept == "latest")
+
+
+class Step(TypedDict):
+    """One training step of one rank, built by the trainer's step tracker (trainer/steps.py);
+    what it measured besides these fields is in STEP_VALUES."""
+
+    type: Literal["step"]
+    rank: int
+    step: int
+    wall: float
+    step_ms: float
+    total_steps: NotRequired[int]
+    nonfinite: NotRequired[bool]
+    """The in-rank watchdog (trainer/guard.py): the reduced gradients held a NaN/Inf."""
+    local_nonfinite: NotRequired[bool]
+    """This rank's own gradients did, before the all-reduce."""
+    skipped: NotRequired[str]
+    """"nan": the guard skipped the step; "scaler": a GradScaler did."""
+    clipped: NotRequired[bool]
+    """Sent whenever --clip-grad is on: whether the step was clipped."""
+    checksum: NotRequired[int]
+    """The parameters' checksum, every --desync-every steps."""
+
+
+class RankHello(TypedDict):
+    """A rank introduces itself once per connection."""
+
+    type: Literal["rank_hello"]
+    rank: int
+    local_rank: int
+    world_size: int
+    node: int
+    host: str
+    pid: int
+    restart: int
+    started: NotRequired[float]
+
+
+class Heartbeat(TypedDict):
+    """About once a second: liveness and where the rank is."""
+
+    type: Literal["heartbeat"]
+    rank: int
+    wall: float
+    phase: str
+    where: NotRequired[str]
+    """The main thread's innermost frame of the script's code, "train.py:51 in train_step" (trainer/where.py)."""
+    inside: NotRequired[str]
+    """The torch.distributed call the main thread is in ("all_reduce", "barrier")."""
+    stack: NotRequired[list[Any]]
+    """The main thread's frames, outermost first (core/places.py stack_line); only when they changed since the rank's previous heartbeat."""
+    step: int
+    """The step in progress: the rank has finished every step before it."""
+    forwards: NotRequired[int]
+    """The DDP model's forwards so far, evaluation's included."""
+    collectives: NotRequired[list[Any]]
+    """[last enqueued, last completed] collective of the default process group, from torch's flight recorder; only from a rank that has sat on one step a while (trainer/flightrecorder.py)."""
+    dropped: int
+
+
+class Phase(TypedDict):
+    """A rank's start-up, step by step: torch imported ("torch"), its process group joined ("group")."""
+
+    type: Literal["phase"]
+    rank: int
+    wall: float
+    phase: str
+
+
+class AgentHello(TypedDict):
+    """torchrun's own agent, through ddptop's probe (supervisor/launching/torchrun_probe.py)."""
+
+    type: Literal["agent_hello"]
+    node: int
+
+
+class AgentPhase(TypedDict):
+    """A step of starting the workers of attempt `restart` that only the agent sees: the old workers "stopped", the "rendezvous" done, the new workers "started"."""
+
+    type: Literal["agent_phase"]
+    node: int
+    restart: int
+    phase: str
+    wall: float
+
+
+class AgentNote(TypedDict):
+    """What the user should know of how the agent starts workers (the template's fallback)."""
+
+    type: Literal["agent_note"]
+    node: int
+    wall: float
+    text: str
+
+
+class WorkerFailure(TypedDict):
+    """A worker process ended with a failure: what only torchrun knows. restart: the job's attempt it ran in (the probe's count, the same on every node)."""
+
+    type: Literal["worker_failure"]
+    node: int
+    restart: int
+    rank: int
+    local_rank: int
+    pid: int
+    exitcode: int
+    wall: float
+    message: NotRequired[str]
+
+
+class GroupRestart(TypedDict):
+    """torchrun restarts its worker group (restart counts from 1), after backoff_s, because rank failed with exitcode (torchrun's view: the first it saw)."""
+
+    type: Literal["group_restart"]
+    node: int
+    restart: int
+    remaining: int
+    wall: float
+    backoff_s: NotRequired[float]
+    rank: NotRequired[int]
+    exitcode: NotRequired[int]
+
+
+class RestartGo(TypedDict):
+    """The supervisor to torchrun's probe: it has judged the failure behind restart number `restart` and not stopped the job, so the restart may go ahead."""
+
+    type: Literal["restart_go"]
+    restart: int
+
+
+class Checkpoint(TypedDict):
+    """monitor.checkpoint() wrote a checkpoint (rank 0) / monitor.resume() loaded one."""
+
+    type: Literal["checkpoint"]
+    rank: int
+    wall: float
+    step: int
+    path: str
+    bytes: int
+    write_ms: float
+
+
+class Resume(TypedDict):
+    """The resume record."""
+
+    type: Literal["resume"]
+    rank: int
+    wall: float
+    step: int
+    path: str
+    damaged: list[Any]
+
+
+class Exception(TypedDict):
+    """The traceback of an exception the script did not catch (its end)."""
+
+    type: Literal["exception"]
+    rank: int
+    wall: float
+    text: str
+
+
+class Batch(TypedDict):
+    """A rank's records, sent together so the socket sees a few frames a second."""
+
+    type: Literal["batch"]
+    items: list[Any]
+
+
+class ViewerHello(TypedDict):
+    """A dashboard introduces itself; with history, it first gets the run so far. history: the run's records so far first; snapshot: the job's state as a few frames instead (model/snapshot.py), what a dashboard asks for."""
+
+    type: Literal["viewer_hello"]
+    history: NotRequired[bool]
+    snapshot: NotRequired[bool]
+
+
+class Command(TypedDict):
+    """What a dashboard may ask of the supervisor, and the job's aggregator of a node's supervisor (stacks: collect those ranks' Python stacks)."""
+
+    type: Literal["command"]
+    action: str
+    rank: NotRequired[int]
+    ranks: NotRequired[list[Any]]
+    origin: NotRequired[str]
+
+
+class Auth(TypedDict):
+    """Over TCP, the first frame of every connection: the run's token."""
+
+    type: Literal["auth"]
+    token: str
+
+
+class NodeHello(TypedDict):
+    """A node's supervisor joins the job's aggregator (node 0's supervisor), which answers node_welcome, or refused and closes; then the node forwards records."""
+
+    type: Literal["node_hello"]
+    node: int
+    nnodes: int
+    host: str
+    pid: int
+
+
+class NodeWelcome(TypedDict):
+    """The node_welcome record."""
+
+    type: Literal["node_welcome"]
+    node: int
+    run: str
+
+
+class Refused(TypedDict):
+    """The refused record."""
+
+    type: Literal["refused"]
+    reason: str
+
+
+class RankGone(TypedDict):
+    """Records a supervisor makes, which a node forwards to the aggregator."""
+
+    type: Literal["rank_gone"]
+    rank: int
+    wall: float
+
+
+class Sample(TypedDict):
+    """The sample record."""
+
+    type: Literal["sample"]
+    wall: float
+    procs: list[Any]
+    gpus: list[Any]
+    node: NotRequired[int]
+
+
+class Stack(TypedDict):
+    """The stack record."""
+
+    type: Literal["stack"]
+    rank: int
+    wall: float
+    source: str
+    text: str
+
+
+class LogTail(TypedDict):
+    """The end of a rank's own log (its attempt's stdout and stderr), read on its node at a dashboard's asking (command log_tail): sent to the dashboards, not kept in the event log."""
+
+    type: Literal["log_tail"]
+    rank: int
+    wall: float
+    restart: int
+    lines: list[Any]
+
+
+class Action(TypedDict):
+    """The action record."""
+
+    type: Literal["action"]
+    wall: float
+    text: str
+    rank: NotRequired[int]
+    node: NotRequired[int]
+
+
+class Notice(TypedDict):
+    """The notice record."""
+
+    type: Literal["notice"]
+    wall: float
+    text: str
+    node: NotRequired[int]
+
+
+class WireError(TypedDict):
+    """The wire_error record."""
+
+    type: Literal["wire_error"]
+    wall: float
+    error: str
+    rank: NotRequired[int]
+    node: NotRequired[int]
+
+
+class Run(TypedDict):
+    """What the supervisor makes itself. The run record opens every event log: the launch's metadata (meta.json as it was at the start)."""
+
+    type: Literal["run"]
+    wall: float
+    id: str
+    script: str
+    args: NotRequired[list[Any]]
+    nproc_per_node: NotRequired[int]
+    launch_style: NotRequired[str]
+    launch_reason: NotRequired[str]
+    port_set_at: NotRequired[str]
+    gpus: NotRequired[int]
+    nnodes: NotRequired[str]
+    node_rank: NotRequired[int]
+    listen: NotRequired[str]
+    aggregator: NotRequired[str]
+    prometheus: NotRequired[str]
+    host: NotRequired[str]
+    cpu_only: NotRequired[bool]
+    address: NotRequired[str]
+    started: NotRequired[float]
+    supervisor_pid: NotRequired[int]
+    supervisor_started: NotRequired[float]
+    state: NotRequired[str]
+    version: NotRequired[str]
+
+
+class Alert(TypedDict):
+    """A watchdog verdict; the fields after action are the kind's own details."""
+
+    type: Literal["alert"]
+    wall: float
+    kind: str
+    text: str
+    action: str
+    ranks: list[Any]
+    rank: NotRequired[int]
+    step: NotRequired[int]
+    checksums: NotRequired[dict[str, Any]]
+    ratio: NotRequired[float]
+    window_s: NotRequired[float]
+    """stall: the window no step came in, seconds (rules/stall.py)."""
+    exitcode: NotRequired[int]
+    exit_status: NotRequired[int]
+    log: NotRequired[list[Any]]
+    traceback: NotRequired[str]
+
+
+class Summary(TypedDict):
+    """The job's totals, once a second (model/totals.py); metrics: the metric table's job figures by key, so a new metric needs no schema of its own."""
+
+    type: Literal["summary"]
+    wall: float
+    steps_done: NotRequired[int]
+    total_steps: NotRequired[int]
+    ranks_seen: int
+    world_size: int
+    busbw: NotRequired[float]
+    dropped: int
+    alerts: int
+    nan_skips: int
+    scaler_skips: int
+    clip_rate: NotRequired[float]
+    restarts: int
+    checkpoint_step: NotRequired[int]
+    metrics: dict[str, Any]
+    rank_step_ms: NotRequired[bytes]
+    """Each rank's mean step and comm ms since the last summary, float32 by rank, NaN where none (model/history.py): the charts' per-rank lines."""
+    rank_comm_ms: NotRequired[bytes]
+
+
+class Exit(TypedDict):
+    """The job is over: torchrun's exit status, or 128+N when stopped by signal N."""
+
+    type: Literal["exit"]
+    wall: float
+    code: int
+    stopped_by_signal: NotRequired[int]
+    goodput: NotRequired[dict[str, Any]]
+
+
+class SampleProc(TypedDict):
+    """One rank process in a sample record."""
+
+    rank: int
+    pid: int
+    cpu: NotRequired[float]
+    rss: NotRequired[int]
+    gpu: NotRequired[int]
+    gpu_mem: NotRequired[int]
+
+
+class SampleGpu(TypedDict):
+    """One GPU in a sample record (NVML's figures)."""
+
+    index: int
+    name: NotRequired[str]
+    util: NotRequired[float]
+    mem_used: NotRequired[int]
+    mem_total: NotRequired[int]
+    temperature: NotRequired[float]
+    power_w: NotRequired[float]
+
+
+RECORDS: dict[str, type] = {
+    "step": Step,
+    "rank_hello": RankHello,
+    "heartbeat": Heartbeat,
+    "phase": Phase,
+    "agent_hello": AgentHello,
+    "agent_phase": AgentPhase,
+    "agent_note": AgentNote,
+    "worker_failure": WorkerFailure,
+    "group_restart": GroupRestart,
+    "restart_go": RestartGo,
+    "checkpoint": Checkpoint,
+    "resume": Resume,
+    "exception": Exception,
+    "batch": Batch,
+    "viewer_hello": ViewerHello,
+    "command": Command,
+    "auth": Auth,
+    "node_hello": NodeHello,
+    "node_welcome": NodeWelcome,
+    "refused": Refused,
+    "rank_gone": RankGone,
+    "sample": Sample,
+    "stack": Stack,
+    "log_tail": LogTail,
+    "action": Action,
+    "notice": Notice,
+    "wire_error": WireError,
+    "run": Run,
+    "alert": Alert,
+    "summary": Summary,
+    "exit": Exit,
+}
+"""Every record type by the name its `type` field carries."""
