@@ -19,14 +19,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TextIO
 
 from ddptop.core import wire
 from ddptop.core.model import goodput, summary
 from ddptop.core.model.events import restart_text
 from ddptop.core.rundir import RunDir, own_log_tail, rank_log_tail
-from ddptop.supervisor import heap
+from ddptop.supervisor import duties, heap
 from ddptop.supervisor.cluster import endpoints
 from ddptop.supervisor.cluster.placement import Cluster
 from ddptop.supervisor.cluster.role import role_of
@@ -102,7 +102,7 @@ class Supervisor:
         """Restarts torchrun's probe holds until the watchdog has judged their failure."""
         for text in self.outlets.early:  # said already, on stderr: now for the event log too
             self.hub.note(text)
-        self.outlets.notify = self._outlet_notice
+        self.outlets.notify = self._notice
 
     def on_command(self, command: wire.Frame) -> None:
         """A dashboard's request: stop the job, restart the group, kill a rank.
@@ -299,13 +299,18 @@ class Supervisor:
             loop.add_signal_handler(signum, self._on_signal, signum)
         periodic = [
             *background,
-            asyncio.create_task(_every(SAMPLE_S, self._sample)),
-            asyncio.create_task(_every(STATE_S, self._record_totals)),
-            asyncio.create_task(_every(self.summary_every, self._print_summary)),
-            asyncio.create_task(_every(FLUSH_S, self._flush)),
-            asyncio.create_task(_every(FLUSH_S, self._keep_state)),
-            asyncio.create_task(_every(WATCH_S, self._watch)),
-            asyncio.create_task(_every(heap.TRIM_S, self._trim_heap)),
+            *(
+                asyncio.create_task(duties.every(period, name, action, self._notice))
+                for period, name, action in (
+                    (SAMPLE_S, "sampling of the ranks' processes and GPUs", self._sample),
+                    (STATE_S, "per-second summary", self._record_totals),
+                    (self.summary_every, "summary line", self._print_summary),
+                    (FLUSH_S, "event log flush", self._flush),
+                    (FLUSH_S, "state snapshot", self._keep_state),
+                    (WATCH_S, "watchdog", self._watch),
+                    (heap.TRIM_S, "heap trim", self._trim_heap),
+                )
+            ),
         ]
         code = await self.torchrun.wait()
         for task in periodic:
@@ -406,20 +411,11 @@ class Supervisor:
         """A line for the user on stderr, as every alert, notice and action is said."""
         self.outlets.line(sys.stderr, f"ddptop: {text}")
 
-    def _outlet_notice(self, text: str) -> None:
-        """An outlet failed or came back: a notice for the log and the dashboards, and a line."""
+    def _notice(self, text: str) -> None:
+        """The supervisor's own trouble (an outlet failed or came back, a periodic duty raised):
+        a notice for the log and every dashboard, and a line."""
         self.hub.note(text)
         self.say(text)
 
     async def _trim_heap(self) -> None:
         heap.trim()
-
-
-async def _every(period: float, action: Callable[[], Awaitable[None]]) -> None:
-    """Call action every period seconds, measured from start to start."""
-    loop = asyncio.get_running_loop()
-    next_at = loop.time() + period
-    while True:
-        await asyncio.sleep(max(0.0, next_at - loop.time()))
-        next_at += period
-        await action()
