@@ -45,7 +45,9 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
     prometheus = endpoints.parse(args.options.prometheus, what="--prometheus") if args.options.prometheus else None
     if prometheus is not None:
         endpoints.check_bindable(*prometheus, "Prometheus")
-    from_slurm = slurm.apply(args.options, os.environ) if style.name == "torchrun" else None
+    from_slurm = None
+    if style.name == "torchrun":
+        args.options, from_slurm = slurm.apply(args.options, os.environ)
     place = cluster.plan(args.options)
     nvml = load_nvml()
     run = rundir.create(Path(args.script.name.rsplit(".", 1)[-1]) if args.module else args.script, args.options.run_dir)

@@ -8,7 +8,6 @@ clipping, GradScaler). Every global the hooks patch is restored afterwards.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 import importlib
@@ -24,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddptop.trainer import guard, hooks, threadstate
+from ddptop.trainer import guard, hooks, patches, threadstate, torchapi
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.steps import StepTracker
 
@@ -37,21 +36,35 @@ def gloo_world_of_one() -> Iterator[None]:
 
 
 @pytest.fixture
-def records(gloo_world_of_one: None, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
+def records(gloo_world_of_one: None, request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
     """ddptop's hooks installed as in a rank; the step records they emit. The
-    rank's policy is the default, or the test's indirect parameter."""
-    ddp_methods = ("__init__", "__getstate__", "__setstate__", "register_comm_hook")
-    patched = (*((DistributedDataParallel, name) for name in ddp_methods), (torch.amp.GradScaler, "step"), (torch.amp.GradScaler, "scale"))
-    for cls, name in (*patched, (torch.autograd, "backward")):
-        monkeypatch.setattr(cls, name, getattr(cls, name))
-    optimizer_module = importlib.import_module("torch.optim.optimizer")
-    monkeypatch.setattr(optimizer_module, "_global_optimizer_pre_hooks", collections.OrderedDict())
-    monkeypatch.setattr(optimizer_module, "_global_optimizer_post_hooks", collections.OrderedDict())
+    rank's policy is the default, or the test's indirect parameter. Afterwards
+    torch is as it was: every change goes back through patches.undo()."""
     out: list[dict[str, Any]] = []
     tracker = StepTracker(0, emit=out.append)
     hooks.install(tracker, getattr(request, "param", GuardPolicy()))
     yield out
     tracker.flush()
+    patches.undo()
+
+
+def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
+    before = {name: getattr(DistributedDataParallel, name) for name in ("__init__", "register_comm_hook")}
+    originals = (torch.autograd.backward, torch.distributed.init_process_group, torch.nn.DataParallel.__init__)
+    hooks.install(StepTracker(0, emit=lambda record: None), GuardPolicy())
+    changed = patches.applied()
+    assert "torch.nn.parallel.distributed.DistributedDataParallel.register_comm_hook" in changed and len(changed) == 11, changed
+    assert torch.autograd.backward is not originals[0]
+    patches.undo()
+    assert patches.applied() == [] and {name: getattr(DistributedDataParallel, name) for name in before} == before
+    assert (torch.autograd.backward, torch.distributed.init_process_group, torch.nn.DataParallel.__init__) == originals
+    assert "__getstate__" not in vars(torch.nn.DataParallel), "an inherited method is inherited again, not copied"
+    optimizer_module = importlib.import_module("torch.optim.optimizer")
+    assert not optimizer_module._global_optimizer_pre_hooks and not optimizer_module._global_optimizer_post_hooks
+
+
+def test_the_running_torch_has_every_private_name_ddptop_uses():
+    assert torchapi.missing() == []
 
 
 def ddp_model() -> DistributedDataParallel:
@@ -251,6 +264,8 @@ def test_a_model_whose_ddp_registers_a_comm_hook_in_its_constructor_is_built(rec
     events, so on the CPU only the construction can be tried.)"""
     from torch.nn.parallel.distributed import _MixedPrecision
 
+    if tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 4) and not torch.cuda.is_available():
+        pytest.skip("torch 2.3's DDP makes CUDA streams for mixed precision in its constructor")
     model = DistributedDataParallel(nn.Linear(8, 2), mixed_precision=_MixedPrecision(param_dtype=torch.bfloat16))
     assert model._comm_hooks
 

@@ -77,3 +77,17 @@ def test_restart_backoff_doubles_after_an_immediate_first_restart():
 def test_restart_defaults():
     options = split(["train.py"]).options
     assert (options.max_restarts, options.restart_backoff, options.crash_loop) == (3, 1.0, 3)
+
+
+def test_the_options_are_typed_and_built_once():
+    import dataclasses
+
+    from ddptop.supervisor.launching.args import LaunchOptions, option_parser
+
+    args = split(["--gpus", "2", "--on-hang", "stop", "train.py"])
+    assert isinstance(args.options, LaunchOptions) and args.options.on_hang == "stop"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.options.gpus = 3  # type: ignore[misc]
+    dests = {action.dest for action in option_parser()._actions}
+    assert dests == {f.name for f in dataclasses.fields(LaunchOptions)}, "one field per option, no more"
+    assert LaunchOptions.parse([]) == LaunchOptions(), "the parser's defaults are the dataclass's"

@@ -20,7 +20,7 @@ SRUN = {
 
 def taken(env: dict[str, str], *argv: str) -> tuple:
     opts = split([*argv, "train.py"]).options
-    said = slurm.apply(opts, env)
+    opts, said = slurm.apply(opts, env)
     return opts.nnodes, opts.node_rank, opts.rdzv_endpoint, opts.rdzv_id, said
 
 

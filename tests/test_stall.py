@@ -158,12 +158,15 @@ def test_a_real_gloo_group_s_recorder_is_read_in_a_fresh_process_as_a_rank_s(tmp
 def test_the_launcher_turns_the_recorder_on_unless_the_user_chose(tmp_path):
     from pathlib import Path
 
+    import torch
+
     from ddptop.supervisor.launching.torchrun import JobPlan, environment
     from ddptop.trainer import flightrecorder
 
     plan = JobPlan(Path("train.py"), [], 2, 0, tmp_path, "unix:/s", True, tmp_path)
-    on = environment(plan, {})  # torch 2.13 here: the new name only, no deprecation warning on every rank
-    assert on["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in on
+    on = environment(plan, {})  # the installed torch's name only: no deprecation warning on every rank
+    [name] = flightrecorder.env_for(torch.__version__)
+    assert on[name] == "2000" and not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} - {name} & set(on)
     off = environment(plan, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})
     assert off["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0" and "TORCH_FR_BUFFER_SIZE" not in off
     assert flightrecorder.env_for("2.7.1+cu126") == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}

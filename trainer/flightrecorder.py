@@ -47,8 +47,9 @@ def collectives() -> list[int] | None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
-    c10d = sys.modules.get("torch._C._distributed_c10d")
-    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    from ddptop.trainer import torchapi  # torch.distributed is loaded, so torch is
+
+    dump = torchapi.flight_recorder_dump()
     if dump is None:
         return None
     try:

@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ddptop.trainer import late
+from ddptop.trainer import late, torchapi
 
 CLIP_EPS = 1e-6
 """Added to the norm before dividing, as clip_grad_norm_ does."""
@@ -158,7 +158,7 @@ class Gradients(NamedTuple):
 
     def shown_norm(self, applied_norm: torch.Tensor) -> torch.Tensor:
         """The unscaled pre-clip norm, unread, given the norm of `applied`; taken before clipping."""
-        norm = applied_norm if self.shown is self.applied else _total(torch._foreach_norm(self.shown))
+        norm = applied_norm if self.shown is self.applied else _total(torchapi.foreach_norm(self.shown))
         if self.scale is None:
             return norm
         return norm.float() / self.scale.to(norm.device).float().reshape(())
@@ -184,7 +184,7 @@ def norms_now(grads: Gradients) -> tuple[float, float] | None:
     when the gradients are not finite; None with no gradients."""
     if not grads.applied:
         return None
-    norm = _total(torch._foreach_norm(grads.applied))
+    norm = _total(torchapi.foreach_norm(grads.applied))
     applied = float(norm)
     if grads.shown is grads.applied and grads.scale is None:
         return applied, applied  # the common case: one read
@@ -208,13 +208,13 @@ def verdict_late(grads: Gradients, local_sums: list[Any], clip_grad: float | Non
     device as clip_grad_norm_ does: scaled by min(1, max_norm / norm), which
     leaves gradients under the norm bitwise alone (a product with 1.0).
     """
-    norm = _total(torch._foreach_norm(grads.applied))
+    norm = _total(torchapi.foreach_norm(grads.applied))
     device = norm.device
     parts = [norm.float(), grads.shown_norm(norm).float()]
     if clip_grad is not None:
         factor = torch.clamp(clip_grad / (norm + CLIP_EPS), max=1.0)
         for group in _by_device(grads.applied).values():
-            torch._foreach_mul_(group, factor.to(group[0].device))
+            torchapi.foreach_mul_(group, factor.to(group[0].device))
     if local_sums:
         parts.append(torch.stack([s.to(device) for s in local_sums]).sum())  # non-finite if any sum is
     verdict = torch.stack(parts)
@@ -254,7 +254,7 @@ def clip(grads: list[torch.Tensor], norm: float, max_norm: float) -> bool:
     """Scale grads down to max_norm when over it; whether it did."""
     if norm <= max_norm:
         return False
-    torch._foreach_mul_(grads, max_norm / (norm + CLIP_EPS))
+    torchapi.foreach_mul_(grads, max_norm / (norm + CLIP_EPS))
     return True
 
 

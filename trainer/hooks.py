@@ -1,7 +1,9 @@
 """Where a rank is measured: the torch hooks that feed the step tracker.
 
-Installed once, right after the script imports torch (see runtime.py), and
-only through torch's public extension points, so the script runs unchanged:
+Installed once, right after the script imports torch (see runtime.py), so
+the script runs unchanged. Every change to torch goes through patches.py
+(listed there, with its undo), and the few private attributes of torch it
+reads are in torchapi.py, checked against the running torch:
 
 - DistributedDataParallel.__init__ is wrapped to add a forward pre-hook
   (step start, samples) and a forward hook (phase) to each DDP model;
@@ -35,7 +37,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddptop.trainer import guard, threadstate
+from ddptop.trainer import guard, patches, threadstate, torchapi
 from ddptop.trainer.commtimer import CommTimer
 from ddptop.trainer.gpumemory import MemoryReadings
 from ddptop.trainer.policy import GuardPolicy
@@ -120,8 +122,14 @@ def install(tracker: StepTracker, policy: GuardPolicy) -> None:
     _wrap_data_parallel(probe)
     _wrap_grad_scaler(probe)
     _wrap_backward(probe)
-    register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(probe, optimizer))
-    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _optimizer_end(probe, optimizer))
+    patches.registered(
+        "torch.optim global step pre-hook",
+        register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(probe, optimizer)),
+    )
+    patches.registered(
+        "torch.optim global step post-hook",
+        register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _optimizer_end(probe, optimizer)),
+    )
     atexit.register(_before_exit, probe)
 
 
@@ -135,7 +143,7 @@ def _mark_group_joined(tracker: StepTracker) -> None:
         tracker.event({"type": "phase", "rank": tracker.rank, "wall": time.time(), "phase": "group"})
         return result
 
-    torch.distributed.init_process_group = init_process_group
+    patches.replace(torch.distributed, "init_process_group", init_process_group)
 
 
 def _before_exit(probe: Probe) -> None:
@@ -181,23 +189,26 @@ def _wrap_ddp(probe: Probe) -> None:
         default = probe.defaults.get(self)
         if default is None:
             _original_register(self, state, _timed(hook, probe, probe.buckets(self)))
-            self._comm_hooks[-1] = (hook, state)
+            torchapi.comm_hooks(self)[-1] = (hook, state)
             return
         # ddptop's default went in at the first forward, and DDP takes one
         # hook per model: the script's goes behind it, with DDP's own checks
         # (a hook they refuse leaves the default in place, as plain DDP is
         # left with none), and a second one fails as it would under plain DDP.
-        self._check_comm_hook(hook)
-        self.logger._set_comm_hook_name(hook.__qualname__)
+        torchapi.check_comm_hook(self, hook)
+        torchapi.name_comm_hook(self, hook.__qualname__)
         del probe.defaults[self]
-        self._comm_hooks.append((hook, state))
+        torchapi.comm_hooks(self).append((hook, state))
         default.state, default.hook = state, hook
 
     # Patching the class is the point: every DDP model the script builds is instrumented.
-    DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
-    DistributedDataParallel.__getstate__ = __getstate__  # type: ignore[method-assign]
-    DistributedDataParallel.__setstate__ = __setstate__  # type: ignore[method-assign]
-    DistributedDataParallel.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+    for name, new in (
+        ("__init__", __init__),
+        ("__getstate__", __getstate__),
+        ("__setstate__", __setstate__),
+        ("register_comm_hook", register_comm_hook),
+    ):
+        patches.replace(DistributedDataParallel, name, new)
 
 
 def _instrument(model: Any, probe: Probe) -> None:
@@ -241,16 +252,17 @@ def _wrap_grad_scaler(probe: Probe) -> None:
     @functools.wraps(original_scale)
     def scale(self: Any, outputs: Any) -> Any:
         scaled = original_scale(self, outputs)
-        if scaled is outputs or self._scale is None:  # a disabled scaler scales nothing
+        factor = torchapi.scaler_scale(self)
+        if scaled is outputs or factor is None:  # a disabled scaler scales nothing
             return scaled
-        probe.scale = self._scale
+        probe.scale = factor
         if isinstance(scaled, torch.Tensor):
-            probe.scaled[id(scaled)] = (weakref.ref(scaled), self._scale)
+            probe.scaled[id(scaled)] = (weakref.ref(scaled), factor)
             if len(probe.scaled) > SCALED_KEPT:
                 del probe.scaled[next(iter(probe.scaled))]
         return scaled
 
-    scaler_class.scale = scale
+    patches.replace(scaler_class, "scale", scale)
 
     @functools.wraps(original_step)
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -262,7 +274,7 @@ def _wrap_grad_scaler(probe: Probe) -> None:
             probe.tracker.scaler_skip(_after_step(probe))
         return result
 
-    scaler_class.step = step
+    patches.replace(scaler_class, "step", step)
 
 
 def _wrap_backward(probe: Probe) -> None:
@@ -297,7 +309,7 @@ def _wrap_backward(probe: Probe) -> None:
                     tracker.backward_value(value)
         return result
 
-    torch.autograd.backward = backward
+    patches.replace(torch.autograd, "backward", backward)
 
 
 def _loss_value(probe: Probe, tensor: Any) -> Any:
@@ -327,7 +339,7 @@ def _wrap_data_parallel(probe: Probe) -> None:
         self.register_forward_pre_hook(_forward_pre_hook(probe), with_kwargs=True)
         self.register_forward_hook(lambda module, args, output: tracker.forward_end())
 
-    torch.nn.DataParallel.__init__ = __init__  # type: ignore[method-assign]
+    patches.replace(torch.nn.DataParallel, "__init__", __init__)
 
 
 def _forward_pre_hook(probe: Probe, first_forward: Callable[[Any, Probe], None] | None = None) -> Any:
@@ -352,7 +364,7 @@ def _ensure_comm_hook(model: Any, probe: Probe) -> None:
     The default stays out of the model's `_comm_hooks`, as DDP's own
     all-reduce does: that list is the script's.
     """
-    if model._comm_hooks:
+    if torchapi.comm_hooks(model):
         return
     default = DefaultHook(model.process_group)
     try:
@@ -360,7 +372,7 @@ def _ensure_comm_hook(model: Any, probe: Probe) -> None:
     except (RuntimeError, ValueError):
         # A built-in C++ hook is already registered: leave it, untimed.
         return
-    model._comm_hooks.pop()
+    torchapi.comm_hooks(model).pop()
     probe.defaults[model] = default
 
 

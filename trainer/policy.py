@@ -11,15 +11,19 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-ON_NAN = ("auto", "skip", "restart", "stop", "warn")
+OnNan = Literal["auto", "skip", "restart", "stop", "warn"]
+ON_NAN: tuple[OnNan, ...] = get_args(OnNan)
 """What a non-finite step gets. skip, restart and stop skip it in the ranks
 first (then restart the group, stop the job); warn applies it. auto (the
 default) skips it where that is free, on CPU ranks, and applies it on CUDA
 ranks, where skipping needs a synchronisation every step (see guard.py)."""
 
-ON_DESYNC = ("warn", "restart", "stop")
-ON_HANG = ("restart", "stop")
+OnDesync = Literal["warn", "restart", "stop"]
+ON_DESYNC: tuple[OnDesync, ...] = get_args(OnDesync)
+OnHang = Literal["restart", "stop"]
+ON_HANG: tuple[OnHang, ...] = get_args(OnHang)
 
 DESYNC_EVERY = 100
 """Default steps between parameter checksums: one pass over the parameters
@@ -35,7 +39,7 @@ STACKS_DIR_ENV = "DDPTOP_STACKS_DIR"
 
 @dataclass(frozen=True)
 class GuardPolicy:
-    on_nan: str = "auto"
+    on_nan: OnNan = "auto"
     clip_grad: float | None = None
     desync_every: int = DESYNC_EVERY
 
@@ -54,7 +58,8 @@ class GuardPolicy:
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ[str] = os.environ) -> GuardPolicy:
         """The rank's copy; a value it cannot read falls back to the default."""
-        on_nan = env.get(_ENV["on_nan"], "auto")
+        given = env.get(_ENV["on_nan"], "auto")
+        on_nan: OnNan = next((choice for choice in ON_NAN if choice == given), "auto")
         try:
             clip = float(env[_ENV["clip_grad"]]) if _ENV["clip_grad"] in env else None
         except ValueError:
@@ -63,4 +68,4 @@ class GuardPolicy:
             every = int(env.get(_ENV["desync_every"], DESYNC_EVERY))
         except ValueError:
             every = DESYNC_EVERY
-        return cls(on_nan if on_nan in ON_NAN else "auto", clip if clip and clip > 0 else None, max(0, every))
+        return cls(on_nan, clip if clip and clip > 0 else None, max(0, every))

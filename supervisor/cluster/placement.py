@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Protocol
 
 from ddptop.core.usage import UsageError
 from ddptop.supervisor.cluster import endpoints, uplink
@@ -70,7 +71,26 @@ def rendezvous(spec: str) -> tuple[str, int]:
     return endpoints.parse(spec, what="--rdzv-endpoint")
 
 
-def plan(opts: Any) -> Cluster:
+class ClusterOptions(Protocol):
+    """The launch options that place this node in the job (launching/args.py LaunchOptions has them)."""
+
+    @property
+    def nnodes(self) -> str | None: ...
+    @property
+    def node_rank(self) -> int | None: ...
+    @property
+    def rdzv_endpoint(self) -> str | None: ...
+    @property
+    def aggregator(self) -> str | None: ...
+    @property
+    def listen(self) -> str | None: ...
+    @property
+    def token_file(self) -> Path | None: ...
+    @property
+    def join_timeout(self) -> float: ...
+
+
+def plan(opts: ClusterOptions) -> Cluster:
     """Bind the listener and, on nodes other than 0, join node 0's supervisor."""
     nnodes = node_count(opts.nnodes)
     token = endpoints.given_token(opts.token_file)

@@ -18,8 +18,9 @@ node, or a script that starts its own ranks, runs on its node alone.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from collections.abc import Mapping
+from typing import Protocol, TypeVar
 
 import hostlist
 
@@ -41,16 +42,33 @@ def _int(env: Mapping[str, str], name: str) -> int:
         raise UsageError(f"{name}={env[name]!r} is not a number") from None
 
 
-def apply(opts: argparse.Namespace, env: Mapping[str, str]) -> str | None:
-    """Fill the options SLURM's variables decide and the command line left unset; say what was taken."""
+class Rendezvous(Protocol):
+    """The launch options SLURM's variables can fill (launching/args.py LaunchOptions has them)."""
+
+    @property
+    def nnodes(self) -> str | None: ...
+    @property
+    def node_rank(self) -> int | None: ...
+    @property
+    def rdzv_endpoint(self) -> str | None: ...
+    @property
+    def rdzv_id(self) -> str | None: ...
+
+
+Options = TypeVar("Options", bound=Rendezvous)
+
+
+def apply(opts: Options, env: Mapping[str, str]) -> tuple[Options, str | None]:
+    """The options with those SLURM's variables decide filled where the command line left them
+    unset, and what was taken, in words (None: not a multi-node SLURM job, nothing taken)."""
     if "SLURM_JOB_ID" not in env:
-        return None
+        return opts, None
     nodes_var = "SLURM_JOB_NUM_NODES" if "SLURM_JOB_NUM_NODES" in env else "SLURM_NNODES"
     if nodes_var not in env or "SLURM_NODEID" not in env:
-        return None
+        return opts, None
     nnodes, node = _int(env, nodes_var), _int(env, "SLURM_NODEID")
     if nnodes < 2:
-        return None
+        return opts, None
     if not 0 <= node < nnodes:
         raise UsageError(f"SLURM_NODEID={node} is not below {nodes_var}={nnodes}")
     if env.get("SLURM_LOCALID", "0") != "0" or int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1) > 1:
@@ -67,12 +85,11 @@ def apply(opts: argparse.Namespace, env: Mapping[str, str]) -> str | None:
         except (hostlist.BadHostlist, IndexError) as exc:
             raise UsageError(f"SLURM_JOB_NODELIST={nodelist!r} is not a hostlist ({exc})") from None
         endpoint, source = f"{first}:{derived_port(job)}", "the first host of SLURM_JOB_NODELIST"
-    if opts.nnodes is None:
-        opts.nnodes = str(nnodes)
-    if opts.node_rank is None:
-        opts.node_rank = node
-    if opts.rdzv_endpoint is None:
-        opts.rdzv_endpoint = endpoint
-    if opts.rdzv_id is None:
-        opts.rdzv_id = str(job)
-    return f"SLURM job {job}: node {opts.node_rank} of {opts.nnodes}, rendezvous at {opts.rdzv_endpoint} ({source})"
+    opts = dataclasses.replace(  # type: ignore[type-var]  # a frozen dataclass, as Rendezvous says of its fields
+        opts,
+        nnodes=str(nnodes) if opts.nnodes is None else opts.nnodes,
+        node_rank=node if opts.node_rank is None else opts.node_rank,
+        rdzv_endpoint=endpoint if opts.rdzv_endpoint is None else opts.rdzv_endpoint,
+        rdzv_id=str(job) if opts.rdzv_id is None else opts.rdzv_id,
+    )
+    return opts, f"SLURM job {job}: node {opts.node_rank} of {opts.nnodes}, rendezvous at {opts.rdzv_endpoint} ({source})"

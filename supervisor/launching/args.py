@@ -10,13 +10,14 @@ is a mistake, reported as one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddptop.core.usage import OneLineParser, UsageError
-from ddptop.supervisor.launching.style import STYLES
+from ddptop.supervisor.launching.style import STYLES, StyleChoice
 from ddptop.supervisor.watching.policy import CRASH_LOOP, CRASH_LOOP_WINDOW_S, HANG_TIMEOUT_S
-from ddptop.trainer.policy import DESYNC_EVERY, ON_DESYNC, ON_HANG, ON_NAN
+from ddptop.trainer.policy import DESYNC_EVERY, ON_DESYNC, ON_HANG, ON_NAN, OnDesync, OnHang, OnNan
 
 
 def _positive_int(text: str) -> int:
@@ -60,7 +61,6 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
         ("--launch-style",),
         {
             "choices": STYLES,
-            "default": "auto",
             "help": "how the script starts its ranks: torchrun (one copy per GPU), spawn (the script starts them itself), single (one process, nn.DataParallel); auto reads the script",
         },
     ),
@@ -72,20 +72,19 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     (("--aggregator",), {"help": "HOST:PORT of node 0's supervisor, for the other nodes (default: the rendezvous host, its port + 1)"}),
     (
         ("--join-timeout",),
-        {"type": _positive_float, "default": 120.0, "help": "seconds a node waits for node 0's supervisor to answer (default 120)"},
+        {"type": _positive_float, "help": "seconds a node waits for node 0's supervisor to answer (default 120)"},
     ),
     (("--listen",), {"help": "[ADDR:]PORT: serve dashboards over TCP here too, with the run's token (ADDR defaults to 127.0.0.1)"}),
     (("--token-file",), {"type": Path, "help": "the job's token for TCP (default: $DDPTOP_TOKEN, else a new one in the run directory)"}),
     (("--prometheus",), {"help": "[ADDR:]PORT: Prometheus metrics over HTTP (ADDR defaults to 127.0.0.1)"}),
     (
         ("--max-restarts", "--max_restarts"),
-        {"type": _non_negative_int, "default": 3, "help": "restarts of the worker group torchrun may make (default 3)"},
+        {"type": _non_negative_int, "help": "restarts of the worker group torchrun may make (default 3)"},
     ),
     (
         ("--restart-backoff",),
         {
             "type": _non_negative_float,
-            "default": 1.0,
             "help": "seconds before the 2nd restart, doubling for each after (the 1st is at once; 0: no waits)",
         },
     ),
@@ -93,7 +92,6 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
         ("--crash-loop",),
         {
             "type": _positive_int,
-            "default": CRASH_LOOP,
             "help": f"stop the job when the same failure happens this many times (default {CRASH_LOOP})",
         },
     ),
@@ -101,7 +99,6 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
         ("--crash-loop-window",),
         {
             "type": _positive_float,
-            "default": CRASH_LOOP_WINDOW_S,
             "help": f"... within this many seconds (default {CRASH_LOOP_WINDOW_S:.0f})",
         },
     ),
@@ -114,12 +111,11 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     ),
     (("--headless",), {"action": "store_true", "help": "no dashboard: summaries on stdout, alerts on stderr"}),
     (("--run-dir",), {"type": Path, "help": "the run directory (default: a new one under ~/.local/state/ddptop/runs)"}),
-    (("--summary-every",), {"type": _positive_float, "default": 5.0, "help": "seconds between headless summary lines"}),
+    (("--summary-every",), {"type": _positive_float, "help": "seconds between headless summary lines"}),
     (
         ("--on-nan",),
         {
             "choices": ON_NAN,
-            "default": "auto",
             "help": "a step with NaN/Inf loss or gradients: skip it on all ranks, restart, stop, or warn (and apply it); auto skips on CPU ranks and warns on CUDA ranks, where skipping costs a sync per step",
         },
     ),
@@ -129,16 +125,16 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     ),
     (
         ("--desync-every",),
-        {"type": _non_negative_int, "default": DESYNC_EVERY, "help": "steps between parameter checksums compared across ranks (0: off)"},
+        {"type": _non_negative_int, "help": "steps between parameter checksums compared across ranks (0: off)"},
     ),
-    (("--on-desync",), {"choices": ON_DESYNC, "default": "warn", "help": "ranks whose parameters differ: warn, restart or stop"}),
+    (("--on-desync",), {"choices": ON_DESYNC, "help": "ranks whose parameters differ: warn, restart or stop"}),
     (
         ("--hang-timeout",),
-        {"type": _positive_float, "default": HANG_TIMEOUT_S, "help": "seconds without a step before the job counts as hung"},
+        {"type": _positive_float, "help": "seconds without a step before the job counts as hung"},
     ),
     (
         ("--on-hang",),
-        {"choices": ON_HANG, "default": "restart", "help": "a hang, once the stacks are collected: restart the group or stop"},
+        {"choices": ON_HANG, "help": "a hang, once the stacks are collected: restart the group or stop"},
     ),
 ]
 
@@ -147,6 +143,7 @@ def option_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="ddptop launch", add_help=False)
     for spellings, kwargs in OPTIONS:
         parser.add_argument(*spellings, dest=spellings[0][2:].replace("-", "_"), **kwargs)
+    parser.set_defaults(**{f.name: f.default for f in dataclasses.fields(LaunchOptions)})
     return parser
 
 
@@ -158,9 +155,49 @@ ENTRY_FLAGS = {"-m": "module", "--module": "module", "--no-python": "no_python",
 Before the script only: after it, `-m` is the script's own."""
 
 
+@dataclass(frozen=True)
+class LaunchOptions:
+    """ddptop's own options of `ddptop launch`, typed and built once (then only replaced whole:
+    SLURM's variables fill what the command line left unset, slurm.apply). Its defaults are the
+    parser's: option_parser() takes them from here."""
+
+    gpus: int | None = None
+    nproc_per_node: int | None = None
+    launch_style: StyleChoice = "auto"
+    nnodes: str | None = None
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str | None = None
+    rdzv_id: str | None = None
+    aggregator: str | None = None
+    join_timeout: float = 120.0
+    listen: str | None = None
+    token_file: Path | None = None
+    prometheus: str | None = None
+    max_restarts: int = 3
+    restart_backoff: float = 1.0
+    crash_loop: int = CRASH_LOOP
+    crash_loop_window: float = CRASH_LOOP_WINDOW_S
+    no_template: bool = False
+    headless: bool = False
+    run_dir: Path | None = None
+    summary_every: float = 5.0
+    on_nan: OnNan = "auto"
+    clip_grad: float | None = None
+    desync_every: int = DESYNC_EVERY
+    on_desync: OnDesync = "warn"
+    hang_timeout: float = HANG_TIMEOUT_S
+    on_hang: OnHang = "restart"
+
+    @classmethod
+    def parse(cls, argv: list[str]) -> LaunchOptions:
+        """The options from their command-line words; raise UsageError on bad input."""
+        return cls(**vars(option_parser().parse_args(argv)))
+
+
 @dataclass
 class LaunchArgs:
-    options: argparse.Namespace
+    options: LaunchOptions
     script: Path
     script_args: list[str] = field(default_factory=list)
     module: bool = False
@@ -206,7 +243,7 @@ def split(argv: list[str]) -> LaunchArgs:
         else:
             script_args.append(arg)
         i += 1
-    options = option_parser().parse_args(ours)
+    options = LaunchOptions.parse(ours)
     if script is None:
         raise UsageError("no training script given (ddptop launch train.py --gpus N, or -m pkg.train)")
     if options.gpus is not None and options.nproc_per_node is not None:

@@ -18,8 +18,10 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
-STYLES = ("auto", "torchrun", "spawn", "single")
+StyleChoice = Literal["auto", "torchrun", "spawn", "single"]
+STYLES: tuple[StyleChoice, ...] = get_args(StyleChoice)
 SPAWNERS = {"spawn": "torch.multiprocessing.spawn", "start_processes": "torch.multiprocessing.start_processes"}
 
 

@@ -9,6 +9,9 @@ group, stops the job or is an alert alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from ddptop.trainer.policy import OnDesync, OnHang, OnNan
 
 HANG_TIMEOUT_S = 300.0
 """Default: generous for a first step that compiles, well under NCCL's 10 min."""
@@ -17,8 +20,11 @@ CRASH_LOOP = 3
 CRASH_LOOP_WINDOW_S = 600.0
 """Default: three alike failures in ten minutes are a loop, not bad luck."""
 
-NONE, RESTART, STOP = "none", "restart", "stop"
-"""Actions: alert only, restart the worker group, stop the job."""
+Action = Literal["none", "restart", "stop"]
+"""What is done about a verdict: nothing more than the alert, a restart of the worker group, a stop of the job."""
+NONE: Action = "none"
+RESTART: Action = "restart"
+STOP: Action = "stop"
 
 
 @dataclass(frozen=True)
@@ -36,22 +42,27 @@ class Started:
 
 @dataclass(frozen=True)
 class WatchPolicy:
-    on_nan: str = "auto"
-    on_desync: str = "warn"
-    on_hang: str = RESTART
+    on_nan: OnNan = "auto"
+    on_desync: OnDesync = "warn"
+    on_hang: OnHang = "restart"
     hang_timeout: float = HANG_TIMEOUT_S
     crash_loop: int = CRASH_LOOP
     crash_loop_window: float = CRASH_LOOP_WINDOW_S
     started: Started = Started()
 
-    def action_for(self, kind: str) -> str:
+    def action_for(self, kind: str) -> Action:
         """The action a verdict of this kind calls for."""
         if kind == "nan":
-            return self.on_nan if self.on_nan in (RESTART, STOP) else NONE
+            return _acting(self.on_nan)
         if kind == "desync":
-            return self.on_desync if self.on_desync in (RESTART, STOP) else NONE
+            return _acting(self.on_desync)
         if kind == "hang":
             return self.on_hang
         if kind == "crash-loop":
             return STOP
         return NONE
+
+
+def _acting(choice: str) -> Action:
+    """restart or stop as chosen; anything else (skip, warn, auto) alerts only."""
+    return RESTART if choice == RESTART else STOP if choice == STOP else NONE

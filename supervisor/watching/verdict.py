@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ddptop.core import wire
+from ddptop.supervisor.watching.policy import Action
+
+Kind = Literal["nan", "desync", "stall", "pause", "hang", "straggler", "crash", "crash-loop", "world-size", "no-ranks"]
+"""What a rule found; an alert record's `kind` (a pause, a world size and no ranks are notices)."""
 
 
 @dataclass
 class Verdict:
-    kind: str
+    kind: Kind
     text: str
-    action: str = "none"
+    action: Action = "none"
     """none, restart (the group) or stop (the job): set from the policy (policy.py)."""
     ranks: list[int] = field(default_factory=list)
     step: int | None = None
