@@ -100,6 +100,7 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
         hang_timeout=opts.hang_timeout,
         crash_loop=opts.crash_loop,
         crash_loop_window=opts.crash_loop_window,
+        no_progress=opts.no_progress,
         started=Started(style.name, args.script.name if source is None else source.name, opts.gpus, style.port_set_at),
     )
 

@@ -245,3 +245,15 @@ def test_an_early_failure_that_repeats_is_named_at_its_line_and_not_restarted_ag
     assert stop["text"].startswith("the same failure before the first step in attempts 0 and 1: a restart cannot help")
     assert {r["restart"] for r in job.of("rank_hello")} == {0, 1}  # no third attempt
     assert "ddptop: stopping the job after the crash-loop alert" in job.proc.stderr.splitlines()
+
+
+def test_restarts_that_make_no_progress_stop_the_job_in_one_line(ddptop_home, tmp_path):
+    """Each attempt fails at step 15 for another reason: the crash-loop rule sees no two alike,
+    and the job is stopped once three attempts in a row got no further than the first."""
+    job = launch(tmp_path, str(SCRIPTS / "no_progress.py"), "--gpus", "2", "--max-restarts", "8", "--restart-backoff", "0")
+    assert job.proc.returncode != 0, job.proc.stderr[-3000:]
+    [stop] = job.alerts("no-progress")
+    assert stop["text"].startswith("3 attempts in a row got no further (past step 15: attempt 1 to step 15"), stop["text"]
+    assert stop["action"] == "stop" and not job.alerts("crash-loop")
+    assert {r["restart"] for r in job.of("rank_hello")} == {0, 1, 2, 3}, "no fifth attempt"
+    assert "ddptop: stopping the job after the no-progress alert" in job.proc.stderr.splitlines()

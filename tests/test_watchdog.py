@@ -439,3 +439,41 @@ def test_on_several_nodes_a_restart_still_gathers_the_other_nodes_failures():
     assert dog.tick() == []
     clock.now += 0.5
     assert [v.kind for v in dog.tick()] == ["crash"]
+
+
+def attempt(dog: Watchdog, state: JobState, number: int, last_step: int, first_step: int = 0, checkpoint: int | None = None, world: int = 2) -> list:
+    """An attempt's ranks say hello and step from first_step to last_step (none when below it),
+    maybe checkpointing; then torchrun asks to restart after it. The verdicts of that ask."""
+    for rank in range(world):
+        feed(dog, state, hello(rank, restart=number, world=world))
+    for n in range(first_step, last_step + 1):
+        for rank in range(world):
+            feed(dog, state, step(rank, n))
+        if n == checkpoint:
+            feed(dog, state, builders.build("checkpoint", rank=0, step=n, path="c.pt", bytes=1, write_ms=1.0))
+    ask = builders.build("group_restart", node=0, restart=number + 1, remaining=9)
+    return [v for v in feed(dog, state, ask) + feed(dog, state, ask) if v.kind == "no-progress"]
+
+
+def test_attempts_that_get_no_further_stop_the_job_at_the_third_in_a_row():
+    dog, state, _ = make(world=2)
+    assert attempt(dog, state, 0, 250) == []
+    assert attempt(dog, state, 1, 250, first_step=200) == [], "no further than 250: one"
+    assert attempt(dog, state, 2, 251, first_step=200) == [], "past 250: progress, the row starts again"
+    assert attempt(dog, state, 3, 230, first_step=200) == []
+    assert attempt(dog, state, 4, -1) == [], "failed before its first step: two"
+    [verdict] = attempt(dog, state, 5, 251, first_step=200)
+    assert verdict.action == "stop" and verdict.text == (
+        "3 attempts in a row got no further (past step 251: attempt 3 to step 230, attempt 4 before its first step, "
+        "attempt 5 to step 251); a restart cannot help, stopping the job"
+    )
+
+
+def test_in_a_job_that_checkpoints_an_attempt_without_a_new_checkpoint_made_no_progress():
+    dog, state, _ = make(WatchPolicy(no_progress=2), world=2)
+    assert attempt(dog, state, 0, 120, checkpoint=100) == []
+    assert attempt(dog, state, 1, 190, first_step=101) == [], "further, but no checkpoint: lost again"
+    [verdict] = attempt(dog, state, 2, 195, first_step=101)
+    assert "or to a new checkpoint" in verdict.text
+    off, off_state, _ = make(WatchPolicy(no_progress=0), world=2)
+    assert [v for n in range(5) for v in attempt(off, off_state, n, -1)] == []

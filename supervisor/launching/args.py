@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ddptop.core.usage import OneLineParser, UsageError
 from ddptop.supervisor.launching.style import STYLES, StyleChoice
-from ddptop.supervisor.watching.policy import CRASH_LOOP, CRASH_LOOP_WINDOW_S, HANG_TIMEOUT_S
+from ddptop.supervisor.watching.policy import CRASH_LOOP, CRASH_LOOP_WINDOW_S, HANG_TIMEOUT_S, NO_PROGRESS
 from ddptop.trainer.policy import DESYNC_EVERY, ON_DESYNC, ON_HANG, ON_NAN, OnDesync, OnHang, OnNan
 
 
@@ -103,6 +103,13 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
         },
     ),
     (
+        ("--no-progress",),
+        {
+            "type": _non_negative_int,
+            "help": f"stop the job after this many attempts in a row that got no further than the ones before (default {NO_PROGRESS}; 0: off)",
+        },
+    ),
+    (
         ("--no-template",),
         {
             "action": "store_true",
@@ -178,6 +185,7 @@ class LaunchOptions:
     restart_backoff: float = 1.0
     crash_loop: int = CRASH_LOOP
     crash_loop_window: float = CRASH_LOOP_WINDOW_S
+    no_progress: int = NO_PROGRESS
     no_template: bool = False
     headless: bool = False
     run_dir: Path | None = None

@@ -16,6 +16,9 @@ from ddptop.trainer.policy import OnDesync, OnHang, OnNan
 HANG_TIMEOUT_S = 300.0
 """Default: generous for a first step that compiles, well under NCCL's 10 min."""
 
+NO_PROGRESS = 3
+"""Default: attempts in a row that get no further before the job is stopped (rules/no_progress.py)."""
+
 CRASH_LOOP = 3
 CRASH_LOOP_WINDOW_S = 600.0
 """Default: three alike failures in ten minutes are a loop, not bad luck."""
@@ -48,6 +51,8 @@ class WatchPolicy:
     hang_timeout: float = HANG_TIMEOUT_S
     crash_loop: int = CRASH_LOOP
     crash_loop_window: float = CRASH_LOOP_WINDOW_S
+    no_progress: int = NO_PROGRESS
+    """0: off."""
     started: Started = Started()
 
     def action_for(self, kind: str) -> Action:
@@ -58,7 +63,7 @@ class WatchPolicy:
             return _acting(self.on_desync)
         if kind == "hang":
             return self.on_hang
-        if kind == "crash-loop":
+        if kind in ("crash-loop", "no-progress"):
             return STOP
         return NONE
 

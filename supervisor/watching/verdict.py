@@ -9,7 +9,7 @@ from typing import Any, Literal
 from ddptop.core import wire
 from ddptop.supervisor.watching.policy import Action
 
-Kind = Literal["nan", "desync", "stall", "pause", "hang", "straggler", "crash", "crash-loop", "world-size", "no-ranks"]
+Kind = Literal["nan", "desync", "stall", "pause", "hang", "straggler", "crash", "crash-loop", "no-progress", "world-size", "no-ranks"]
 """What a rule found; an alert record's `kind` (a pause, a world size and no ranks are notices)."""
 
 

@@ -22,6 +22,7 @@ from ddptop.supervisor.watching.rules.crash import CrashRule
 from ddptop.supervisor.watching.rules.desync import DesyncRule
 from ddptop.supervisor.watching.rules.hang import HangRule
 from ddptop.supervisor.watching.rules.nan import NanRule
+from ddptop.supervisor.watching.rules.no_progress import NoProgressRule
 from ddptop.supervisor.watching.rules.self_started import SelfStartedRule
 from ddptop.supervisor.watching.rules.stall import StallRule
 from ddptop.supervisor.watching.rules.straggler import StragglerRule
@@ -48,6 +49,7 @@ class Watchdog:
             HangRule(policy, state, self.liveness),
             StragglerRule(state),
             SelfStartedRule(policy),
+            NoProgressRule(policy, self.liveness),
         ]
         """In the order their verdicts of one tick are given."""
         self._observers: dict[str, list[Rule]] = {}

@@ -10,6 +10,7 @@
 | straggler  | a rank's own work per step over STRAGGLER_ALERT x     | alert only         |
 | crash      | torchrun's worker_failure records (its probe)         | torchrun restarts  |
 | crash-loop | the same crash --crash-loop times in the window       | stop               |
+| no-progress | --no-progress attempts in a row that got no further  | stop               |
 | world-size, no-ranks | a self-starting script's ranks (hellos) | a notice           |
 
 A rule never touches a process or a file: it reads records (and the job
