@@ -441,7 +441,9 @@ def test_on_several_nodes_a_restart_still_gathers_the_other_nodes_failures():
     assert [v.kind for v in dog.tick()] == ["crash"]
 
 
-def attempt(dog: Watchdog, state: JobState, number: int, last_step: int, first_step: int = 0, checkpoint: int | None = None, world: int = 2) -> list:
+def attempt(
+    dog: Watchdog, state: JobState, number: int, last_step: int, first_step: int = 0, checkpoint: int | None = None, world: int = 2
+) -> list:
     """An attempt's ranks say hello and step from first_step to last_step (none when below it),
     maybe checkpointing; then torchrun asks to restart after it. The verdicts of that ask."""
     for rank in range(world):
