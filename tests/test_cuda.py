@@ -200,8 +200,9 @@ def test_the_flight_recorder_is_on_and_a_rank_that_sits_still_reports_its_nccl_c
     assert "flight recorder buffer 2000" in result.stdout
     told = [r["collectives"] for r in rundir.read_events(rundir.RunDir(tmp_path / "run")) if r.get("collectives")]
     assert told, "no heartbeat carried the flight recorder's sequence numbers"
-    enqueued, completed = told[-1]
-    assert enqueued >= 10 and completed == enqueued, told  # ten steps' all-reduces, all done
+    [group] = told[-1]
+    assert group["name"] == "default group" and group["op"] == "all_reduce", told
+    assert group["enqueued"] >= 10 and group["completed"] == group["enqueued"], told  # ten steps' all-reduces, all done
     print(f"flight recorder status from the heartbeats: {told}")
 
 

@@ -12,7 +12,7 @@ from test_watchdog import feed, make, step
 
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.stall import MOVING_S, STALL_MIN_S, STALL_PACE
-from ddptop.supervisor.watching.stuck import Standing, describe, lag
+from ddptop.supervisor.watching.stuck import Standing, describe, in_collectives
 
 
 def beat(rank: int, step_in_progress: int, phase: str, **extra: object) -> dict:
@@ -126,11 +126,40 @@ def test_one_long_step_is_not_a_straggler_but_a_slower_median_is():
     assert [v.ranks for _ in range(5) for v in dog.tick() if v.kind == "straggler"] == [[2]]
 
 
-def test_the_flight_recorder_names_the_rank_whose_collectives_lag():
-    assert lag({0: 58, 1: 58, 2: 58, 3: 57}) == "flight recorder: rank 3 enqueued collective 57 last, ranks 0,1,2 58"
-    assert lag({0: 58, 1: 58}) is None and lag({0: 3}) is None
-    waiting = Standing(True, "all-reduce", None, 9)
-    assert describe({0: waiting}, {}, {}, {0: 12, 1: 11}).endswith("; flight recorder: rank 1 enqueued collective 11 last, rank 0 12")
+def told(enqueued: int, completed: int, group: str = "0", op: str = "all_reduce", nbytes: int = 25 << 20) -> dict:
+    name = "default group" if group == "0" else f"group {group}"
+    return {"group": group, "name": name, "enqueued": enqueued, "completed": completed, "op": op, "bytes": nbytes}
+
+
+def test_the_collective_each_group_waits_in_and_the_rank_that_never_entered_it_are_named():
+    reports = {r: [told(5512, 5511)] for r in (0, 1, 2)} | {3: [told(5511, 5511)]}
+    assert in_collectives(reports, [0, 1, 2, 3], {}) == [
+        "default group: ranks 0,1,2 in all_reduce #5512 (25.0 MiB); rank 3 never entered it, its last: all_reduce #5511"
+    ]
+    everyone_done = {r: [told(9, 9)] for r in range(3)}
+    assert in_collectives(everyone_done, [0, 1, 2], {}) == [], "no one waits: nothing to say of the group"
+
+
+def test_a_rank_that_tells_nothing_is_named_with_how_long_it_has_been_quiet():
+    reports = {r: [told(40, 39)] for r in (0, 1)}
+    assert in_collectives(reports, [0, 1, 2], {2: 21.4}) == [
+        "default group: ranks 0,1 in all_reduce #40 (25.0 MiB); rank 2 told nothing of it (quiet for 21 s)"
+    ]
+
+
+def test_a_subgroup_that_hangs_is_named_and_the_default_group_that_is_fine_is_not():
+    reports = {
+        0: [told(30, 30), told(8, 7, group="1", op="broadcast", nbytes=4096)],
+        1: [told(30, 30), told(7, 7, group="1", op="all_reduce", nbytes=0)],
+        2: [told(30, 30)],
+    }
+    assert in_collectives(reports, [0, 1, 2], {}) == [
+        "group 1: rank 0 in broadcast #8 (4.0 KiB); rank 1 never entered it, its last: all_reduce #7"
+    ]
+    waiting = Standing(True, "broadcast", None, 9)
+    assert describe({0: waiting}, {}, {}, in_collectives(reports, [0, 1, 2], {})).endswith(
+        "; group 1: rank 0 in broadcast #8 (4.0 KiB); rank 1 never entered it, its last: all_reduce #7"
+    )
 
 
 RECORDED = """
@@ -151,8 +180,9 @@ def test_a_real_gloo_group_s_recorder_is_read_in_a_fresh_process_as_a_rank_s(tmp
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
     out = subprocess.run([sys.executable, "-c", RECORDED, str(tmp_path / "store")], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    enqueued, completed = json.loads(out.stdout)
-    assert enqueued == 3 and completed <= 3  # completion is marked on gloo's own thread, a moment later
+    [group] = json.loads(out.stdout.replace("'", '"'))
+    assert group["group"] == "0" and group["name"] == "default group" and group["op"] == "all_reduce" and group["bytes"] == 16
+    assert group["enqueued"] == 3 and group["completed"] <= 3  # completion is marked on gloo's own thread, a moment later
 
 
 def test_the_launcher_turns_the_recorder_on_unless_the_user_chose(tmp_path):

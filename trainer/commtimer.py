@@ -85,13 +85,16 @@ class CommTimer:
     def __init__(self) -> None:
         self._cuda = False
         self._current: WallSpans | CudaSpans = WallSpans()
+        self.last_bytes = 0
+        """The size of the bucket begun last."""
 
     def begin(self, bucket_buffer: Any) -> Any:
         cuda = bool(bucket_buffer.is_cuda)
         if cuda != self._cuda:
             self._cuda = cuda
             self._current = CudaSpans() if cuda else WallSpans()
-        return self._current.begin(bucket_buffer.nbytes)
+        self.last_bytes = bucket_buffer.nbytes
+        return self._current.begin(self.last_bytes)
 
     def end(self, span: Any) -> None:
         self._current.end(span)

@@ -37,7 +37,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddptop.trainer import guard, patches, threadstate, torchapi
+from ddptop.trainer import flightrecorder, guard, patches, threadstate, torchapi
 from ddptop.trainer.commtimer import CommTimer
 from ddptop.trainer.gpumemory import MemoryReadings
 from ddptop.trainer.policy import GuardPolicy
@@ -429,7 +429,7 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
     carries none (this module's postponed annotations would be strings).
     """
 
-    tracker, timer = probe.tracker, probe.timer
+    tracker, timer, count = probe.tracker, probe.timer, flightrecorder.COMM_HOOK
     local = None if reduced.solo else probe.local  # one rank's all-reduce changes nothing to check against
 
     def timed_hook(state, bucket):
@@ -439,9 +439,12 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
         if local is not None:
             local.add(buffer)
         span = timer.begin(buffer)
+        count.entered += 1
+        count.bytes = timer.last_bytes
 
         def done(fut):
             timer.end(span)
+            count.completed += 1
             threadstate.keep()
             value = fut.value()
             tensor = value[0] if isinstance(value, list) else value

@@ -108,7 +108,9 @@ class Heartbeat(TypedDict):
     forwards: NotRequired[int]
     """The DDP model's forwards so far, evaluation's included."""
     collectives: NotRequired[list[Any]]
-    """[last enqueued, last completed] collective of the default process group, from torch's flight recorder; only from a rank that has sat on one step a while (trainer/flightrecorder.py)."""
+    """Collective, one per process group the rank is in: the last collective it entered and
+    completed there, from torch's flight recorder, else from ddptop's own comm hook (DDP's
+    all-reduces only); only from a rank that has sat on one step a while (trainer/flightrecorder.py)."""
     dropped: int
 
 
@@ -417,6 +419,24 @@ class Exit(TypedDict):
     code: int
     stopped_by_signal: NotRequired[int]
     goodput: NotRequired[dict[str, Any]]
+
+
+class Collective(TypedDict):
+    """Where a rank stands in one process group's collectives: sequence numbers count the
+    group's collectives from 1, the same on every rank of the group."""
+
+    group: str
+    """The group's id within the job (the default group is "0"; "ddp" where only ddptop's comm hook counts)."""
+    name: str
+    """What the group is called: "default group", or torch's description of it."""
+    enqueued: int
+    """The last collective the rank entered (0: none yet)."""
+    completed: int
+    """The last one it completed."""
+    op: NotRequired[str]
+    """The last entered one's operation: all_reduce, broadcast, allgather..."""
+    bytes: NotRequired[int]
+    """Its input's size."""
 
 
 class SampleProc(TypedDict):

@@ -50,6 +50,7 @@ SCHEMAS: dict[str, dict[str, Spec]] = {
 }
 _SAMPLE_PROC = schema_of(records.SampleProc)
 _SAMPLE_GPU = schema_of(records.SampleGpu)
+_COLLECTIVE = schema_of(records.Collective)
 
 COMMANDS = frozenset({"stop", "restart", "kill_rank", "stacks", "log_tail"})
 """Actions a viewer may request: stop the job, restart the group, kill one rank
@@ -73,6 +74,7 @@ torchrun's records, and what it measured and did; not its own summaries."""
 _REQUIRED = {kind: frozenset(k for k, (_, required) in schema.items() if required) for kind, schema in SCHEMAS.items()}
 _PROC_REQUIRED = frozenset(k for k, (_, required) in _SAMPLE_PROC.items() if required)
 _GPU_REQUIRED = frozenset(k for k, (_, required) in _SAMPLE_GPU.items() if required)
+_COLLECTIVE_REQUIRED = frozenset(k for k, (_, required) in _COLLECTIVE.items() if required)
 
 
 def validate(frame: Frame) -> Frame:
@@ -105,9 +107,10 @@ def validate(frame: Frame) -> Frame:
     elif kind == "heartbeat":
         if any(not isinstance(line, str) for line in frame.get("stack") or ()):
             raise FrameError("heartbeat: stack lines must be strings")
-        seq = frame.get("collectives")
-        if seq is not None and (len(seq) != 2 or any(not isinstance(n, int) or isinstance(n, bool) for n in seq)):
-            raise FrameError("heartbeat: collectives must be two integers")
+        for entry in frame.get("collectives") or ():
+            if not isinstance(entry, dict):
+                raise FrameError("heartbeat: an entry of collectives is not a map")
+            _check_fields("heartbeat collectives", _COLLECTIVE, entry, _COLLECTIVE_REQUIRED)
     elif kind == "summary":
         for key, value in frame["metrics"].items():
             if not isinstance(key, str) or not (value is None or (isinstance(value, _NUM) and value.__class__ is not bool)):

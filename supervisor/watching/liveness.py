@@ -25,9 +25,9 @@ class Liveness:
     finished a step. A rank that waits or is stuck sits still."""
     forwards: dict[int, int] = field(default_factory=dict)
     """rank -> its model's forwards so far, as its last heartbeat counted them."""
-    collectives: dict[int, int] = field(default_factory=dict)
-    """rank -> the last collective it enqueued in the default group, from the flight recorder
-    (only ranks that sat on one step a while send it)."""
+    collectives: dict[int, list[wire.Frame]] = field(default_factory=dict)
+    """rank -> where it stands in each of its process groups' collectives (records.Collective),
+    from its heartbeat (only ranks that sat on one step a while send it)."""
     heard: dict[int, float] = field(default_factory=dict)
     """rank -> when it last sent anything."""
     stepped: set[int] = field(default_factory=set)
@@ -79,7 +79,7 @@ class Liveness:
         if forwards is not None:
             self.forwards[rank] = forwards
         if record.get("collectives") is not None:
-            self.collectives[rank] = record["collectives"][0]
+            self.collectives[rank] = record["collectives"]
         else:
             self.collectives.pop(rank, None)
 

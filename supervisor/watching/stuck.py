@@ -12,9 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ddptop.core import wire
+from ddptop.core.format import nbytes
 from ddptop.core.model.job import JobState
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.verdict import ranks_text
+
+DEFAULT_GROUP = "0"
+"""The flight recorder's id of the default process group, which every rank is in."""
 
 
 @dataclass(frozen=True, order=True)
@@ -31,10 +36,12 @@ class Standing:
 
 def named(ranks: list[int], state: JobState, seen: Liveness, now: float, silent_after: float) -> tuple[dict[int, Standing], str]:
     """Where each of ranks stands (those heard from in the last silent_after seconds), and the text
-    that names them all, the silent ones and any lag the flight recorder shows."""
+    that names them all, the silent ones, and the collective each group waits in (in_collectives)."""
     silent = {r: now - seen.heard.get(r, 0.0) for r in ranks if now - seen.heard.get(r, 0.0) > silent_after}
     places = {r: standing(r, state, seen) for r in ranks if r not in silent}
-    return places, describe(places, {r: seen.still(r, now) for r in places}, silent, seen.collectives)
+    quiet = {r: now - seen.heard.get(r, 0.0) for r in ranks}
+    reports = {r: seen.collectives[r] for r in ranks if r in seen.collectives}
+    return places, describe(places, {r: seen.still(r, now) for r in places}, silent, in_collectives(reports, ranks, quiet))
 
 
 def standing(rank: int, state: JobState, seen: Liveness) -> Standing:
@@ -48,12 +55,10 @@ def standing(rank: int, state: JobState, seen: Liveness) -> Standing:
     return Standing(False, phase, where, done)
 
 
-def describe(
-    stuck: dict[int, Standing], still: dict[int, float], silent: dict[int, float], collectives: dict[int, int] | None = None
-) -> str:
+def describe(stuck: dict[int, Standing], still: dict[int, float], silent: dict[int, float], collectives: list[str] | None = None) -> str:
     """The verdict's text, the largest group first. still maps a rank to how long it has sat
     still (a group that does not wait says its longest); silent, to how long it has sent nothing;
-    collectives, to the last collective it enqueued (lag())."""
+    collectives, what in_collectives() says of the process groups."""
     groups: dict[Standing, list[int]] = {}
     for rank, place in stuck.items():
         groups.setdefault(place, []).append(rank)
@@ -63,22 +68,41 @@ def describe(
     ]
     if silent:
         parts.append(f"{ranks_text(sorted(silent))} sent nothing for {max(silent.values()):.0f} s")
-    if collectives and (lagging := lag(collectives)):
-        parts.append(lagging)
-    return "; ".join(parts)
+    return "; ".join([*parts, *(collectives or [])])
 
 
-def lag(collectives: dict[int, int]) -> str | None:
-    """Which ranks' collectives lag, as the flight recorder counts them: "rank 3 enqueued
-    collective 57 last, ranks 0,1,2 58". The ranks behind never issued the collective the
-    others wait in. None when fewer than two ranks told, or all agree."""
-    if len(collectives) < 2 or len(set(collectives.values())) < 2:
-        return None
-    behind = min(collectives.values())
-    lagging = sorted(r for r, seq in collectives.items() if seq == behind)
-    ahead = {seq: sorted(r for r, s in collectives.items() if s == seq) for seq in set(collectives.values()) if seq != behind}
-    others = ", ".join(f"{ranks_text(ranks)} {seq}" for seq, ranks in sorted(ahead.items()))
-    return f"flight recorder: {ranks_text(lagging)} enqueued collective {behind} last, {others}"
+def in_collectives(reports: dict[int, list[wire.Frame]], ranks: list[int], quiet: dict[int, float]) -> list[str]:
+    """Per process group that has ranks waiting in a collective: which collective, and who
+    never entered it. "default group: ranks 0,1,2 in all_reduce #5512 (25 MB); rank 3 never
+    entered it, its last: all_reduce #5511". Sequence numbers count a group's collectives
+    the same on every rank, so a rank whose last is behind the others' never issued theirs.
+    Every rank is in the default group: one that told nothing of it (a stopped rank, one
+    holding the GIL in native code) is named with how long it has been quiet (quiet)."""
+    groups: dict[str, dict[int, wire.Frame]] = {}
+    for rank, entries in reports.items():
+        for entry in entries:
+            groups.setdefault(entry["group"], {})[rank] = entry
+    parts = []
+    for group in sorted(groups, key=lambda g: (not g.isdigit(), int(g) if g.isdigit() else 0, g)):
+        told = groups[group]
+        top = max(entry["enqueued"] for entry in told.values())
+        inside = sorted(r for r, entry in told.items() if entry["enqueued"] == top and entry["completed"] < top)
+        if not inside:
+            continue  # nobody waits in this group's collectives
+        lead = told[inside[0]]
+        size = f" ({nbytes(lead['bytes'])})" if lead.get("bytes") else ""
+        text = f"{lead['name']}: {ranks_text(inside)} in {lead.get('op', 'collective')} #{top}{size}"
+        behind: dict[str, list[int]] = {}
+        for rank, entry in told.items():
+            if entry["enqueued"] < top:
+                last = f"{entry.get('op', 'collective')} #{entry['enqueued']}" if entry["enqueued"] > 0 else "none yet"
+                behind.setdefault(last, []).append(rank)
+        for last, lagging in sorted(behind.items(), key=lambda item: min(item[1])):
+            text += f"; {ranks_text(lagging)} never entered it, {'its' if len(lagging) == 1 else 'their'} last: {last}"
+        if group == DEFAULT_GROUP and (unknown := sorted(r for r in ranks if r not in told)):
+            text += f"; {ranks_text(unknown)} told nothing of it (quiet for {max(quiet.get(r, 0.0) for r in unknown):.0f} s)"
+        parts.append(text)
+    return parts
 
 
 def _group(place: Standing, ranks: list[int], still: float) -> str:

@@ -4,9 +4,10 @@ The disruptive verdict: its action is --on-hang. The diagnosis comes sooner,
 from the stall rule (stall.py); this one waits for the user's timeout. A
 rank that works (an evaluation, a checkpoint being written: its stack moves,
 its model runs forwards) is not hung, however long it takes. The verdict
-names every stuck rank where it stands (stuck.py), and which ranks sent
-nothing at all; the ranks still talking are the ones whose stacks are worth
-collecting.
+names every stuck rank where it stands (stuck.py), which ranks sent nothing
+at all, and the collective each process group waits in; every stuck rank's
+stack is collected, a silent one's too (py-spy reads a stopped process, or
+one whose native code holds the GIL).
 """
 
 from __future__ import annotations
@@ -55,14 +56,14 @@ class HangRule:
         # it: a rank whose last step landed a moment later waits just the same.
         stuck_ranks = [r for r in live if now - seen.progress[r] > limit[r] / 2]
         self._reported = True
-        standing, text = stuck.named(stuck_ranks, self.state, seen, now, silent_after=timeout)
+        _, text = stuck.named(stuck_ranks, self.state, seen, now, silent_after=timeout)
         return [
             Verdict(
                 "hang",
                 f"no step for {now - min(seen.progress[r] for r in stuck_ranks):.0f} s: {text}",
                 ranks=sorted(stuck_ranks),
                 step=max((seen.done.get(r, -1) for r in stuck_ranks), default=None),
-                stacks=sorted(standing) or sorted(stuck_ranks),
+                stacks=sorted(stuck_ranks),  # py-spy reads a silent rank too: one stopped, or holding the GIL
             )
         ]
 

@@ -89,7 +89,7 @@ class StallRule:
                 f"no step for {now - last_step:.0f} s: {text}",
                 ranks=sorted(r for r, place in standing.items() if not place.waiting) or sorted(live),
                 step=max((seen.done.get(r, -1) for r in live), default=None),
-                stacks=sorted(standing),
+                stacks=sorted(live),  # py-spy reads a silent rank too: one stopped, or holding the GIL
                 details={"window_s": round(window, 1)},
             )
         ]
