@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from builders import hello
 
 from ddptop.core import rundir, wire
 from ddptop.core.eventlog import EventLog
@@ -63,18 +64,7 @@ def busy(state: JobState, ingest: Callable[[dict], None], ranks: int, steps: int
     """Those records, each given to ingest (a state's, or a hub's record) with state folding them."""
     ingest({"type": "run", "wall": BASE, "id": "r", "script": "train.py"})
     for rank in range(ranks):
-        ingest(
-            {
-                "type": "rank_hello",
-                "rank": rank,
-                "local_rank": rank % 8,
-                "world_size": ranks,
-                "node": rank // 8,
-                "host": "h",
-                "pid": 10 + rank,
-                "restart": 0,
-            }
-        )
+        ingest(hello(rank, ranks, local_rank=rank % 8, node=rank // 8, pid=10 + rank))
     for step in range(steps):
         wall = BASE + step * 0.1
         for rank in range(ranks):

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import hello
 from conftest import until
 
 from ddptop.core import rundir
@@ -39,8 +40,7 @@ def fixed_run(path: Path, ranks: int = 4, seconds: int = 300) -> rundir.RunDir:
     record({"type": "run", "wall": BASE, "id": "fixed", "script": "/data/train.py", "nnodes": "1"})
     record({"type": "notice", "wall": BASE, "text": "no CUDA GPU found: starting 4 CPU ranks on gloo"})
     for rank in range(ranks):
-        hello = {"type": "rank_hello", "rank": rank, "local_rank": rank % 8, "world_size": ranks, "node": rank // 8}
-        record({**hello, "host": "box", "pid": 4000 + rank, "restart": 0})
+        record(hello(rank, ranks, local_rank=rank % 8, node=rank // 8, host="box", pid=4000 + rank))
     for step in range(seconds):
         wall = BASE + step
         straggling = step >= seconds // 2
