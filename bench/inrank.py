@@ -51,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -97,8 +98,9 @@ def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> t
 
     without(args.without)
     optimizer_hooks: dict[str, Any] = {}
-    hooks.register_optimizer_step_pre_hook = lambda hook: optimizer_hooks.setdefault("pre", hook)
-    hooks.register_optimizer_step_post_hook = lambda hook: optimizer_hooks.setdefault("post", hook)
+    handle = types.SimpleNamespace(remove=lambda: None)  # what patches.py keeps to undo a registration
+    hooks.register_optimizer_step_pre_hook = lambda hook: optimizer_hooks.setdefault("pre", hook) and handle
+    hooks.register_optimizer_step_post_hook = lambda hook: optimizer_hooks.setdefault("post", hook) and handle
     records: collections.deque[Any] = collections.deque(maxlen=8192)
     tracker = StepTracker(0, emit=records.append)
     hooks.install(tracker, GuardPolicy(on_nan=args.on_nan))
