@@ -19,6 +19,7 @@ from typing import Protocol
 
 from ddptop.core.usage import UsageError
 from ddptop.supervisor.cluster import endpoints, uplink
+from ddptop.supervisor.cluster.slurm import Rendezvous
 
 RDZV_DEFAULT_PORT = 29400
 """torchrun's port when --rdzv-endpoint names a host only."""
@@ -71,15 +72,9 @@ def rendezvous(spec: str) -> tuple[str, int]:
     return endpoints.parse(spec, what="--rdzv-endpoint")
 
 
-class ClusterOptions(Protocol):
+class ClusterOptions(Rendezvous, Protocol):
     """The launch options that place this node in the job (launching/args.py LaunchOptions has them)."""
 
-    @property
-    def nnodes(self) -> str | None: ...
-    @property
-    def node_rank(self) -> int | None: ...
-    @property
-    def rdzv_endpoint(self) -> str | None: ...
     @property
     def aggregator(self) -> str | None: ...
     @property
