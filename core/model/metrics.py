@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from ddptop.core.format import count, ms, nbytes, significant
 from ddptop.core.model.rank import RankState
@@ -60,6 +61,10 @@ class Prometheus:
     """Labels beyond rank, node and host that tell rows of one family apart."""
 
 
+Plot = Literal["throughput", "step time", "loss", "memory"]
+"""The job charts a metric can be drawn in (tui/widgets/charts.py adds the per-rank "ranks" chart)."""
+
+
 @dataclass(frozen=True)
 class Metric:
     key: str
@@ -73,7 +78,7 @@ class Metric:
     cell: Callable[[RankState], str] | None = None
     """The column's text when it says more than the value (a memory bar)."""
     prometheus: Prometheus | None = None
-    plot: str | None = None
+    plot: Plot | None = None
     summary: str | None = None
     optional: bool = False
     """Its column is left out of the rank table until a rank has it (tokens/s: language models only;

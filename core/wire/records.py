@@ -230,6 +230,11 @@ class ViewerHello(TypedDict):
     snapshot: NotRequired[bool]
 
 
+CommandAction = Literal["stop", "restart", "kill_rank", "stacks", "log_tail"]
+"""What a viewer may ask of a supervisor: stop the job, restart the group, kill one rank;
+and what the aggregator asks of a node's supervisor: collect stacks, read a rank's log's end."""
+
+
 class Command(TypedDict):
     """What a dashboard may ask of the supervisor, and the job's aggregator of a node's supervisor (stacks: collect those ranks' Python stacks)."""
 

@@ -52,7 +52,7 @@ _SAMPLE_PROC = schema_of(records.SampleProc)
 _SAMPLE_GPU = schema_of(records.SampleGpu)
 _COLLECTIVE = schema_of(records.Collective)
 
-COMMANDS = frozenset({"stop", "restart", "kill_rank", "stacks", "log_tail"})
+COMMANDS = frozenset(typing.get_args(records.CommandAction))
 """Actions a viewer may request: stop the job, restart the group, kill one rank
 (and, from the aggregator to a node, collect stacks)."""
 
