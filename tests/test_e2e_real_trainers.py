@@ -114,4 +114,5 @@ def test_a_hugging_face_trainer_job_has_tokens_and_the_grad_norm_the_trainer_log
     assert len(logged) == 4  # every logging_steps=5 of 20
     rank0 = {r["step"]: r["grad_norm"] for r in steps if r["rank"] == 0}
     # The Trainer logs the norm of the step just taken: steps 5, 10, 15, 20 are ddptop's 4, 9, 14, 19.
-    assert [rank0[5 * (i + 1) - 1] for i in range(4)] == pytest.approx([float(entry["grad_norm"]) for entry in logged], rel=1e-4)
+    # The Trainer logs its norm rounded to 4 significant digits (1.005 for 1.00547): half a unit in the last is 5e-4 of it.
+    assert [rank0[5 * (i + 1) - 1] for i in range(4)] == pytest.approx([float(entry["grad_norm"]) for entry in logged], rel=6e-4)
