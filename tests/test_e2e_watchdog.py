@@ -135,7 +135,10 @@ def test_hang_is_named_with_stacks_then_the_group_restarts(ddptop_home, tmp_path
     assert hang["text"].startswith("no step for 1")
     assert f"ranks 0,1,3 wait in all-reduce at train.py:{blocked + 1} in main, after step 19; " in hang["text"]
     assert "rank 2 stuck 1" in hang["text"] and f" s in backward at train.py:{blocked} in main, after step 19" in hang["text"]
-    found = re.search(r"default group: ranks 0,1,3 in all_reduce #(\d+) \([\d.]+ \w+\); rank 2 never entered it, its last: all_reduce #(\d+)$", hang["text"])
+    found = re.search(
+        r"default group: ranks 0,1,3 in all_reduce #(\d+) \([\d.]+ \w+\); rank 2 never entered it, its last: all_reduce #(\d+)$",
+        hang["text"],
+    )
     assert found and int(found[1]) == int(found[2]) + 1, hang["text"]
     last_step = max(r["wall"] for r in job.of("step") if r["step"] == 19)
     assert hang["wall"] - last_step <= 12.0
