@@ -23,6 +23,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ddptop.core.wire.records import DEFAULT_GROUP
+
 FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 FR_ENTRIES = "2000"
 """Collectives the recorder keeps per rank: torch's own suggestion for debugging hangs."""
@@ -39,9 +41,6 @@ def env_for(torch_version: str | None) -> dict[str, str]:
 
 
 READ_AFTER_S = 5.0
-DEFAULT_GROUP = "0"
-"""The recorder's id of a process's first group: the default one. Ids count the groups a
-process made, in the order every rank makes them (torch requires it), and are not reused."""
 
 _DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1, "Bool": 1}
 

@@ -212,6 +212,11 @@ class JobState:
         job = median(list(own.values()))
         return {rank: x / job for rank, x in own.items()} if job else {}
 
+    def steps_done(self) -> int | None:
+        """Steps done, by the furthest rank: DDP's all-reduce holds the others within a step of it,
+        and the nearest is only the one whose records came last (a killed rank's never come)."""
+        return max((r.step + 1 for r in self.ranks.values() if r.step >= 0), default=None)
+
     def totals(self) -> JobTotals:
         """Job-wide figures: the metric table's job figures and the job's counts."""
         ranks = list(self.ranks.values())
@@ -227,9 +232,7 @@ class JobState:
         return JobTotals(
             ranks_seen=len(ranks),
             world_size=self.world_size,
-            # The furthest rank: DDP's all-reduce holds the others within a step of it, and the
-            # nearest is only the one whose records came last (a killed rank's never come).
-            steps_done=max((r.step + 1 for r in ranks if r.step >= 0), default=None),
+            steps_done=self.steps_done(),
             total_steps=self.total_steps,
             busbw=busbw,
             dropped=sum(r.dropped for r in ranks),

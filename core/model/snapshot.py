@@ -58,7 +58,7 @@ def frames(state: JobState) -> Iterator[wire.Frame]:
     yield {
         "type": "snapshot",
         "version": VERSION,
-        "steps_done": max((r.step + 1 for r in state.ranks.values() if r.step >= 0), default=None),
+        "steps_done": state.steps_done(),
         "job": {name: getattr(state, name) for name in _JOB_FIELDS},
         "alert_kinds": dict(state.alert_kinds),
         "events": list(state.events),

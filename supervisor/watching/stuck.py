@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from ddptop.core import wire
 from ddptop.core.format import nbytes
 from ddptop.core.model.job import JobState
+from ddptop.core.wire.records import DEFAULT_GROUP
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.verdict import ranks_text
-
-DEFAULT_GROUP = "0"
-"""The flight recorder's id of the default process group, which every rank is in."""
 
 
 @dataclass(frozen=True, order=True)
