@@ -2,7 +2,7 @@
 
 A record type is a TypedDict here; its schema check (schemas.py), the
 model's per-step fields (model/stats.py StepPoint, model/rank.py latest)
-and the tests' record builders (tests/records.py) are derived from these
+and the tests' record builders (tests/builders.py) are derived from these
 definitions, so a field is declared once. NotRequired fields may be absent
 (or None); `type` names the record.
 
@@ -196,7 +196,8 @@ class Checkpoint(TypedDict):
 
 
 class Resume(TypedDict):
-    """The resume record."""
+    """A rank goes on from a checkpoint after `step`: monitor.resume() loaded `path` (skipping
+    the `damaged` ones), or the script restored its own optimizer state (hooks.RESUMED_FROM)."""
 
     type: Literal["resume"]
     rank: int
@@ -206,7 +207,7 @@ class Resume(TypedDict):
     damaged: list[Any]
 
 
-class Exception(TypedDict):
+class Uncaught(TypedDict):
     """The traceback of an exception the script did not catch (its end)."""
 
     type: Literal["exception"]
@@ -263,7 +264,7 @@ class NodeHello(TypedDict):
 
 
 class NodeWelcome(TypedDict):
-    """The node_welcome record."""
+    """The aggregator takes a node in: the job's run id, for the node's own run directory."""
 
     type: Literal["node_welcome"]
     node: int
@@ -271,14 +272,14 @@ class NodeWelcome(TypedDict):
 
 
 class Refused(TypedDict):
-    """The refused record."""
+    """The aggregator turns a node away (a bad token, a node number taken), and why."""
 
     type: Literal["refused"]
     reason: str
 
 
 class RankGone(TypedDict):
-    """Records a supervisor makes, which a node forwards to the aggregator."""
+    """A rank's connection closed: the first of the records a supervisor makes, which a node forwards to the aggregator."""
 
     type: Literal["rank_gone"]
     rank: int
@@ -286,7 +287,7 @@ class RankGone(TypedDict):
 
 
 class Sample(TypedDict):
-    """The sample record."""
+    """One node's rank processes and GPUs, read by its supervisor (SampleProc, SampleGpu)."""
 
     type: Literal["sample"]
     wall: float
@@ -296,7 +297,7 @@ class Sample(TypedDict):
 
 
 class Stack(TypedDict):
-    """The stack record."""
+    """A stuck rank's stacks, as `source` (py-spy, faulthandler) dumped them."""
 
     type: Literal["stack"]
     rank: int
@@ -316,7 +317,7 @@ class LogTail(TypedDict):
 
 
 class Action(TypedDict):
-    """The action record."""
+    """What the supervisor did (a restart, a stop, a rank killed), in words."""
 
     type: Literal["action"]
     wall: float
@@ -326,7 +327,7 @@ class Action(TypedDict):
 
 
 class Notice(TypedDict):
-    """The notice record."""
+    """What the supervisor wants the user to know that is no alert (its own trouble, a pause)."""
 
     type: Literal["notice"]
     wall: float
@@ -335,7 +336,7 @@ class Notice(TypedDict):
 
 
 class WireError(TypedDict):
-    """The wire_error record."""
+    """A frame refused from a peer, and why; its connection is closed."""
 
     type: Literal["wire_error"]
     wall: float
@@ -426,12 +427,17 @@ class Exit(TypedDict):
     goodput: NotRequired[dict[str, Any]]
 
 
+DEFAULT_GROUP = "0"
+"""The flight recorder's id of a process's first group, the default one, which every rank is in:
+ids count the groups a process made, in the order every rank makes them (torch requires it)."""
+
+
 class Collective(TypedDict):
     """Where a rank stands in one process group's collectives: sequence numbers count the
     group's collectives from 1, the same on every rank of the group."""
 
     group: str
-    """The group's id within the job (the default group is "0"; "ddp" where only ddptop's comm hook counts)."""
+    """The group's id within the job (DEFAULT_GROUP; "ddp" where only ddptop's comm hook counts)."""
     name: str
     """What the group is called: "default group", or torch's description of it."""
     enqueued: int
@@ -480,7 +486,7 @@ RECORDS: dict[str, type] = {
     "restart_go": RestartGo,
     "checkpoint": Checkpoint,
     "resume": Resume,
-    "exception": Exception,
+    "exception": Uncaught,
     "batch": Batch,
     "viewer_hello": ViewerHello,
     "command": Command,
