@@ -58,8 +58,8 @@ class Probe:
         self.local = guard.LocalCheck()
         self.memory = MemoryReadings()
         self.reduced: weakref.WeakKeyDictionary[Any, guard.ReducedBuckets] = weakref.WeakKeyDictionary()
-        self.owners: weakref.WeakKeyDictionary[Any, tuple[list[int] | int, guard.ReducedBuckets | None]] = weakref.WeakKeyDictionary()
-        self._last_owner: tuple[Callable[[], Any], list[int] | int, guard.ReducedBuckets | None] = (lambda: None, 0, None)
+        self.owners: weakref.WeakKeyDictionary[Any, tuple[list[int], guard.ReducedBuckets | None]] = weakref.WeakKeyDictionary()
+        self._last_owner: tuple[Callable[[], Any], list[int], guard.ReducedBuckets | None] = (lambda: None, [], None)
         self.scale: torch.Tensor | None = None
         """The scale a GradScaler multiplied this step's loss by (None: no scaler, or a disabled one)."""
         self.resume_seen = False
@@ -101,7 +101,7 @@ class Probe:
         trainable ones, looked up again only when its groups change size.
         The last optimizer's answer is kept apart: most scripts step one."""
         groups = optimizer.param_groups
-        shape = [len(group["params"]) for group in groups] if len(groups) > 1 else len(groups[0]["params"]) if groups else 0
+        shape = [len(group["params"]) for group in groups]
         last_optimizer, last_shape, last_owner = self._last_owner
         if last_optimizer() is optimizer and last_shape == shape:
             return last_owner
@@ -528,10 +528,9 @@ def _gradients(probe: Probe, optimizer: Any, scale: torch.Tensor | None) -> guar
     Without such buckets (no DDP model owns exactly the optimizer's parameters)
     the optimizer's gradients are both, as a GradScaler.step has unscaled them."""
     owner = probe.buckets_of(optimizer)
-    reduced = owner.take(probe.tracker.step) if owner is not None else None
-    if not reduced:
+    reduced = owner.take(probe.tracker.step) if owner is not None else []
+    if owner is None or not reduced:
         return guard.Gradients.of(guard.gradients(optimizer))
-    assert owner is not None
     shown_scale = None if owner.views else scale  # buckets the gradients are views of were unscaled with them
     applied = reduced if probe.policy.clip_grad is None else guard.gradients(optimizer)
     return guard.Gradients(applied, reduced, shown_scale, owner.solo)

@@ -46,8 +46,8 @@ class StepPoint:
     STEP_VALUES keeps in the window (wire/records.py), so a new one needs no
     change here. Slots, since a window holds 100 per rank."""
 
-    __slots__ = ("wall", "step_ms", *WINDOWED)
     FIELDS = ("wall", "step_ms", *WINDOWED)
+    __slots__ = FIELDS
 
     def __init__(self, wall: float, step_ms: float, **values: float | None) -> None:
         self.wall = wall
