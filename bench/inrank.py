@@ -5,7 +5,8 @@ threads and the machine's drift blur a few hundred microseconds: on a
 shared 2-core VM one run against the next varies by 15% even in CPU time.
 This runs the example job's own loop (its model, loader and optimizer) as
 two identical jobs in each rank's process: one plain, built before ddptop's
-hooks are installed, and one instrumented, built after them. Blocks of steps
+hooks are installed and run with torch's own callables put back
+(patches.suspended), and one instrumented, built after them. Blocks of steps
 alternate between the two, so drift falls on both alike; each block's wall
 and CPU time per step are kept, and the figures are rank 0's medians over
 blocks. Each block starts with a few untimed steps (--warmup-steps): the
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import statistics
 import subprocess
@@ -127,6 +129,7 @@ def floor(args: argparse.Namespace, example: Any, torch_device: Any, norm: bool)
 
     job = Job(args, example, torch_device)
     group = job.model.process_group
+    world = group.size()
     reduced: list[Any] = []
 
     def unwrap(fut: Any) -> Any:
@@ -135,7 +138,7 @@ def floor(args: argparse.Namespace, example: Any, torch_device: Any, norm: bool)
         return reduced[0]
 
     def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks the parameter's name and annotation
-        return hooks._allreduce_mean(group, bucket).then(unwrap)
+        return hooks.allreduce_buffer(group, world, bucket.buffer()).then(unwrap)
 
     def verdict(optimizer: Any, hook_args: Any, hook_kwargs: Any) -> None:
         value = torch._foreach_norm(reduced)[0]
@@ -168,6 +171,8 @@ def measure(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     import train as example
 
+    from ddptop.trainer import patches
+
     torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -188,13 +193,15 @@ def measure(args: argparse.Namespace) -> None:
 
     def block(job: Job, steps: int) -> tuple[float, float]:
         bind(job is hooked)
-        job.run(args.warmup_steps)
-        if cuda:
-            torch.cuda.synchronize()
-        wall, cpu = time.perf_counter(), time.process_time()
-        job.run(steps)
-        if cuda:
-            torch.cuda.synchronize()
+        # ddptop replaces class methods (DDP.forward) and torch.autograd.backward, which every job calls.
+        with contextlib.nullcontext() if job is hooked else patches.suspended():
+            job.run(args.warmup_steps)
+            if cuda:
+                torch.cuda.synchronize()
+            wall, cpu = time.perf_counter(), time.process_time()
+            job.run(steps)
+            if cuda:
+                torch.cuda.synchronize()
         return (time.perf_counter() - wall) / steps * 1e3, (time.process_time() - cpu) / steps * 1e3
 
     for job in jobs.values():

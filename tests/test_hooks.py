@@ -35,13 +35,19 @@ def gloo_world_of_one() -> Iterator[None]:
     dist.destroy_process_group()
 
 
+class Records(list[dict[str, Any]]):
+    """The step records, and the tracker that emitted them."""
+
+    tracker: StepTracker
+
+
 @pytest.fixture
 def records(gloo_world_of_one: None, request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
     """ddptop's hooks installed as in a rank; the step records they emit. The
     rank's policy is the default, or the test's indirect parameter. Afterwards
     torch is as it was: every change goes back through patches.undo()."""
-    out: list[dict[str, Any]] = []
-    tracker = StepTracker(0, emit=out.append)
+    out = Records()
+    tracker = out.tracker = StepTracker(0, emit=out.append)
     hooks.install(tracker, getattr(request, "param", GuardPolicy()))
     yield out
     tracker.flush()
@@ -49,18 +55,33 @@ def records(gloo_world_of_one: None, request: pytest.FixtureRequest) -> Iterator
 
 
 def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
-    before = {name: getattr(DistributedDataParallel, name) for name in ("__init__", "register_comm_hook")}
-    originals = (torch.autograd.backward, torch.distributed.init_process_group, torch.nn.DataParallel.__init__)
+    before = {name: getattr(DistributedDataParallel, name) for name in ("__init__", "forward", "register_comm_hook")}
+    originals = (torch.autograd.backward, torch.distributed.init_process_group, torch.nn.DataParallel.forward)
     hooks.install(StepTracker(0, emit=lambda record: None), GuardPolicy())
     changed = patches.applied()
     assert "torch.nn.parallel.distributed.DistributedDataParallel.register_comm_hook" in changed and len(changed) == 11, changed
     assert torch.autograd.backward is not originals[0]
     patches.undo()
     assert patches.applied() == [] and {name: getattr(DistributedDataParallel, name) for name in before} == before
-    assert (torch.autograd.backward, torch.distributed.init_process_group, torch.nn.DataParallel.__init__) == originals
-    assert "__getstate__" not in vars(torch.nn.DataParallel), "an inherited method is inherited again, not copied"
+    assert (torch.autograd.backward, torch.distributed.init_process_group, torch.nn.DataParallel.forward) == originals
     optimizer_module = importlib.import_module("torch.optim.optimizer")
     assert not optimizer_module._global_optimizer_pre_hooks and not optimizer_module._global_optimizer_post_hooks
+
+
+def test_an_inherited_method_replaced_is_inherited_again_after_undo_and_back_in_place_after_suspension():
+    class Base:
+        def method(self) -> str:
+            return "torch's"
+
+    class Child(Base):
+        pass
+
+    patches.replace(Child, "method", lambda self: "ddptop's")
+    with patches.suspended():
+        assert Child().method() == "torch's"
+    assert Child().method() == "ddptop's"
+    patches.undo()
+    assert "method" not in vars(Child) and Child().method() == "torch's"
 
 
 def test_the_running_torch_has_every_private_name_ddptop_uses():
@@ -90,6 +111,18 @@ def step_and_check_the_norm(records: list[dict[str, Any]], model: nn.Module, opt
     expected = norm_of(params)
     optimizer.step()
     assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_phase_follows_a_step_through_forward_all_reduce_and_optimizer(records):
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracker = records.tracker
+    loss = model(torch.randn(4, 8)).pow(2).sum()
+    assert tracker.phase == "backward"
+    loss.backward()
+    assert tracker.phase == "comm"
+    optimizer.step()
+    assert tracker.phase == "data"
 
 
 def test_the_norm_comes_from_the_reduced_buckets_and_is_the_gradients_norm(records, monkeypatch):

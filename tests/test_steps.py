@@ -34,7 +34,6 @@ def run_step(tracker: StepTracker, clock: Clock, data_s: float, compute_s: float
     clock.now += data_s
     for size in batches:
         tracker.forward_begin(size)
-        tracker.forward_end()
     clock.now += compute_s
     tracker.optimizer_begin({"grad_norm": 2.0})
     tracker.optimizer_end({"comm_ms": 1.5, "comm_bytes": 400})
@@ -130,15 +129,11 @@ def test_a_late_value_read_as_none_leaves_its_field_out():
     assert "grad_norm" not in out[0] and out[0]["nonfinite"] is True
 
 
-def test_phase_follows_the_hooks():
+def test_phase_follows_the_step():
     tracker, _, _clock = make()
     assert tracker.phase == "startup"
     tracker.forward_begin(1)
     assert tracker.phase == "forward"
-    tracker.forward_end()
-    assert tracker.phase == "backward"
-    tracker.comm_begin()
-    assert tracker.phase == "comm"
     tracker.optimizer_begin({})
     assert tracker.phase == "optimizer"
     tracker.optimizer_end({})

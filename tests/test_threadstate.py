@@ -68,7 +68,7 @@ class Callback:
 
 def test_wait_for_release_returns_once_another_thread_drops_the_objects_or_at_the_timeout():
     held = [Callback()]
-    waiting: weakref.WeakSet[Callback] = weakref.WeakSet(held)
+    waiting = [weakref.ref(held[0])]
     go = threading.Event()
 
     def holder(objects: list[Callback]) -> None:
@@ -79,8 +79,8 @@ def test_wait_for_release_returns_once_another_thread_drops_the_objects_or_at_th
     thread.start()
     started = time.monotonic()
     threadstate.wait_for_release(waiting, 0.05)
-    assert len(waiting) == 1 and time.monotonic() - started >= 0.05
+    assert waiting[0]() is not None and time.monotonic() - started >= 0.05
     go.set()
     threadstate.wait_for_release(waiting, 30.0)
-    assert len(waiting) == 0
+    assert waiting[0]() is None
     thread.join()

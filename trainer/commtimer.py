@@ -25,41 +25,15 @@ def union_ms(intervals: list[tuple[float, float]]) -> float:
     return sum(end - start for start, end in merged)
 
 
-class WallSpans:
-    """One step's bucket intervals on the host clock, in milliseconds."""
-
-    def __init__(self) -> None:
-        self.spans: list[list[float]] = []
-        self.bytes = 0
-
-    def begin(self, nbytes: int) -> list[float]:
-        self.bytes += nbytes
-        span = [time.perf_counter() * 1000.0, 0.0]
-        self.spans.append(span)
-        return span
-
-    @staticmethod
-    def end(span: list[float]) -> None:
-        span[1] = time.perf_counter() * 1000.0
-
-    def get(self) -> float:
-        if len(self.spans) == 1:  # one bucket, the usual case for a model under 25 MB
-            start, end = self.spans[0]
-            return end - start if end else 0.0
-        return union_ms([(s, e) for s, e in self.spans if e])
-
-
 class CudaSpans:
     """One step's bucket intervals as CUDA events, readable once they passed."""
 
     def __init__(self) -> None:
         self.spans: list[tuple[Any, Any]] = []
-        self.bytes = 0
 
-    def begin(self, nbytes: int) -> tuple[Any, Any]:
+    def begin(self) -> tuple[Any, Any]:
         import torch
 
-        self.bytes += nbytes
         span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         span[0].record()
         self.spans.append(span)
@@ -80,33 +54,49 @@ class CudaSpans:
 
 
 class CommTimer:
-    """Hands out a fresh span set per step; the tracker takes the finished one."""
+    """A step's bucket intervals: host-clock spans in milliseconds, or CUDA
+    events; the tracker takes the finished step's. Called in every bucket's
+    hook and callback, so the host-clock case is a list and two clock reads."""
 
     def __init__(self) -> None:
-        self._cuda = False
-        self._current: WallSpans | CudaSpans = WallSpans()
+        self._wall: list[list[float]] = []
+        self._cuda = CudaSpans()
+        self._bytes = 0
         self.last_bytes = 0
         """The size of the bucket begun last."""
 
     def begin(self, bucket_buffer: Any) -> Any:
-        cuda = bool(bucket_buffer.is_cuda)
-        if cuda != self._cuda:
-            self._cuda = cuda
-            self._current = CudaSpans() if cuda else WallSpans()
-        self.last_bytes = bucket_buffer.nbytes
-        return self._current.begin(self.last_bytes)
+        nbytes = self.last_bytes = bucket_buffer.nbytes
+        self._bytes += nbytes
+        if bucket_buffer.is_cuda:
+            return self._cuda.begin()
+        span = [time.perf_counter() * 1000.0, 0.0]
+        self._wall.append(span)
+        return span
 
-    def end(self, span: Any) -> None:
-        self._current.end(span)
+    @staticmethod
+    def end(span: Any) -> None:
+        if type(span) is list:
+            span[1] = time.perf_counter() * 1000.0
+        else:
+            CudaSpans.end(span)
 
     def take(self) -> tuple[float | CudaSpans, int] | None:
         """(comm ms, bytes) of the step just finished, or None if it sent nothing.
 
-        The milliseconds are a number for wall-clock spans, and the CudaSpans
+        The milliseconds are a number for host-clock spans, and the CudaSpans
         themselves (a late value, see late.py) for CUDA events.
         """
-        spans = self._current
-        if not spans.spans:
+        nbytes, self._bytes = self._bytes, 0
+        if self._cuda.spans:
+            spans, self._cuda = self._cuda, CudaSpans()
+            self._wall = []
+            return spans, nbytes
+        wall = self._wall
+        if not wall:
             return None
-        self._current = CudaSpans() if self._cuda else WallSpans()
-        return (spans if isinstance(spans, CudaSpans) else spans.get()), spans.bytes
+        self._wall = []
+        if len(wall) == 1:  # one bucket, the usual case for a model under 25 MB
+            start, end = wall[0]
+            return (end - start if end else 0.0), nbytes
+        return union_ms([(s, e) for s, e in wall if e]), nbytes

@@ -5,8 +5,9 @@ the script runs unchanged. Every change to torch goes through patches.py
 (listed there, with its undo), and the few private attributes of torch it
 reads are in torchapi.py, checked against the running torch:
 
-- DistributedDataParallel.__init__ is wrapped to add a forward pre-hook
-  (step start, samples) and a forward hook (phase) to each DDP model;
+- DistributedDataParallel.forward is wrapped (step start, samples, tokens,
+  phase), in the class rather than as module hooks: a module with hooks
+  takes nn.Module's slow call path, which costs more than the wrapper;
 - at a model's first forward, if the script registered no comm hook of its
   own, a timed all-reduce with the semantics of DDP's default is registered;
   a comm hook the script registers itself is wrapped with the same timing
@@ -26,8 +27,10 @@ callback that runs once the script's own `import torch` has finished.
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import math
+import operator
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -67,12 +70,14 @@ class Probe:
         self.stepping: Any = None
         """The optimizer whose step() is running. One that raised is left
         here, and its next step() begins afresh."""
-        self.callbacks: weakref.WeakSet[Any] = weakref.WeakSet()
-        """The comm hooks' callbacks that gloo has not let go of yet."""
+        self.callbacks: collections.deque[weakref.ref[Any]] = collections.deque(maxlen=CALLBACKS_KEPT)
+        """The latest comm hook callbacks, to wait for gloo to let go of them (threadstate.py)."""
         self.defaults: weakref.WeakKeyDictionary[Any, DefaultHook] = weakref.WeakKeyDictionary()
         """The models running ddptop's default hook, until the script registers its own."""
-        self.forward_hooks: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
-        """The ids of the forward hooks ddptop added to each model, to leave out of its copies."""
+        self.unstarted: set[int] = set()
+        """The ids of the DDP models whose first forward has not run (it registers the comm hook)."""
+        self.cuda = False
+        """Whether the latest step's gradients were on a GPU: only then is GPU memory read."""
         self.groups: dict[int, Any] = {}
         """The process groups of the DDP models, kept to the rank's end (threadstate.py says why)."""
         self.scaled: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
@@ -101,7 +106,7 @@ class Probe:
         trainable ones, looked up again only when its groups change size.
         The last optimizer's answer is kept apart: most scripts step one."""
         groups = optimizer.param_groups
-        shape = [len(group["params"]) for group in groups]
+        shape = list(map(len, map(_PARAMS, groups)))
         last_optimizer, last_shape, last_owner = self._last_owner
         if last_optimizer() is optimizer and last_shape == shape:
             return last_owner
@@ -115,6 +120,12 @@ class Probe:
         return known[1]
 
 
+_PARAMS = operator.itemgetter("params")
+
+CALLBACKS_KEPT = 1024
+"""Callbacks whose release a rank waits for at exit: far more than a step's buckets in flight."""
+
+
 def install(tracker: StepTracker, policy: GuardPolicy) -> None:
     probe = Probe(tracker, policy)
     _mark_group_joined(tracker)
@@ -124,11 +135,11 @@ def install(tracker: StepTracker, policy: GuardPolicy) -> None:
     _wrap_backward(probe)
     patches.registered(
         "torch.optim global step pre-hook",
-        register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _optimizer_begin(probe, optimizer)),
+        register_optimizer_step_pre_hook(functools.partial(_optimizer_begin, probe)),
     )
     patches.registered(
         "torch.optim global step post-hook",
-        register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _optimizer_end(probe, optimizer)),
+        register_optimizer_step_post_hook(functools.partial(_optimizer_end, probe)),
     )
     atexit.register(_before_exit, probe)
 
@@ -164,20 +175,17 @@ _original_register = DistributedDataParallel.register_comm_hook
 def _wrap_ddp(probe: Probe) -> None:
     """Instrument every DDP model, leaving what the script can see of it as
     plain DDP would: its `_comm_hooks` list holds only the script's hooks, and
-    a copy or pickle of it carries none of ddptop's hooks (closures over this
-    rank's probe, which can be neither), while a copy is instrumented anew."""
+    it holds nothing of ddptop's (closures over this rank's probe, which
+    neither copy nor pickle), so a copy or pickle works, and a copy is
+    instrumented anew."""
     original_init = DistributedDataParallel.__init__
-    original_getstate = DistributedDataParallel.__getstate__
     original_setstate = DistributedDataParallel.__setstate__
+    original_forward = DistributedDataParallel.forward
 
     @functools.wraps(original_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         _instrument(self, probe)
-
-    @functools.wraps(original_getstate)
-    def __getstate__(self: Any) -> dict[str, Any]:
-        return _without_hooks(original_getstate(self), probe.forward_hooks.get(self, frozenset()))
 
     @functools.wraps(original_setstate)
     def __setstate__(self: Any, state: dict[str, Any]) -> None:
@@ -204,7 +212,7 @@ def _wrap_ddp(probe: Probe) -> None:
     # Patching the class is the point: every DDP model the script builds is instrumented.
     for name, new in (
         ("__init__", __init__),
-        ("__getstate__", __getstate__),
+        ("forward", _measured_forward(original_forward, probe)),
         ("__setstate__", __setstate__),
         ("register_comm_hook", register_comm_hook),
     ):
@@ -212,12 +220,9 @@ def _wrap_ddp(probe: Probe) -> None:
 
 
 def _instrument(model: Any, probe: Probe) -> None:
-    """A new DDP model's forward hooks: step start and samples, phase."""
+    """A new DDP model: its buckets, and a comm hook at its first forward."""
     probe.buckets(model)
-    tracker = probe.tracker
-    begin = model.register_forward_pre_hook(_forward_pre_hook(probe, _ensure_comm_hook), with_kwargs=True)
-    end = model.register_forward_hook(lambda module, args, output: tracker.forward_end())
-    probe.forward_hooks[model] = frozenset((begin.id, end.id))
+    probe.unstarted.add(id(model))
     # The model's Reducer holds its process group, whose destructor joins gloo's threads with
     # the GIL held, while one of them may want the GIL to free a finished work or a comm hook's
     # callback: a deadlock when the model goes (a script's main() returning). So the group
@@ -225,16 +230,13 @@ def _instrument(model: Any, probe: Probe) -> None:
     group = getattr(model, "process_group", None)
     if group is not None:
         probe.groups[id(group)] = group
-    weakref.finalize(model, threadstate.wait_for_release, probe.callbacks, EXIT_WAIT_S).atexit = False
+    weakref.finalize(model, _forget, probe, id(model)).atexit = False
 
 
-def _without_hooks(state: dict[str, Any], ours: frozenset[int]) -> dict[str, Any]:
-    """A DDP model's pickled state without ddptop's forward hooks (the
-    module keeps its hooks, and their with_kwargs flags, in dicts by id)."""
-    for name, value in list(state.items()):
-        if name.startswith("_forward") and isinstance(value, dict) and not ours.isdisjoint(value):
-            state[name] = type(value)((key, hook) for key, hook in value.items() if key not in ours)
-    return state
+def _forget(probe: Probe, model_id: int) -> None:
+    """A DDP model is freed: its id may be another's next, and gloo must drop its callbacks first."""
+    probe.unstarted.discard(model_id)
+    threadstate.wait_for_release(probe.callbacks, EXIT_WAIT_S)
 
 
 SCALED_KEPT = 16
@@ -289,9 +291,11 @@ def _wrap_backward(probe: Probe) -> None:
     them (a loop that divides each micro-batch's loss by the accumulation
     steps gets the step's mean), and a second backward in one step (a GAN's
     two losses, retain_graph) adds to it. A loss GradScaler scaled is divided
-    back by its scale. On CUDA the value stays on the device (an add queued
-    per backward) and leaves as a Late value, a step late; on the CPU it is a
-    float at once. A backward on a non-scalar (with a gradient), integer or
+    back by its scale. The value is read only as the step's record leaves, so
+    a monitor.step(loss=...) that takes its place costs no read: on CUDA it
+    stays on the device (an add queued per backward) and leaves as a Late
+    value, a step late; on the CPU the tensor itself is kept until then (a
+    loss is not written to after its backward). A backward on a non-scalar (with a gradient), integer or
     complex tensor records nothing for it. monitor.step(loss=...) wins.
     """
     original = torch.autograd.backward
@@ -313,15 +317,15 @@ def _wrap_backward(probe: Probe) -> None:
 
 
 def _loss_value(probe: Probe, tensor: Any) -> Any:
-    """A backward's value for the step's loss: a float, a device tensor on CUDA, or None."""
+    """A backward's value for the step's loss, unread: a tensor (a float when a CPU one was scaled), or None."""
     if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1 or not tensor.is_floating_point():
         return None
     scale = None
     if probe.scaled:
         known = probe.scaled.get(id(tensor))
         scale = known[1] if known is not None and known[0]() is tensor else None
-    if tensor.device.type == "cpu":
-        return tensor.item() / float(scale) if scale is not None else tensor.item()
+    if not tensor.is_cuda:
+        return tensor.item() / float(scale) if scale is not None else tensor
     value = tensor.detach().float().reshape(())
     return value / scale.reshape(()) if scale is not None else value
 
@@ -330,32 +334,28 @@ def _wrap_data_parallel(probe: Probe) -> None:
     """One process driving several GPUs (nn.DataParallel) has steps too: its
     model's training forwards start them, as a DDP model's do; nothing is
     all-reduced, so there is no comm hook."""
-    original_init = torch.nn.DataParallel.__init__
-    tracker = probe.tracker
-
-    @functools.wraps(original_init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        self.register_forward_pre_hook(_forward_pre_hook(probe), with_kwargs=True)
-        self.register_forward_hook(lambda module, args, output: tracker.forward_end())
-
-    patches.replace(torch.nn.DataParallel, "__init__", __init__)
+    patches.replace(torch.nn.DataParallel, "forward", _measured_forward(torch.nn.DataParallel.forward, probe))
 
 
-def _forward_pre_hook(probe: Probe, first_forward: Callable[[Any, Probe], None] | None = None) -> Any:
-    tracker = probe.tracker
-    first = first_forward is not None
+def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..., Any]:
+    """A model class's forward that counts every forward, begins (or adds to) a
+    step at a training one (in train mode, with grad), and at a DDP model's
+    first forward registers the comm hook."""
+    tracker, unstarted = probe.tracker, probe.unstarted
 
-    def hook(module: Any, args: tuple, kwargs: dict) -> None:
-        nonlocal first
-        if first and first_forward is not None:
-            first = False
-            first_forward(module, probe)
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if unstarted and id(self) in unstarted:
+            unstarted.discard(id(self))
+            _ensure_comm_hook(self, probe)
         tracker.forwards += 1
-        if module.training and torch.is_grad_enabled():
-            tracker.forward_begin(_batch_size(args, kwargs), _tokens(args, kwargs))
+        if self.training and torch.is_grad_enabled():
+            tracker.forward_begin(*_inputs(args, kwargs))
+        output = original(self, *args, **kwargs)
+        tracker.phase = "backward"
+        return output
 
-    return hook
+    return forward
 
 
 def _ensure_comm_hook(model: Any, probe: Probe) -> None:
@@ -390,8 +390,16 @@ class DefaultHook:
     def __init__(self, process_group: Any) -> None:
         self.state: Any = process_group
         self.hook: Any = _allreduce_mean
+        self._group, self._world = process_group, process_group.size()
 
     def __call__(self, state: object, bucket: Any) -> Any:
+        return self.hook(self.state, bucket)
+
+    def reduce(self, bucket: Any, buffer: Any) -> Any:
+        """What __call__ does, given the bucket's buffer the timing already took
+        (each of a bucket's methods is a pybind11 call, costly on every bucket)."""
+        if self.hook is _allreduce_mean:
+            return allreduce_buffer(self._group, self._world, buffer)
         return self.hook(self.state, bucket)
 
 
@@ -412,8 +420,11 @@ def _allreduce_mean(process_group, bucket):
     returns c10d's future as is (its value is a one-tensor list) and leaves
     the unwrapping to _timed's callback, so each bucket costs one callback.
     """
-    buffer = bucket.buffer()
-    world = process_group.size()
+    return allreduce_buffer(process_group, process_group.size(), bucket.buffer())
+
+
+def allreduce_buffer(process_group: Any, world: int, buffer: torch.Tensor) -> Any:
+    """_allreduce_mean on a bucket's buffer, for a group of `world` ranks."""
     if world > 1:  # scaling by one changes no bit, and costs a pass over the bucket
         buffer.mul_(1.0 / world)
     return process_group.allreduce([buffer]).get_future()
@@ -429,11 +440,12 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
     carries none (this module's postponed annotations would be strings).
     """
 
-    tracker, timer, count = probe.tracker, probe.timer, flightrecorder.COMM_HOOK
+    tracker, timer, count, callbacks = probe.tracker, probe.timer, flightrecorder.COMM_HOOK, probe.callbacks
     local = None if reduced.solo else probe.local  # one rank's all-reduce changes nothing to check against
+    default = isinstance(hook, DefaultHook)
 
     def timed_hook(state, bucket):
-        tracker.comm_begin()
+        tracker.phase = "comm"
         step, index = tracker.step, bucket.index()
         buffer = bucket.buffer()
         if local is not None:
@@ -451,15 +463,15 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
             reduced.put(step, index, tensor)
             return tensor
 
-        probe.callbacks.add(done)
-        return hook(state, bucket).then(done)
+        callbacks.append(weakref.ref(done))
+        return (hook.reduce(bucket, buffer) if default else hook(state, bucket)).then(done)
 
     timed_hook.__name__ = getattr(hook, "__name__", "comm_hook")
     timed_hook.__qualname__ = getattr(hook, "__qualname__", timed_hook.__name__)
     return timed_hook
 
 
-def _optimizer_begin(probe: Probe, optimizer: Any) -> None:
+def _optimizer_begin(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
     """A training step's optimizer step begins, unless another optimizer's
     step is running: one stepped from inside it (ZeroRedundancyOptimizer's
     local optimizer) is part of that step, which the outer one ends."""
@@ -513,7 +525,8 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     grads = _gradients(probe, optimizer, scale)
     if not grads.applied:
         return {}
-    if probe.skips_now[grads.applied[0].is_cuda]:
+    probe.cuda = grads.applied[0].is_cuda
+    if probe.skips_now[probe.cuda]:
         return _verdict_now(probe, optimizer, grads, local)
     return guard.verdict_late(grads, local, probe.policy.clip_grad)
 
@@ -550,13 +563,13 @@ def _verdict_now(probe: Probe, optimizer: Any, grads: guard.Gradients, local: li
     return values
 
 
-def _optimizer_end(probe: Probe, optimizer: Any) -> None:
+def _optimizer_end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
     if optimizer is not probe.stepping:
         return
     probe.stepping = None
     values = _after_step(probe)
-    lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
-    if type(lr) is float:  # a tensor learning rate (capturable schedules) would need a read of the device
+    groups = optimizer.param_groups
+    if groups and type(lr := groups[0].get("lr")) is float:  # a tensor one (capturable schedules) would need a device read
         values["lr"] = lr
     probe.tracker.optimizer_end(values)
 
@@ -564,7 +577,7 @@ def _optimizer_end(probe: Probe, optimizer: Any) -> None:
 def _after_step(probe: Probe) -> dict[str, Any]:
     """What a step's record gets once it is over, applied or skipped by a scaler:
     comm, memory, and on checksum steps the parameters' checksum."""
-    values: dict[str, Any] = probe.memory.get()
+    values: dict[str, Any] = probe.memory.get() if probe.cuda else {}
     comm = probe.timer.take()
     if comm is not None:
         values["comm_ms"], values["comm_bytes"] = comm
@@ -580,6 +593,15 @@ _TOKEN_DTYPES = frozenset(
 """Integer dtypes, the ones token ids come in (not floats, complex numbers or bools)."""
 
 
+def _inputs(args: tuple, kwargs: dict) -> tuple[int | None, int | None]:
+    """A forward's samples and tokens, from its inputs (_batch_size, _tokens);
+    the usual forward, model(x), is read with the fewest calls."""
+    if args and not kwargs and isinstance(first := args[0], torch.Tensor) and (shape := first.shape):
+        tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in _TOKEN_DTYPES else None
+        return shape[0], tokens
+    return _batch_size(args, kwargs), _tokens(args, kwargs)
+
+
 def _tokens(args: tuple, kwargs: dict) -> int | None:
     """Elements of the forward's token ids: its `input_ids`, else its first positional
     tensor, when that is 2-D and of integers (images and 1-D labels are not tokens)."""
@@ -593,8 +615,6 @@ def _tokens(args: tuple, kwargs: dict) -> int | None:
 
 def _batch_size(args: tuple, kwargs: dict) -> int | None:
     """Leading dimension of the first tensor in the forward's inputs."""
-    if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
-        return int(args[0].shape[0])  # the usual forward: model(x)
     for value in (*args, *kwargs.values()):
         if isinstance(value, (list, tuple)):
             candidates = value

@@ -80,13 +80,26 @@ class Derived:
 
 def scalar(value: Any) -> float | Late | None:
     """A float now (CPU tensors, Python numbers) or a Late (CUDA tensors)."""
-    if value is None:
-        return None
+    if value is None or type(value) is float:
+        return value
     if hasattr(value, "is_cuda"):
         if value.is_cuda:
             return LateTensor(value.detach().reshape(()))
         return float(value.item())  # a loss still needs its graph: item() reads it without a copy or a warning
     return float(value)
+
+
+def add(total: Any, value: Any) -> Any:
+    """Two backward() values summed: on the device for CUDA tensors (which are
+    detached copies, so the sum records no graph), as a float otherwise."""
+    if getattr(total, "is_cuda", False):
+        return total + value
+    return _number(total) + _number(value)
+
+
+def _number(value: Any) -> float:
+    """A Python number or a CPU tensor, read."""
+    return float(value.item()) if hasattr(value, "item") else float(value)
 
 
 _PLAIN = frozenset((int, float, bool, str))

@@ -2,14 +2,18 @@
 
 A rank's torch is instrumented by replacing a few of its callables (hooks.py)
 and registering global optimizer hooks. Each goes through `replace` or
-`registered` here, so `applied()` lists them all (README, "What ddptop
-changes in torch") and `undo()` puts torch back as it was, in reverse
-order: the tests undo after each test, a rank never needs to.
+`registered` here, so `applied()` lists them all and `undo()` puts torch
+back as it was, in reverse order: the tests undo after each test, a rank
+never needs to.
+`suspended()` puts the replaced callables back for a while: bench/inrank.py
+runs plain jobs beside an instrumented one in one process, and a class's
+method serves every instance.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 _ABSENT = object()
@@ -20,6 +24,8 @@ class Handle(Protocol):
 
 
 _applied: list[tuple[str, Callable[[], None]]] = []
+_replaced: list[tuple[Any, str, Any, Any]] = []
+"""(owner, name, what ddptop put there, what was there) for each replace."""
 
 
 def replace(owner: Any, name: str, new: Any) -> Any:
@@ -27,16 +33,36 @@ def replace(owner: Any, name: str, new: Any) -> Any:
     original = getattr(owner, name)
     own = vars(owner).get(name, _ABSENT) if isinstance(owner, type) else getattr(owner, name)
     setattr(owner, name, new)
+    entry = (owner, name, new, own)
+    _replaced.append(entry)
 
     def undo() -> None:
-        if own is _ABSENT:
-            delattr(owner, name)  # it was inherited: let the base's show again
-        else:
-            setattr(owner, name, own)
+        _replaced[:] = [other for other in _replaced if other is not entry]
+        _put(owner, name, own)
 
     where = f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type) else getattr(owner, "__name__", repr(owner))
     _applied.append((f"{where}.{name}", undo))
     return original
+
+
+def _put(owner: Any, name: str, value: Any) -> None:
+    if value is _ABSENT:
+        delattr(owner, name)  # it was inherited: let the base's show again
+    else:
+        setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """torch's own callables in place of ddptop's replacements, until the block ends
+    (registered hooks stay)."""
+    for owner, name, _new, own in reversed(_replaced):
+        _put(owner, name, own)
+    try:
+        yield
+    finally:
+        for owner, name, new, _own in _replaced:
+            setattr(owner, name, new)
 
 
 def registered(what: str, handle: Handle) -> None:

@@ -39,6 +39,8 @@ class StepTracker:
     def __init__(self, rank: int, emit: Callable[[wire.Frame], None], clock: Callable[[], float] = time.perf_counter) -> None:
         self.rank = rank
         self.phase = "startup"
+        """Where the rank is in its step, for the heartbeat; the hooks set "backward" (a
+        training forward returned) and "comm" (a bucket's all-reduce began) themselves."""
         self.step = 0
         """The step in progress: one past the last step finished, which the heartbeat tells
         the supervisor while that step's record is still held."""
@@ -53,16 +55,22 @@ class StepTracker:
         self._samples = 0
         self._tokens = 0
         self._loss: Any = None
-        """The step's backward() values so far: a float, or on CUDA a tensor on the device."""
+        """The step's backward() values so far: a float, or a tensor, read only as its record leaves."""
         self._values: dict[str, Any] = {}
-        self._lates: dict[str, late.Late] = {}
+        """What the hooks and the script gave the step in progress: plain values, and Late ones."""
         self._optimizer_seen = False
-        self._finished: tuple[wire.Frame, dict[str, late.Late]] | None = None
+        self._finished: wire.Frame | None = None
+        """The record of the step just closed, held for a monitor.step() after optimizer.step()."""
+        self._finished_loss: Any = None
+        """Its loss, unread: what backward() was called on, until a monitor.step(loss=...) says otherwise."""
+        self._given_loss: Any = None
+        """A loss monitor.step() gave the step in progress, unread."""
         self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
 
     def forward_begin(self, samples: int | None, tokens: int | None = None) -> None:
         now = self._clock()
-        self._release_finished()
+        if self._finished is not None or self._waiting:
+            self._release_finished()
         if self._first_forward is None:
             self._first_forward = now
         if samples:
@@ -76,24 +84,20 @@ class StepTracker:
         return self._first_forward is not None
 
     def backward_value(self, value: Any) -> None:
-        """What backward() was called on, a float or a device tensor (added there, not read)."""
-        self._loss = value if self._loss is None else self._loss + value
-
-    def forward_end(self) -> None:
-        self.phase = "backward"
-
-    def comm_begin(self) -> None:
-        self.phase = "comm"
+        """What backward() was called on: a float, or a tensor, left unread until the record leaves."""
+        self._loss = value if self._loss is None else late.add(self._loss, value)
 
     def optimizer_begin(self, values: dict[str, Any]) -> None:
         """Values measured before the optimizer runs (the pre-clip grad norm)."""
         self.phase = "optimizer"
-        _add(self._values, self._lates, values)
+        if values:
+            self._values.update(values)
 
     def optimizer_end(self, values: dict[str, Any]) -> None:
         """Close the step; values holds what the hooks measured after it (comm, memory)."""
         self._optimizer_seen = True
-        _add(self._values, self._lates, values)
+        if values:
+            self._values.update(values)
         self._close_step()
 
     def scaler_skip(self, values: dict[str, Any]) -> None:
@@ -105,15 +109,20 @@ class StepTracker:
 
         They override what the hooks counted (samples from the batch dimension).
         """
-        given = {"loss": late.scalar(loss), "samples": samples, "tokens": tokens}
-        if self._finished is not None:
-            _add(*self._finished, given)
+        finished = self._finished
+        values = self._values if finished is None else finished
+        if samples is not None:
+            values["samples"] = samples
+        if tokens is not None:
+            values["tokens"] = tokens
+        if finished is not None:
+            if loss is not None:
+                self._finished_loss = loss
             self._release_finished()
-        elif self._optimizer_seen:
-            _add(self._values, self._lates, given)
-        else:
-            # No torch.optim step marks the boundary, so this call does.
-            _add(self._values, self._lates, given)
+            return
+        if loss is not None:
+            self._given_loss = loss
+        if not self._optimizer_seen:  # no torch.optim step marks the boundary, so this call does
             self._close_step()
             self._release_finished()
 
@@ -150,13 +159,13 @@ class StepTracker:
             record["samples"] = self._samples
         if self._tokens:
             record["tokens"] = self._tokens
-        if self._loss is not None and "loss" not in self._values and "loss" not in self._lates:
-            _add(self._values, self._lates, {"loss": late.scalar(self._loss)})
         if self.total_steps is not None:
             record["total_steps"] = self.total_steps
         record.update(self._values)
-        self._finished = (record, self._lates)
-        self._values, self._lates = {}, {}
+        self._finished = record
+        self._finished_loss = self._loss if self._given_loss is None else self._given_loss
+        self._given_loss = None
+        self._values = {}
         self._samples = 0
         self._tokens = 0
         self._loss = None
@@ -166,13 +175,16 @@ class StepTracker:
         self.phase = "data"
 
     def _release_finished(self) -> None:
+        """Send the held record, and those before it whose GPU values can now be read without waiting."""
         if self._finished is not None:
-            record, lates = self._finished
-            self._finished = None
-            if not lates and not self._waiting:
-                self._emit(record)  # the CPU case: nothing to wait for
+            record, loss = self._finished, self._finished_loss
+            self._finished = self._finished_loss = None
+            if loss is not None:
+                record["loss"] = late.scalar(loss)
+            if not self._waiting and _PLAIN.issuperset(map(type, record.values())):
+                self._emit(record)  # the CPU case: every value a number already
                 return
-            self._waiting.append((record, lates))
+            self._waiting.append(_split(record))
         while self._waiting:
             head, lates = self._waiting[0]
             force = len(self._waiting) > MAX_WAITING
@@ -182,18 +194,19 @@ class StepTracker:
             self._emit(_resolve(head, lates, wait=False))
 
 
-def _add(values: dict[str, Any], lates: dict[str, late.Late], new: dict[str, Any]) -> None:
-    """Sort new values into those readable now and those read later."""
-    for key, value in new.items():
+_PLAIN = frozenset((int, float, bool, str))
+"""The types of a record value that is read already (None is not: it leaves its field out)."""
+
+
+def _split(record: wire.Frame) -> tuple[wire.Frame, dict[str, late.Late]]:
+    """The record without its Late values and unknowns (None), and its Late values."""
+    lates: dict[str, late.Late] = {}
+    for key, value in list(record.items()):
         if value is None:
-            continue
-        if late.is_late(value):
-            lates[key] = value
-            values.pop(key, None)
-        else:
-            values[key] = value
-            if lates:
-                lates.pop(key, None)
+            del record[key]
+        elif type(value) not in _PLAIN and late.is_late(value):
+            lates[key] = record.pop(key)
+    return record, lates
 
 
 def _resolve(record: wire.Frame, lates: dict[str, late.Late], wait: bool) -> wire.Frame:

@@ -67,15 +67,16 @@ def keep() -> None:
         ctypes.pythonapi.PyGILState_Ensure()
 
 
-def wait_for_release(objects: weakref.WeakSet[Any], timeout: float) -> None:
-    """Wait, with the GIL let go, until other threads have dropped objects.
+def wait_for_release(refs: Iterable[weakref.ref[Any]], timeout: float) -> None:
+    """Wait, with the GIL let go, until other threads have dropped the objects refs point to.
 
     A gloo thread that wants the GIL to drop a callback gets it while this
     sleeps; a collective that never completes keeps its callback, and the
-    wait ends at the timeout.
+    wait ends at the timeout. refs may grow meanwhile (a deque the training
+    thread appends to): each look copies it first.
     """
     deadline = time.monotonic() + timeout
-    while len(objects) and time.monotonic() < deadline:
+    while any(ref() is not None for ref in list(refs)) and time.monotonic() < deadline:
         time.sleep(RELEASE_POLL_S)
 
 
