@@ -101,8 +101,8 @@ def norm_of(params: Any) -> float:
     return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])).item()
 
 
-def last_step(records: list[dict[str, Any]], model: nn.Module) -> dict[str, Any]:
-    model(torch.randn(1, 8))  # the next forward releases the record held for monitor.step()
+def last_step(records: Records, model: nn.Module) -> dict[str, Any]:
+    records.tracker.flush()  # records leave in batches (steps.DRAIN_S): send what is held
     return [r for r in records if r["type"] == "step"][-1]
 
 
@@ -144,7 +144,7 @@ def test_each_step_carries_the_learning_rate_it_was_taken_with(records):
         backward(model)
         optimizer.step()
         schedule.step()
-    model(torch.randn(1, 8))  # the last record goes at the next forward
+    records.tracker.flush()
     assert [r["lr"] for r in records if r["type"] == "step"] == [0.1, 0.05, 0.025]
 
 
@@ -234,7 +234,7 @@ def test_the_norm_is_the_unscaled_one_before_the_scripts_own_clipping_under_a_gr
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-    model(torch.randn(1, 8))  # the next forward releases the record held for monitor.step()
+    records.tracker.flush()
     shown = [r["grad_norm"] for r in records if r["type"] == "step"]
     assert min(expected) > 1.0, "the script's clipping must have clipped for the test to mean anything"
     assert shown == pytest.approx(expected, rel=1e-4)
@@ -257,7 +257,7 @@ def test_a_script_that_restores_its_own_optimizer_state_goes_on_from_its_step_co
         expected.append(norm_of(model.parameters()))
         optimizer.step()
         optimizer.zero_grad()
-    model(torch.randn(1, 8))
+    records.tracker.flush()
     steps = [r for r in records if r["type"] == "step"]
     assert [r["step"] for r in steps] == [40, 41]
     assert [r["grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-6), "the first step's buckets are its own"
@@ -410,7 +410,7 @@ def test_the_loss_is_what_backward_was_called_on_summed_over_accumulation_and_to
             loss.backward()
     optimizer.step()
     optimizer.zero_grad()
-    model(input_ids=torch.randint(0, 16, (1, 5)))  # the next forward releases the held record
+    records.tracker.flush()
     record = [r for r in records if r["type"] == "step"][-1]
     assert record["loss"] == expected and record["tokens"] == 3 * 4 * 5
 
@@ -449,4 +449,5 @@ def test_what_is_not_a_step_s_loss_records_none_and_monitor_step_wins(records):
         monitor.step(loss=123.0)
     finally:
         monitor.bind(None)
+    tracker.flush()
     assert [r for r in records if r["type"] == "step"][-1]["loss"] == 123.0

@@ -1,6 +1,8 @@
 """The step tracker as plain Python, with a hand-driven clock."""
 
-from ddptop.trainer.steps import StepTracker
+from ddptop.trainer.steps import DRAIN_S, StepTracker
+
+PAST_BATCH = 2 * DRAIN_S
 
 
 class Clock:
@@ -56,15 +58,30 @@ def test_step_time_data_wait_and_samples_over_accumulated_forwards():
 def test_explicit_values_after_optimizer_step_join_that_step():
     tracker, out, clock = make()
     run_step(tracker, clock, 0.0, 0.1)
-    assert out == []  # held for monitor.step()
     tracker.explicit(loss=0.25, samples=10, tokens=1000)
+    clock.now += PAST_BATCH
+    tracker.forward_begin(8)
     assert out[0]["loss"] == 0.25 and out[0]["samples"] == 10 and out[0]["tokens"] == 1000
+
+
+def test_fast_steps_leave_in_order_once_the_batch_interval_passed_and_an_event_after_them():
+    tracker, out, clock = make()
+    for _ in range(3):
+        run_step(tracker, clock, 0.0, DRAIN_S / 10)
+    tracker.forward_begin(8)
+    assert [r["step"] for r in out] == [0], "the first batch goes at once, the next waits for the interval"
+    clock.now += PAST_BATCH
+    tracker.forward_begin(8)
+    assert [r["step"] for r in out] == [0, 1, 2]
+    run_step(tracker, clock, 0.0, DRAIN_S / 10)
+    tracker.event({"type": "checkpoint", "step": 3})
+    assert [(r["type"], r["step"]) for r in out[3:]] == [("step", 3), ("checkpoint", 3)]
 
 
 def test_explicit_values_before_optimizer_step_join_the_step_in_progress():
     tracker, out, clock = make()
     run_step(tracker, clock, 0.0, 0.1)
-    tracker.forward_begin(8)  # releases step 0 without a loss
+    tracker.forward_begin(8)  # ends what monitor.step() can add to step 0
     tracker.explicit(loss=0.5, samples=None, tokens=None)
     tracker.optimizer_begin({})
     tracker.optimizer_end({})
@@ -89,6 +106,7 @@ def test_without_an_optimizer_monitor_step_is_the_boundary():
     for _ in range(3):
         clock.now += 0.05
         tracker.explicit(loss=1.0, samples=4, tokens=None)
+    tracker.flush()
     assert [r["step"] for r in out] == [0, 1, 2]
     assert tracker.step == 3
 
@@ -100,21 +118,25 @@ def test_gpu_values_hold_a_record_until_readable_never_blocking():
     tracker.forward_begin(8)
     tracker.optimizer_begin({"grad_norm": pending})
     tracker.optimizer_end({})
+    clock.now += PAST_BATCH
     tracker.forward_begin(8)
     assert out == []
     pending.done = True
     tracker.optimizer_begin({})
     tracker.optimizer_end({})
+    clock.now += PAST_BATCH
     tracker.forward_begin(8)
     assert out[0]["grad_norm"] == 7.0
 
 
 def test_a_value_that_never_becomes_readable_is_dropped_not_waited_for():
-    tracker, out, _clock = make()
+    tracker, out, clock = make()
     for _ in range(12):
+        clock.now += PAST_BATCH
         tracker.forward_begin(8)
         tracker.optimizer_begin({"grad_norm": NotYet(1.0)})
         tracker.optimizer_end({})
+    clock.now += PAST_BATCH
     tracker.forward_begin(8)
     assert out and all("grad_norm" not in r for r in out)
     assert [r["step"] for r in out] == list(range(len(out)))
@@ -151,3 +173,27 @@ def test_the_attempt_is_ddptops_count_then_torchruns(monkeypatch):
     assert monitor.attempt() == 1
     monkeypatch.setenv(monitor.ATTEMPT_ENV, "3")  # another node's failure restarted this group too
     assert monitor.attempt() == 3
+
+
+def test_a_rank_that_stopped_training_has_its_steps_sent_by_the_heartbeat_all_but_the_last():
+    """Training that stops (a long evaluation, a hang) builds no records itself:
+    the heartbeat's thread builds them once it has been idle that long, but
+    for the last step, which a monitor.step() may still add to."""
+    import threading
+
+    tracker, out, clock = make()
+    for _ in range(3):
+        run_step(tracker, clock, 0.0, DRAIN_S / 10)
+    assert [r["step"] for r in out] == [0]
+    heartbeat = threading.Thread(target=tracker.build_idle, args=(1.0,))
+    heartbeat.start()
+    heartbeat.join()
+    assert [r["step"] for r in out] == [0], "not idle for long enough yet"
+    clock.now += 1.0
+    heartbeat = threading.Thread(target=tracker.build_idle, args=(1.0,))
+    heartbeat.start()
+    heartbeat.join()
+    assert [r["step"] for r in out] == [0, 1]
+    tracker.explicit(loss=0.5, samples=None, tokens=None)
+    tracker.flush()
+    assert [(r["step"], r.get("loss")) for r in out] == [(0, None), (1, None), (2, 0.5)]

@@ -79,8 +79,8 @@ class Derived:
 
 
 def scalar(value: Any) -> float | Late | None:
-    """A float now (CPU tensors, Python numbers) or a Late (CUDA tensors)."""
-    if value is None or type(value) is float:
+    """A float now (CPU tensors, Python numbers) or a Late (CUDA tensors, and Late values as they are)."""
+    if value is None or type(value) is float or is_late(value):
         return value
     if hasattr(value, "is_cuda"):
         if value.is_cuda:

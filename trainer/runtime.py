@@ -34,6 +34,9 @@ ADDRESS_ENV = "DDPTOP_ADDRESS"
 """Where the supervisor listens; set by the launcher, absent otherwise."""
 
 EXIT_FLUSH_S = 1.0
+IDLE_BUILD_S = 1.0
+"""How long the training thread may leave closed steps unbuilt (it stopped
+training) before the heartbeat builds and sends their records itself."""
 TRACEBACK_MAX = 8192
 """Characters of an uncaught exception's traceback sent along (its end)."""
 
@@ -144,6 +147,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
 
     def heartbeat() -> wire.Frame:
         nonlocal last_stack, on_step
+        tracker.build_idle(IDLE_BUILD_S)
         record: wire.Frame = {
             "type": "heartbeat",
             "rank": tracker.rank,

@@ -13,16 +13,26 @@ monitor.step(). The tracker owns the step boundaries and the record:
 - tokens, the elements of the forward's token ids (hooks.py finds them),
   summed the same way; loss, the sum of what the script called backward()
   on during the step (hooks.py), unless the script says;
-- a finished record is held until the next forward so that a monitor.step()
-  after optimizer.step() (the usual place) can still add the loss to it.
+- a monitor.step() after optimizer.step() (the usual place) still adds its
+  values to the step just finished, until the next forward.
 
-Values that live on the GPU arrive as Late objects; a record leaves only
-when all of its values can be read without waiting (a step late, usually).
+A closed step is kept as its raw facts (a list), and the records are built
+from them in batches, at a training forward once DRAIN_S has passed since
+the last batch, and at flush: code that runs once per step between torch's
+kernels runs cold and leaves torch's own code cold after it, while the same
+code over a batch of steps runs warm (bench/inrank.py, docs/benchmarks.md).
+So a record leaves up to DRAIN_S late, well inside the sender's own flush
+interval; a rank whose training stopped (a long evaluation, a hang) has its
+closed steps built by the heartbeat instead (build_idle), all but the last,
+which a monitor.step() may still add to. A loss stays unread until its record is built; values that live
+on the GPU are Late objects, and a record leaves only when all of its
+values can be read without waiting (a step late, usually).
 No torch here: the tracker is plain Python and tested as such.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +44,15 @@ MAX_WAITING = 8
 """Records whose GPU values are not readable yet; past that the oldest goes
 without them rather than waiting."""
 
+DRAIN_S = 0.05
+"""The longest a closed step waits to be made a record, while steps go on."""
+
+MAX_CLOSED = 512
+"""Closed steps kept unbuilt at most: steps faster than DRAIN_S / MAX_CLOSED are built more often."""
+
+# A closed step's facts, by position in its list (a list, not an object: one is made every step).
+_STEP, _START, _FIRST, _END, _SAMPLES, _TOKENS, _LOSS, _VALUES, _TOTAL = range(9)
+
 
 class StepTracker:
     def __init__(self, rank: int, emit: Callable[[wire.Frame], None], clock: Callable[[], float] = time.perf_counter) -> None:
@@ -43,7 +62,7 @@ class StepTracker:
         training forward returned) and "comm" (a bucket's all-reduce began) themselves."""
         self.step = 0
         """The step in progress: one past the last step finished, which the heartbeat tells
-        the supervisor while that step's record is still held."""
+        the supervisor while that step's record is still to be sent."""
         self.forwards = 0
         """The DDP model's forwards so far, evaluation's too: counted by the forward hook,
         and sent with each heartbeat, so a rank that evaluates is seen to be working."""
@@ -55,22 +74,26 @@ class StepTracker:
         self._samples = 0
         self._tokens = 0
         self._loss: Any = None
-        """The step's backward() values so far: a float, or a tensor, read only as its record leaves."""
+        """The step's backward() values so far: a float, or a tensor, read only as its record is built."""
+        self._given_loss: Any = None
+        """A loss monitor.step() gave the step in progress, unread."""
         self._values: dict[str, Any] = {}
         """What the hooks and the script gave the step in progress: plain values, and Late ones."""
         self._optimizer_seen = False
-        self._finished: wire.Frame | None = None
-        """The record of the step just closed, held for a monitor.step() after optimizer.step()."""
-        self._finished_loss: Any = None
-        """Its loss, unread: what backward() was called on, until a monitor.step(loss=...) says otherwise."""
-        self._given_loss: Any = None
-        """A loss monitor.step() gave the step in progress, unread."""
+        self._closed: list[list[Any]] = []
+        """Closed steps' facts, not yet made records."""
+        self._finished: list[Any] | None = None
+        """The facts of the step just closed, while a monitor.step() may still add to them."""
+        self._built_at = -float("inf")
         self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
+        self._building = threading.Lock()
+        """Held while records are built: by the training thread, or by the heartbeat's when training stopped."""
 
     def forward_begin(self, samples: int | None, tokens: int | None = None) -> None:
         now = self._clock()
-        if self._finished is not None or self._waiting:
-            self._release_finished()
+        self._finished = None
+        if self._closed and (now - self._built_at >= DRAIN_S or len(self._closed) >= MAX_CLOSED):
+            self._build()
         if self._first_forward is None:
             self._first_forward = now
         if samples:
@@ -84,7 +107,7 @@ class StepTracker:
         return self._first_forward is not None
 
     def backward_value(self, value: Any) -> None:
-        """What backward() was called on: a float, or a tensor, left unread until the record leaves."""
+        """What backward() was called on: a float, or a tensor, left unread until the record is built."""
         self._loss = value if self._loss is None else late.add(self._loss, value)
 
     def optimizer_begin(self, values: dict[str, Any]) -> None:
@@ -110,88 +133,124 @@ class StepTracker:
         They override what the hooks counted (samples from the batch dimension).
         """
         finished = self._finished
-        values = self._values if finished is None else finished
-        if samples is not None:
-            values["samples"] = samples
-        if tokens is not None:
-            values["tokens"] = tokens
         if finished is not None:
             if loss is not None:
-                self._finished_loss = loss
-            self._release_finished()
+                finished[_LOSS] = _unread(loss)
+            if samples is not None:
+                finished[_SAMPLES] = samples
+            if tokens is not None:
+                finished[_TOKENS] = tokens
             return
         if loss is not None:
             self._given_loss = loss
+        if samples is not None:
+            self._values["samples"] = samples
+        if tokens is not None:
+            self._values["tokens"] = tokens
         if not self._optimizer_seen:  # no torch.optim step marks the boundary, so this call does
             self._close_step()
-            self._release_finished()
+            self._finished = None
 
     def resumed_at(self, step: int) -> None:
         """The script goes on from a checkpoint: its next step is `step`, and so is ours."""
         self.step = step
 
     def event(self, record: wire.Frame) -> None:
-        """A record outside the step cycle (a checkpoint written, a resume): sent now."""
+        """A record outside the step cycle (a checkpoint written, a resume): sent now,
+        after the records of the steps closed before it."""
+        self._build()
         self._emit(record)
 
     def flush(self) -> None:
         """Send everything still held; at exit, when waiting no longer matters."""
-        self._release_finished()
-        self._waiting, waiting = [], self._waiting
-        for record, lates in waiting:
-            self._emit(_resolve(record, lates, wait=True))
+        self._finished = None
+        self._build()
+        with self._building:
+            self._waiting, waiting = [], self._waiting
+            for record, lates in waiting:
+                self._emit(_resolve(record, lates, wait=True))
 
     def _close_step(self) -> None:
-        if self._finished is not None:  # two optimizers stepped with no forward between: both steps are sent
-            self._release_finished()
+        loss = self._loss if self._given_loss is None else self._given_loss
         now = self._clock()
-        start = self._last_end if self._last_end is not None else self._first_forward
-        record: wire.Frame = {
-            "type": "step",
-            "rank": self.rank,
-            "step": self.step,
-            "wall": time.time(),
-            "step_ms": (now - start) * 1000.0 if start is not None else 0.0,
-        }
-        if self._last_end is not None and self._first_forward is not None:
-            record["data_ms"] = max(0.0, (self._first_forward - self._last_end) * 1000.0)
-        if self._samples:
-            record["samples"] = self._samples
-        if self._tokens:
-            record["tokens"] = self._tokens
-        if self.total_steps is not None:
-            record["total_steps"] = self.total_steps
-        record.update(self._values)
-        self._finished = record
-        self._finished_loss = self._loss if self._given_loss is None else self._given_loss
-        self._given_loss = None
+        fact = [
+            self.step,
+            self._last_end,
+            self._first_forward,
+            now,
+            self._samples,
+            self._tokens,
+            None if loss is None else _unread(loss),
+            self._values,
+            self.total_steps,
+        ]
+        self._closed.append(fact)
+        self._finished = fact
         self._values = {}
-        self._samples = 0
-        self._tokens = 0
-        self._loss = None
-        self._first_forward = None
+        self._samples = self._tokens = 0
+        self._loss = self._given_loss = self._first_forward = None
         self._last_end = now
         self.step += 1
         self.phase = "data"
 
-    def _release_finished(self) -> None:
-        """Send the held record, and those before it whose GPU values can now be read without waiting."""
-        if self._finished is not None:
-            record, loss = self._finished, self._finished_loss
-            self._finished = self._finished_loss = None
-            if loss is not None:
-                record["loss"] = late.scalar(loss)
-            if not self._waiting and _PLAIN.issuperset(map(type, record.values())):
-                self._emit(record)  # the CPU case: every value a number already
-                return
-            self._waiting.append(_split(record))
-        while self._waiting:
-            head, lates = self._waiting[0]
-            force = len(self._waiting) > MAX_WAITING
-            if not force and not all(v.ready() for v in lates.values()):
-                break
-            self._waiting.pop(0)
-            self._emit(_resolve(head, lates, wait=False))
+    def build_idle(self, idle_s: float) -> None:
+        """From another thread: build the closed steps' records if the training thread
+        has built none for idle_s, leaving the last step to a monitor.step() still to come."""
+        if self._closed and self._clock() - self._built_at >= idle_s:
+            self._build(keep=self._finished)
+
+    def _build(self, keep: list[Any] | None = None) -> None:
+        """Make the closed steps' records (but keep's), then send those whose values can be read without waiting."""
+        with self._building:
+            self._built_at = now = self._clock()
+            closed, self._closed = self._closed, []
+            if closed and closed[-1] is keep:
+                self._closed.insert(0, closed.pop())
+            wall_now = time.time()
+            for fact in closed:
+                record = _record(self.rank, fact, wall_now - (now - fact[_END]))
+                if not self._waiting and _PLAIN.issuperset(map(type, record.values())):
+                    self._emit(record)  # the CPU case: every value a number already
+                else:
+                    self._waiting.append(_split(record))
+            while self._waiting:
+                head, lates = self._waiting[0]
+                force = len(self._waiting) > MAX_WAITING
+                if not force and not all(v.ready() for v in lates.values()):
+                    break
+                self._waiting.pop(0)
+                self._emit(_resolve(head, lates, wait=False))
+
+
+def _unread(loss: Any) -> Any:
+    """A loss as kept until its record is built: a GPU tensor starts its copy to the
+    host now, on the training thread's stream; anything else is read when built."""
+    return late.scalar(loss) if getattr(loss, "is_cuda", False) else loss
+
+
+def _record(rank: int, fact: list[Any], wall: float) -> wire.Frame:
+    """A closed step's record, from its facts."""
+    start, first, end = fact[_START], fact[_FIRST], fact[_END]
+    began = start if start is not None else first
+    record: wire.Frame = {
+        "type": "step",
+        "rank": rank,
+        "step": fact[_STEP],
+        "wall": wall,
+        "step_ms": (end - began) * 1000.0 if began is not None else 0.0,
+    }
+    if start is not None and first is not None:
+        record["data_ms"] = max(0.0, (first - start) * 1000.0)
+    if fact[_SAMPLES]:
+        record["samples"] = fact[_SAMPLES]
+    if fact[_TOKENS]:
+        record["tokens"] = fact[_TOKENS]
+    if fact[_TOTAL] is not None:
+        record["total_steps"] = fact[_TOTAL]
+    record.update(fact[_VALUES])
+    if fact[_LOSS] is not None:
+        record["loss"] = late.scalar(fact[_LOSS])
+    return record
 
 
 _PLAIN = frozenset((int, float, bool, str))
