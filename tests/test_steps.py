@@ -64,7 +64,7 @@ def test_explicit_values_after_optimizer_step_join_that_step():
     assert out[0]["loss"] == 0.25 and out[0]["samples"] == 10 and out[0]["tokens"] == 1000
 
 
-def test_fast_steps_leave_in_order_once_the_batch_interval_passed_and_an_event_after_them():
+def test_fast_steps_leave_in_order_once_the_batch_interval_passed_and_an_event_after_all_but_the_last():
     tracker, out, clock = make()
     for _ in range(3):
         run_step(tracker, clock, 0.0, DRAIN_S / 10)
@@ -74,8 +74,11 @@ def test_fast_steps_leave_in_order_once_the_batch_interval_passed_and_an_event_a
     tracker.forward_begin(8)
     assert [r["step"] for r in out] == [0, 1, 2]
     run_step(tracker, clock, 0.0, DRAIN_S / 10)
-    tracker.event({"type": "checkpoint", "step": 3})
-    assert [(r["type"], r["step"]) for r in out[3:]] == [("step", 3), ("checkpoint", 3)]
+    run_step(tracker, clock, 0.0, DRAIN_S / 10)
+    tracker.event({"type": "checkpoint", "step": 4})  # monitor.checkpoint() before monitor.step()
+    tracker.explicit(loss=0.5, samples=None, tokens=None)
+    tracker.flush()
+    assert [(r["type"], r["step"], r.get("loss")) for r in out[3:]] == [("step", 3, None), ("checkpoint", 4, None), ("step", 4, 0.5)]
 
 
 def test_explicit_values_before_optimizer_step_join_the_step_in_progress():

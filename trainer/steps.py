@@ -150,6 +150,8 @@ class StepTracker:
         if not self._optimizer_seen:  # no torch.optim step marks the boundary, so this call does
             self._close_step()
             self._finished = None
+            if self._clock() - self._built_at >= DRAIN_S:
+                self._build()
 
     def resumed_at(self, step: int) -> None:
         """The script goes on from a checkpoint: its next step is `step`, and so is ours."""
@@ -157,8 +159,9 @@ class StepTracker:
 
     def event(self, record: wire.Frame) -> None:
         """A record outside the step cycle (a checkpoint written, a resume): sent now,
-        after the records of the steps closed before it."""
-        self._build()
+        after the records of the steps closed before it (but the last one, which a
+        monitor.step() may still add to)."""
+        self._build(keep=self._finished)
         self._emit(record)
 
     def flush(self) -> None:
@@ -184,8 +187,8 @@ class StepTracker:
             self._values,
             self.total_steps,
         ]
+        self._finished = fact  # before it is closed: a build on the heartbeat's thread keeps it
         self._closed.append(fact)
-        self._finished = fact
         self._values = {}
         self._samples = self._tokens = 0
         self._loss = self._given_loss = self._first_forward = None
