@@ -125,7 +125,7 @@ class ReducedBuckets:
         buckets keep their layout, so that is looked at once)."""
         if step != self._step:
             return []
-        tensors = list(self._latest.values())
+        tensors = self.held()
         if self._dense is None:
             self._dense = all(t.layout == torch.strided for t in tensors)
         return tensors if self._dense else []
@@ -184,8 +184,7 @@ def norms_now(grads: Gradients) -> tuple[float, float] | None:
     when the gradients are not finite; None with no gradients."""
     if not grads.applied:
         return None
-    norms = torchapi.foreach_norm(grads.applied)
-    norm = norms[0] if len(norms) == 1 else _total(norms)
+    norm = _total(torchapi.foreach_norm(grads.applied))
     applied = float(norm)
     if grads.shown is grads.applied and grads.scale is None:
         return applied, applied  # the common case: one read

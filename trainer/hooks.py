@@ -291,7 +291,7 @@ def _wrap_backward(probe: Probe) -> None:
     them (a loop that divides each micro-batch's loss by the accumulation
     steps gets the step's mean), and a second backward in one step (a GAN's
     two losses, retain_graph) adds to it. A loss GradScaler scaled is divided
-    back by its scale. The value is read only as the step's record leaves, so
+    back by its scale. The value is read only as the step's record is built, so
     a monitor.step(loss=...) that takes its place costs no read: on CUDA it
     stays on the device (an add queued per backward) and leaves as a Late
     value, a step late; on the CPU the tensor itself is kept until then (a
@@ -390,7 +390,7 @@ class DefaultHook:
     def __init__(self, process_group: Any) -> None:
         self.state: Any = process_group
         self.hook: Any = _allreduce_mean
-        self._group, self._world = process_group, process_group.size()
+        self._world = process_group.size()
 
     def __call__(self, state: object, bucket: Any) -> Any:
         return self.hook(self.state, bucket)
@@ -398,8 +398,8 @@ class DefaultHook:
     def reduce(self, bucket: Any, buffer: Any) -> Any:
         """What __call__ does, given the bucket's buffer the timing already took
         (each of a bucket's methods is a pybind11 call, costly on every bucket)."""
-        if self.hook is _allreduce_mean:
-            return allreduce_buffer(self._group, self._world, buffer)
+        if self.hook is _allreduce_mean:  # then the state is still the process group
+            return allreduce_buffer(self.state, self._world, buffer)
         return self.hook(self.state, bucket)
 
 

@@ -80,13 +80,13 @@ class Derived:
 
 def scalar(value: Any) -> float | Late | None:
     """A float now (CPU tensors, Python numbers) or a Late (CUDA tensors, and Late values as they are)."""
-    if value is None or type(value) is float or is_late(value):
+    if value is None or type(value) is float:
         return value
     if hasattr(value, "is_cuda"):
         if value.is_cuda:
             return LateTensor(value.detach().reshape(()))
         return float(value.item())  # a loss still needs its graph: item() reads it without a copy or a warning
-    return float(value)
+    return value if is_late(value) else float(value)
 
 
 def add(total: Any, value: Any) -> Any:
@@ -102,10 +102,11 @@ def _number(value: Any) -> float:
     return float(value.item()) if hasattr(value, "item") else float(value)
 
 
-_PLAIN = frozenset((int, float, bool, str))
+PLAIN = frozenset((int, float, bool, str))
+"""The types of a record value that is read already."""
 
 
 def is_late(value: object) -> bool:
-    if type(value) in _PLAIN:  # most of a record's values: no attribute lookups that fail
+    if type(value) in PLAIN:  # most of a record's values: no attribute lookups that fail
         return False
     return hasattr(value, "ready") and hasattr(value, "get")

@@ -214,7 +214,7 @@ class StepTracker:
             wall_now = time.time()
             for fact in closed:
                 record = _record(self.rank, fact, wall_now - (now - fact[_END]))
-                if not self._waiting and _PLAIN.issuperset(map(type, record.values())):
+                if not self._waiting and late.PLAIN.issuperset(map(type, record.values())):  # None is not: it leaves its field out
                     self._emit(record)  # the CPU case: every value a number already
                 else:
                     self._waiting.append(_split(record))
@@ -258,17 +258,13 @@ def _record(rank: int, fact: list[Any], wall: float) -> wire.Frame:
     return record
 
 
-_PLAIN = frozenset((int, float, bool, str))
-"""The types of a record value that is read already (None is not: it leaves its field out)."""
-
-
 def _split(record: wire.Frame) -> tuple[wire.Frame, dict[str, late.Late]]:
     """The record without its Late values and unknowns (None), and its Late values."""
     lates: dict[str, late.Late] = {}
     for key, value in list(record.items()):
         if value is None:
             del record[key]
-        elif type(value) not in _PLAIN and late.is_late(value):
+        elif late.is_late(value):
             lates[key] = record.pop(key)
     return record, lates
 
