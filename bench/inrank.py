@@ -13,8 +13,10 @@ blocks. Each block starts with a few untimed steps (--warmup-steps): the
 first steps after a switch run on caches the other jobs filled, which no
 real run pays, and those steps cost a job the more the more code it runs
 (per-step times by position in a block, on the 2-core VM: the first steps
-of every job are 10-25% slower, ddptop's the most). Records go to a bounded deque instead of a socket, as the sender's
-queue would take them.
+of every job are 10-25% slower, ddptop's the most). The instrumented job's
+records go out as in a rank: ddptop's Sender builds them on its own thread
+every flush interval and writes them to a socket, which a thread of this
+process reads and drops.
 
     python bench/inrank.py --width 256 --batch-size 32 --blocks 300
     python bench/inrank.py --width 8192 --batch-size 1024 --profile
@@ -46,7 +48,6 @@ ddptop's cost can be read against them in the same run.
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import os
 import statistics
@@ -96,20 +97,46 @@ def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> t
     """ddptop's hooks on a fresh Job; the function turns monitor.step's binding on and off."""
     from ddptop.trainer import hooks, monitor
     from ddptop.trainer.policy import GuardPolicy
-    from ddptop.trainer.steps import StepTracker
 
     without(args.without)
     optimizer_hooks: dict[str, Any] = {}
     handle = types.SimpleNamespace(remove=lambda: None)  # what patches.py keeps to undo a registration
     hooks.register_optimizer_step_pre_hook = lambda hook: optimizer_hooks.setdefault("pre", hook) and handle
     hooks.register_optimizer_step_post_hook = lambda hook: optimizer_hooks.setdefault("post", hook) and handle
-    records: collections.deque[Any] = collections.deque(maxlen=8192)
-    tracker = StepTracker(0, emit=records.append)
+    tracker = sending_tracker()
     hooks.install(tracker, GuardPolicy(on_nan=args.on_nan))
     job = Job(args, example, torch_device)
     job.optimizer.register_step_pre_hook(optimizer_hooks["pre"])
     job.optimizer.register_step_post_hook(optimizer_hooks["post"])
     return job, lambda on: monitor.bind(tracker if on else None)
+
+
+def sending_tracker() -> Any:
+    """A StepTracker whose records a real Sender builds and sends, as in a rank, to a socket drained here."""
+    import socket
+    import tempfile
+    import threading
+
+    from ddptop.trainer.sender import Sender
+    from ddptop.trainer.steps import StepTracker
+
+    path = os.path.join(tempfile.mkdtemp(prefix="ddptop-inrank-"), "sink.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def drain() -> None:
+        connection, _ = server.accept()
+        while connection.recv(1 << 20):
+            pass
+
+    threading.Thread(target=drain, daemon=True).start()
+    sender: Sender
+    tracker = StepTracker(0, emit=lambda record: sender.put(record))
+    hello = {"type": "rank_hello", "rank": 0, "world_size": 1}
+    sender = Sender(f"unix:{path}", hello, lambda: {"type": "heartbeat", "rank": 0, "wall": time.time()}, collect=tracker.build)
+    sender.start()
+    return tracker
 
 
 def floor(args: argparse.Namespace, example: Any, torch_device: Any, norm: bool) -> Job:

@@ -56,10 +56,13 @@ def test_a_mingpt_style_amp_job_that_resumes_itself_shows_its_own_norms_and_step
         assert sorted(resumed) == list(range(20, 40)), "the second attempt's steps go on from the snapshot's"
         own = printed(run, rank, 1, "prenorm")
         assert {s: r["grad_norm"] for s, r in resumed.items()} == pytest.approx(own, rel=1e-4)
-        first = steps[rank, 0]  # a rank killed at once leaves its last records unsent
-        assert len(first) >= 5 and {s: r["grad_norm"] for s, r in first.items()} == pytest.approx(
+        # Rank 1, killed outright, loses what its sender had not sent yet (up to a flush
+        # interval, about as long as this attempt): what it did send must be right.
+        first = steps[rank, 0]
+        assert {s: r["grad_norm"] for s, r in first.items()} == pytest.approx(
             {s: v for s, v in printed(run, rank, 0, "prenorm").items() if s in first}, rel=1e-4
         )
+    assert sorted(steps[0, 0]) == list(range(25)), "rank 0, stopped by torchrun, sends every step it finished"
     said = [r for r in records if r["type"] == "resume"]
     assert {(r["rank"], r["step"], r["path"]) for r in said} == {(0, 19, RESUMED_FROM), (1, 19, RESUMED_FROM)}
     (row,) = json.loads(run_ddptop("ls", "--json").stdout)

@@ -102,7 +102,7 @@ def norm_of(params: Any) -> float:
 
 
 def last_step(records: Records, model: nn.Module) -> dict[str, Any]:
-    records.tracker.flush()  # records leave in batches (steps.DRAIN_S): send what is held
+    records.tracker.flush()  # records are built on the sender's thread (steps.py): send what is held
     return [r for r in records if r["type"] == "step"][-1]
 
 

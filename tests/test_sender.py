@@ -55,6 +55,40 @@ def test_records_arrive_in_order_after_the_hello(listener):
     assert sender.dropped == 0
 
 
+def test_step_records_are_built_on_the_senders_thread_and_arrive_with_the_next_batch(listener):
+    """The training thread only closes steps; the sender's thread builds their
+    records before each batch (steps.py), all but the last step."""
+    from ddptop.trainer.steps import StepTracker
+
+    server, address = listener
+    frames: list = []
+    sender: Sender
+    tracker = StepTracker(0, emit=lambda record: sender.put(record))
+    builders: set[str] = set()
+
+    def collect() -> None:
+        builders.add(threading.current_thread().name)
+        tracker.build()
+
+    sender = Sender(address, HELLO, heartbeat, collect=collect)
+    for _ in range(3):
+        tracker.forward_begin(8)
+        tracker.optimizer_begin({})
+        tracker.optimizer_end({})
+    sender.start()
+    conn, _ = server.accept()
+    reader = threading.Thread(target=read_all, args=(conn, frames))
+    reader.start()
+
+    def steps_sent() -> list[int]:
+        return [item["step"] for f in list(frames[1:]) for item in f["items"] if item["type"] == "step"]
+
+    wait_for(lambda: steps_sent() == [0, 1], 10, "the sealed steps to be sent without the training thread")
+    sender.close(timeout=5)
+    reader.join(5)
+    assert builders == {"ddptop-sender"}
+
+
 def test_a_stalled_listener_costs_drops_not_waiting(listener):
     _server, address = listener  # accepts (backlog) but never reads
     sender = Sender(address, HELLO, heartbeat, queue_max=1000)

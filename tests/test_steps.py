@@ -1,8 +1,6 @@
 """The step tracker as plain Python, with a hand-driven clock."""
 
-from ddptop.trainer.steps import DRAIN_S, StepTracker
-
-PAST_BATCH = 2 * DRAIN_S
+from ddptop.trainer.steps import StepTracker
 
 
 class Clock:
@@ -59,22 +57,23 @@ def test_explicit_values_after_optimizer_step_join_that_step():
     tracker, out, clock = make()
     run_step(tracker, clock, 0.0, 0.1)
     tracker.explicit(loss=0.25, samples=10, tokens=1000)
-    clock.now += PAST_BATCH
+    tracker.build()
+    assert out == [], "held for monitor.step() until the next forward"
     tracker.forward_begin(8)
+    tracker.build()
     assert out[0]["loss"] == 0.25 and out[0]["samples"] == 10 and out[0]["tokens"] == 1000
 
 
-def test_fast_steps_leave_in_order_once_the_batch_interval_passed_and_an_event_after_all_but_the_last():
+def test_steps_are_built_when_asked_in_order_and_an_event_goes_after_all_but_the_last():
     tracker, out, clock = make()
     for _ in range(3):
-        run_step(tracker, clock, 0.0, DRAIN_S / 10)
+        run_step(tracker, clock, 0.0, 0.001)
+    assert out == [], "the training thread builds nothing itself"
     tracker.forward_begin(8)
-    assert [r["step"] for r in out] == [0], "the first batch goes at once, the next waits for the interval"
-    clock.now += PAST_BATCH
-    tracker.forward_begin(8)
+    tracker.build()  # the sender's thread, before its batch
     assert [r["step"] for r in out] == [0, 1, 2]
-    run_step(tracker, clock, 0.0, DRAIN_S / 10)
-    run_step(tracker, clock, 0.0, DRAIN_S / 10)
+    run_step(tracker, clock, 0.0, 0.001)
+    run_step(tracker, clock, 0.0, 0.001)
     tracker.event({"type": "checkpoint", "step": 4})  # monitor.checkpoint() before monitor.step()
     tracker.explicit(loss=0.5, samples=None, tokens=None)
     tracker.flush()
@@ -121,26 +120,26 @@ def test_gpu_values_hold_a_record_until_readable_never_blocking():
     tracker.forward_begin(8)
     tracker.optimizer_begin({"grad_norm": pending})
     tracker.optimizer_end({})
-    clock.now += PAST_BATCH
     tracker.forward_begin(8)
+    tracker.build()
     assert out == []
     pending.done = True
     tracker.optimizer_begin({})
     tracker.optimizer_end({})
-    clock.now += PAST_BATCH
     tracker.forward_begin(8)
+    tracker.build()
     assert out[0]["grad_norm"] == 7.0
 
 
 def test_a_value_that_never_becomes_readable_is_dropped_not_waited_for():
-    tracker, out, clock = make()
+    tracker, out, _clock = make()
     for _ in range(12):
-        clock.now += PAST_BATCH
         tracker.forward_begin(8)
         tracker.optimizer_begin({"grad_norm": NotYet(1.0)})
         tracker.optimizer_end({})
-    clock.now += PAST_BATCH
+        tracker.build()
     tracker.forward_begin(8)
+    tracker.build()
     assert out and all("grad_norm" not in r for r in out)
     assert [r["step"] for r in out] == list(range(len(out)))
 
@@ -178,24 +177,18 @@ def test_the_attempt_is_ddptops_count_then_torchruns(monkeypatch):
     assert monitor.attempt() == 3
 
 
-def test_a_rank_that_stopped_training_has_its_steps_sent_by_the_heartbeat_all_but_the_last():
-    """Training that stops (a long evaluation, a hang) builds no records itself:
-    the heartbeat's thread builds them once it has been idle that long, but
-    for the last step, which a monitor.step() may still add to."""
+def test_a_rank_that_stopped_training_has_its_steps_built_by_the_sender_all_but_the_last():
+    """Training that stops (a long evaluation, a hang) still has its records
+    sent, built on the sender's thread, but for the last step, which a
+    monitor.step() may still add to."""
     import threading
 
     tracker, out, clock = make()
     for _ in range(3):
-        run_step(tracker, clock, 0.0, DRAIN_S / 10)
-    assert [r["step"] for r in out] == [0]
-    heartbeat = threading.Thread(target=tracker.build_idle, args=(1.0,))
-    heartbeat.start()
-    heartbeat.join()
-    assert [r["step"] for r in out] == [0], "not idle for long enough yet"
-    clock.now += 1.0
-    heartbeat = threading.Thread(target=tracker.build_idle, args=(1.0,))
-    heartbeat.start()
-    heartbeat.join()
+        run_step(tracker, clock, 0.0, 0.001)
+    sender = threading.Thread(target=tracker.build)
+    sender.start()
+    sender.join()
     assert [r["step"] for r in out] == [0, 1]
     tracker.explicit(loss=0.5, samples=None, tokens=None)
     tracker.flush()

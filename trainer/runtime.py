@@ -34,9 +34,6 @@ ADDRESS_ENV = "DDPTOP_ADDRESS"
 """Where the supervisor listens; set by the launcher, absent otherwise."""
 
 EXIT_FLUSH_S = 1.0
-IDLE_BUILD_S = 1.0
-"""How long the training thread may leave closed steps unbuilt (it stopped
-training) before the heartbeat builds and sends their records itself."""
 TRACEBACK_MAX = 8192
 """Characters of an uncaught exception's traceback sent along (its end)."""
 
@@ -147,7 +144,6 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
 
     def heartbeat() -> wire.Frame:
         nonlocal last_stack, on_step
-        tracker.build_idle(IDLE_BUILD_S)
         record: wire.Frame = {
             "type": "heartbeat",
             "rank": tracker.rank,
@@ -173,7 +169,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
             record["collectives"] = seq
         return record
 
-    sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat)
+    sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat, collect=tracker.build)
     report = report_uncaught(sender.put, tracker.rank)
     monitor.bind(tracker)
     sender.start()

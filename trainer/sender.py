@@ -1,8 +1,10 @@
 """Getting a rank's records to the supervisor without ever blocking a step.
 
 The training thread only appends to a bounded deque (no lock, no syscall);
-a daemon thread batches what is there every flush interval (FLUSH_S, longer
-in large jobs), adds a heartbeat about once a second, and writes it to the
+a daemon thread first has the step records made (collect: the tracker
+builds them from the facts the training thread left, steps.py), then
+batches what is queued every flush interval (FLUSH_S, longer in large
+jobs), adds a heartbeat about once a second, and writes it to the
 supervisor's socket. When the supervisor
 is slow or gone, records are dropped and counted, never waited for: the
 socket has a send timeout, and while there is no connection the thread
@@ -70,10 +72,12 @@ class Sender:
         hello: wire.Frame,
         heartbeat: Callable[[], wire.Frame],
         queue_max: int = QUEUE_MAX,
+        collect: Callable[[], None] = lambda: None,
     ) -> None:
         self._address = address
         self._hello = hello
         self._heartbeat = heartbeat
+        self._collect = collect
         self._queue: collections.deque[wire.Frame] = collections.deque()
         self._queue_max = queue_max
         self._interval = flush_interval(int(hello.get("world_size", 1)))
@@ -116,6 +120,7 @@ class Sender:
                 return
 
     def _flush(self, final: bool) -> None:
+        self._collect()
         now = time.monotonic()
         items: list[wire.Frame] = []
         while self._queue and len(items) < wire.MAX_BATCH - 1:

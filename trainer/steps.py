@@ -16,22 +16,25 @@ monitor.step(). The tracker owns the step boundaries and the record:
 - a monitor.step() after optimizer.step() (the usual place) still adds its
   values to the step just finished, until the next forward.
 
-A closed step is kept as its raw facts (a list), and the records are built
-from them in batches, at a training forward once DRAIN_S has passed since
-the last batch, and at flush: code that runs once per step between torch's
-kernels runs cold and leaves torch's own code cold after it, while the same
-code over a batch of steps runs warm (bench/inrank.py, docs/benchmarks.md).
-So a record leaves up to DRAIN_S late, well inside the sender's own flush
-interval; a rank whose training stopped (a long evaluation, a hang) has its
-closed steps built by the heartbeat instead (build_idle), all but the last,
-which a monitor.step() may still add to. A loss stays unread until its record is built; values that live
-on the GPU are Late objects, and a record leaves only when all of its
-values can be read without waiting (a step late, usually).
+A closed step is kept as its raw facts (a list) and made a record off the
+training thread: the sender's thread calls build() before each batch it
+sends (sender.py). Code that runs once per step between torch's kernels
+runs cold and leaves torch's own code cold after it, so the training
+thread only closes a step's facts and seals them (bench/inrank.py,
+docs/benchmarks.md). A step's facts stay open to a monitor.step() until
+the next training forward (or the next step's close) seals them; only
+sealed facts are built, so the thread that builds never races the one that
+amends, and a rank whose training stopped (a long evaluation, a hang) has
+all its steps but the last sent all the same. A loss stays unread until its
+record is built; values that live on the GPU are Late objects, and a record
+leaves only when all of its values can be read without waiting (a step
+late, usually).
 No torch here: the tracker is plain Python and tested as such.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable
@@ -44,13 +47,10 @@ MAX_WAITING = 8
 """Records whose GPU values are not readable yet; past that the oldest goes
 without them rather than waiting."""
 
-DRAIN_S = 0.01
-"""The longest a closed step waits to be made a record, while steps go on:
-short beside the sender's flush interval, so a rank killed outright loses
-hardly more records than the sender holds (steps of 1 ms batch by ten)."""
-
-MAX_CLOSED = 512
-"""Closed steps kept unbuilt at most: steps faster than DRAIN_S / MAX_CLOSED are built more often."""
+MAX_SEALED = 8192
+"""Sealed steps kept unbuilt at most, the oldest dropped past it: the sender's
+thread builds them every flush interval, so only a rank with no sender
+(a test, a benchmark that never calls build()) would keep more."""
 
 # A closed step's facts, by position in its list (a list, not an object: one is made every step).
 _STEP, _START, _FIRST, _END, _SAMPLES, _TOKENS, _LOSS, _VALUES, _TOTAL = range(9)
@@ -82,22 +82,19 @@ class StepTracker:
         self._values: dict[str, Any] = {}
         """What the hooks and the script gave the step in progress: plain values, and Late ones."""
         self._optimizer_seen = False
-        self._closed: list[list[Any]] = []
-        """Closed steps' facts, not yet made records."""
+        self._sealed: collections.deque[list[Any]] = collections.deque(maxlen=MAX_SEALED)
+        """Closed steps' facts that nothing adds to any more, not yet made records."""
         self._finished: list[Any] | None = None
         """The facts of the step just closed, while a monitor.step() may still add to them."""
-        self._built_at = -float("inf")
         self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
         self._building = threading.Lock()
-        """Held while records are built: by the training thread, or by the heartbeat's when training stopped."""
+        """Held while records are built and sent: by the sender's thread, or by the training thread's event() and flush()."""
 
     def forward_begin(self, samples: int | None, tokens: int | None = None) -> None:
-        now = self._clock()
-        self._finished = None
-        if self._closed and (now - self._built_at >= DRAIN_S or len(self._closed) >= MAX_CLOSED):
-            self._build()
+        if self._finished is not None:
+            self._seal()
         if self._first_forward is None:
-            self._first_forward = now
+            self._first_forward = self._clock()
         if samples:
             self._samples += samples
         if tokens:
@@ -151,9 +148,7 @@ class StepTracker:
             self._values["tokens"] = tokens
         if not self._optimizer_seen:  # no torch.optim step marks the boundary, so this call does
             self._close_step()
-            self._finished = None
-            if self._clock() - self._built_at >= DRAIN_S:
-                self._build()
+            self._seal()
 
     def resumed_at(self, step: int) -> None:
         """The script goes on from a checkpoint: its next step is `step`, and so is ours."""
@@ -161,16 +156,17 @@ class StepTracker:
 
     def event(self, record: wire.Frame) -> None:
         """A record outside the step cycle (a checkpoint written, a resume): sent now,
-        after the records of the steps closed before it (but the last one, which a
+        after the records of the steps sealed before it (all but the last one, which a
         monitor.step() may still add to)."""
-        self._build(keep=self._finished)
-        self._emit(record)
+        with self._building:
+            self._build_sealed()
+            self._emit(record)
 
     def flush(self) -> None:
         """Send everything still held; at exit, when waiting no longer matters."""
-        self._finished = None
-        self._build()
+        self._seal()
         with self._building:
+            self._build_sealed()
             self._waiting, waiting = [], self._waiting
             for record, lates in waiting:
                 self._emit(_resolve(record, lates, wait=True))
@@ -189,8 +185,8 @@ class StepTracker:
             self._values,
             self.total_steps,
         ]
-        self._finished = fact  # before it is closed: a build on the heartbeat's thread keeps it
-        self._closed.append(fact)
+        self._seal()  # a step closed before it with no forward between (two optimizers) is done
+        self._finished = fact
         self._values = {}
         self._samples = self._tokens = 0
         self._loss = self._given_loss = self._first_forward = None
@@ -198,33 +194,36 @@ class StepTracker:
         self.step += 1
         self.phase = "data"
 
-    def build_idle(self, idle_s: float) -> None:
-        """From another thread: build the closed steps' records if the training thread
-        has built none for idle_s, leaving the last step to a monitor.step() still to come."""
-        if self._closed and self._clock() - self._built_at >= idle_s:
-            self._build(keep=self._finished)
+    def _seal(self) -> None:
+        """Nothing adds to the step just closed any more: it may be built, on any thread."""
+        finished, self._finished = self._finished, None
+        if finished is not None:
+            self._sealed.append(finished)
 
-    def _build(self, keep: list[Any] | None = None) -> None:
-        """Make the closed steps' records (but keep's), then send those whose values can be read without waiting."""
+    def build(self) -> None:
+        """Make the sealed steps' records and send those whose values can be read
+        without waiting: on the sender's thread, before each batch."""
         with self._building:
-            self._built_at = now = self._clock()
-            closed, self._closed = self._closed, []
-            if closed and closed[-1] is keep:
-                self._closed.insert(0, closed.pop())
-            wall_now = time.time()
-            for fact in closed:
+            self._build_sealed()
+
+    def _build_sealed(self) -> None:
+        sealed = self._sealed
+        if sealed:
+            now, wall_now = self._clock(), time.time()
+            while sealed:
+                fact = sealed.popleft()
                 record = _record(self.rank, fact, wall_now - (now - fact[_END]))
                 if not self._waiting and late.PLAIN.issuperset(map(type, record.values())):  # None is not: it leaves its field out
                     self._emit(record)  # the CPU case: every value a number already
                 else:
                     self._waiting.append(_split(record))
-            while self._waiting:
-                head, lates = self._waiting[0]
-                force = len(self._waiting) > MAX_WAITING
-                if not force and not all(v.ready() for v in lates.values()):
-                    break
-                self._waiting.pop(0)
-                self._emit(_resolve(head, lates, wait=False))
+        while self._waiting:
+            head, lates = self._waiting[0]
+            force = len(self._waiting) > MAX_WAITING
+            if not force and not all(v.ready() for v in lates.values()):
+                break
+            self._waiting.pop(0)
+            self._emit(_resolve(head, lates, wait=False))
 
 
 def _unread(loss: Any) -> Any:
