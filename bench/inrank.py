@@ -266,9 +266,10 @@ def zero_code_cost(job: Job, calls: int = 100_000) -> tuple[float, float]:
     """µs a call of what the zero-code loss and tokens add, on the job's own loss tensor and batch.
 
     The backward wrapper is timed around a backward that does nothing, so
-    what is left is ddptop's: checking the tensor is a floating-point scalar
-    and keeping it as the step's loss, to be read as the record leaves. In a whole job this is a few µs in steps of
-    milliseconds, below what alternating blocks resolve.
+    what is left is ddptop's: handing the tensor to the step, to be checked
+    and read as the step closes or its record is built. Timed warm, in a
+    loop: in the job, between torch's kernels, the same lines run cold and
+    cost more (docs/benchmarks.md).
     """
     import torch
 
@@ -287,7 +288,7 @@ def zero_code_cost(job: Job, calls: int = 100_000) -> tuple[float, float]:
         wrapped = torch.autograd.backward
         start = time.perf_counter()
         for _ in range(calls):
-            probe.tracker._loss = None  # each call a step's one backward, not an accumulation of them all
+            probe.tracker.losses.clear()  # each call a step's one backward, not an accumulation of them all
             wrapped(loss)
         with_wrapper = time.perf_counter() - start
     finally:

@@ -26,6 +26,28 @@ def test_union_is_at_most_the_sum_and_at_least_the_longest(intervals):
     assert total >= max((e - s for s, e in intervals), default=0) - 1e-6
 
 
+def test_a_steps_comm_is_its_buckets_union_and_their_sizes_however_many_threads_end_them():
+    """The hook begins a span on the training thread; gloo's threads end them, in any order."""
+    import threading
+
+    import torch
+
+    from ddptop.trainer.commtimer import CommTimer
+
+    timer = CommTimer()
+    buffers = [torch.zeros(n) for n in (10, 20, 30)]
+    spans = [timer.begin(cuda=False) for _ in buffers]
+    enders = [threading.Thread(target=timer.end, args=(span, buffer)) for span, buffer in zip(spans, buffers)]
+    for ender in reversed(enders):
+        ender.start()
+        ender.join()
+    taken = timer.take()
+    assert taken is not None
+    ms, nbytes = taken
+    assert nbytes == 60 * 4 and 0.0 <= ms < 1000.0
+    assert timer.take() is None, "the next step starts empty"
+
+
 def test_bus_bandwidth_follows_nccl_tests():
     assert bus_bandwidth(1e9, 1.0, 4) == pytest.approx(1.5e9)
     assert bus_bandwidth(1e9, 1.0, 1) == 0

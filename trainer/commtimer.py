@@ -55,31 +55,29 @@ class CudaSpans:
 
 class CommTimer:
     """A step's bucket intervals: host-clock spans in milliseconds, or CUDA
-    events; the tracker takes the finished step's. Called in every bucket's
-    hook and callback, so the host-clock case is a list and two clock reads."""
+    events; the tracker takes the finished step's.
+
+    The hook runs on the training thread between torch's kernels, where every
+    line is paid cold, so begin() only reads the clock (or records a CUDA
+    event); end() runs in the all-reduce's callback, on the backend's thread
+    for gloo, and files the span with its bucket's size. Each span is one
+    append, which is atomic, so callbacks on several threads lose none."""
 
     def __init__(self) -> None:
-        self._wall: list[list[float]] = []
+        self._wall: list[tuple[float, float, int]] = []
         self._cuda = CudaSpans()
-        self._bytes = 0
-        self.last_bytes = 0
-        """The size of the bucket begun last."""
+        self._cuda_bytes: list[int] = []
 
-    def begin(self, bucket_buffer: Any) -> Any:
-        nbytes = self.last_bytes = bucket_buffer.nbytes
-        self._bytes += nbytes
-        if bucket_buffer.is_cuda:
-            return self._cuda.begin()
-        span = [time.perf_counter() * 1000.0, 0.0]
-        self._wall.append(span)
-        return span
+    def begin(self, cuda: bool) -> Any:
+        """A bucket's all-reduce starts: the start of its span, on a GPU's stream when cuda."""
+        return self._cuda.begin() if cuda else time.perf_counter() * 1000.0
 
-    @staticmethod
-    def end(span: Any) -> None:
-        if type(span) is list:
-            span[1] = time.perf_counter() * 1000.0
+    def end(self, span: Any, bucket_buffer: Any) -> None:
+        if type(span) is float:
+            self._wall.append((span, time.perf_counter() * 1000.0, bucket_buffer.nbytes))
         else:
             CudaSpans.end(span)
+            self._cuda_bytes.append(bucket_buffer.nbytes)
 
     def take(self) -> tuple[float | CudaSpans, int] | None:
         """(comm ms, bytes) of the step just finished, or None if it sent nothing.
@@ -87,16 +85,15 @@ class CommTimer:
         The milliseconds are a number for host-clock spans, and the CudaSpans
         themselves (a late value, see late.py) for CUDA events.
         """
-        nbytes, self._bytes = self._bytes, 0
         if self._cuda.spans:
             spans, self._cuda = self._cuda, CudaSpans()
-            self._wall = []
-            return spans, nbytes
+            sizes, self._cuda_bytes = self._cuda_bytes, []
+            return spans, sum(sizes)
         wall = self._wall
         if not wall:
             return None
         self._wall = []
         if len(wall) == 1:  # one bucket, the usual case for a model under 25 MB
-            start, end = wall[0]
-            return (end - start if end else 0.0), nbytes
-        return union_ms([(s, e) for s, e in wall if e]), nbytes
+            start, end, nbytes = wall[0]
+            return end - start, nbytes
+        return union_ms([(start, end) for start, end, _ in wall]), sum(nbytes for _, _, nbytes in wall)

@@ -53,7 +53,8 @@ class CommHookCount:
     def __init__(self) -> None:
         self.entered = 0
         self.completed = 0
-        self.bytes = 0
+        self.last: Any = None
+        """The buffer of the bucket entered last: its size is read only when it is reported."""
 
 
 COMM_HOOK = CommHookCount()
@@ -80,7 +81,7 @@ def collectives() -> list[dict[str, Any]] | None:
             "enqueued": hook.entered,
             "completed": hook.completed,
             "op": "all_reduce",
-            "bytes": hook.bytes,
+            "bytes": 0 if hook.last is None else int(hook.last.nbytes),
         }
     ]
 

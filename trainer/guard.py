@@ -101,11 +101,13 @@ class ReducedBuckets:
     (unscale_, its own clipping) it does to the buckets too.
     """
 
-    def __init__(self, params: Iterable[torch.Tensor], views: bool = False, solo: bool = False) -> None:
+    def __init__(self, params: Iterable[torch.Tensor], views: bool = False, solo: bool = False, cuda: bool = False) -> None:
         self.params = frozenset(id(p) for p in params)
         self.views = views
         self.solo = solo
         """A one-rank group: the rank's own buckets need no LocalCheck (Gradients.solo)."""
+        self.cuda = cuda
+        """Whether the model, and so each of its buckets, is on a GPU: its comm is timed with CUDA events."""
         self._step: int | None = None
         self._latest: dict[int, torch.Tensor] = {}
         self._dense: bool | None = None

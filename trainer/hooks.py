@@ -94,7 +94,8 @@ class Probe:
             views = bool(getattr(model, "gradient_as_bucket_view", False))
             group = getattr(model, "process_group", None)
             solo = group is not None and group.size() == 1
-            self.reduced[model] = guard.ReducedBuckets(trainable, views=views, solo=solo)
+            cuda = any(p.is_cuda for p in model.module.parameters())
+            self.reduced[model] = guard.ReducedBuckets(trainable, views=views, solo=solo, cuda=cuda)
         return self.reduced[model]
 
     def parameters(self) -> Iterator[torch.Tensor]:
@@ -283,20 +284,24 @@ def _wrap_backward(probe: Probe) -> None:
     """The step's loss with no line of the script changed: what it called backward() on.
 
     torch.autograd.backward is wrapped; Tensor.backward calls it. Once the
-    original returns (a backward that raised records nothing), each scalar,
-    real floating-point tensor it was called on adds its value to the step's
-    sum, if a training forward of a DDP model ran since the last step ended
-    (a backward outside any DDP step is not the step's loss). So gradient
-    accumulation sums its micro-steps, as the script's own loop optimises
-    them (a loop that divides each micro-batch's loss by the accumulation
-    steps gets the step's mean), and a second backward in one step (a GAN's
-    two losses, retain_graph) adds to it. A loss GradScaler scaled is divided
-    back by its scale. The value is read only as the step's record is built, so
-    a monitor.step(loss=...) that takes its place costs no read: on CUDA it
-    stays on the device (an add queued per backward) and leaves as a Late
-    value, a step late; on the CPU the tensor itself is kept until then (a
-    loss is not written to after its backward). A backward on a non-scalar (with a gradient), integer or
-    complex tensor records nothing for it. monitor.step(loss=...) wins.
+    original returns (a backward that raised records nothing), what it was
+    called on is handed to the tracker, if a training forward of a DDP model
+    ran since the last step ended (a backward outside any DDP step is not the
+    step's loss), and the step's loss is the sum of each scalar, real
+    floating-point tensor among them (late.losses). So gradient accumulation
+    sums its micro-steps, as the script's own loop optimises them (a loop
+    that divides each micro-batch's loss by the accumulation steps gets the
+    step's mean), and a second backward in one step (a GAN's two losses,
+    retain_graph) adds to it. A backward on a non-scalar (with a gradient),
+    integer or complex tensor records nothing for it. monitor.step(loss=...)
+    wins.
+
+    The wrapper only hands the tensor over: it runs between the backward and
+    the optimizer, where every line is paid cold, so the checks and the read
+    wait for the step's close (CUDA: summed on the device, read a step late)
+    or its record (CPU: read on the sender's thread; a loss is not written
+    to after its backward). A loss GradScaler scaled is the exception: it is
+    divided back by its scale at once, while the scale is known.
     """
     original = torch.autograd.backward
     tracker = probe.tracker
@@ -306,28 +311,32 @@ def _wrap_backward(probe: Probe) -> None:
         if not isinstance(tensors, torch.Tensor):
             tensors = tuple(tensors)  # the original takes any iterable: read it once, for both
         result = original(tensors, *args, **kwargs)
-        if tracker.in_step():
-            for tensor in (tensors,) if isinstance(tensors, torch.Tensor) else tensors:
-                value = _loss_value(probe, tensor)
-                if value is not None:
-                    tracker.backward_value(value)
+        if tracker.first_forward is not None:
+            if probe.scaled or not isinstance(tensors, torch.Tensor):
+                tracker.losses += _loss_values(probe, tensors)
+            else:
+                tracker.losses.append(tensors)
         return result
 
     patches.replace(torch.autograd, "backward", backward)
 
 
-def _loss_value(probe: Probe, tensor: Any) -> Any:
-    """A backward's value for the step's loss, unread: a tensor (a float when a CPU one was scaled), or None."""
-    if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1 or not tensor.is_floating_point():
-        return None
-    scale = None
-    if probe.scaled:
+def _loss_values(probe: Probe, tensors: Any) -> list[Any]:
+    """A backward's values for the step's loss, unread, a GradScaler's scale divided back:
+    tensors (a float where a CPU one was scaled); those that cannot be a loss left out."""
+    values: list[Any] = []
+    for tensor in (tensors,) if isinstance(tensors, torch.Tensor) else tensors:
+        if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1 or not tensor.is_floating_point():
+            continue
         known = probe.scaled.get(id(tensor))
         scale = known[1] if known is not None and known[0]() is tensor else None
-    if not tensor.is_cuda:
-        return tensor.item() / float(scale) if scale is not None else tensor
-    value = tensor.detach().float().reshape(())
-    return value / scale.reshape(()) if scale is not None else value
+        if scale is None:
+            values.append(tensor)
+        elif not tensor.is_cuda:
+            values.append(tensor.item() / float(scale))
+        else:
+            values.append(tensor.detach().float().reshape(()) / scale.reshape(()))
+    return values
 
 
 def _wrap_data_parallel(probe: Probe) -> None:
@@ -442,25 +451,24 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
 
     tracker, timer, count, callbacks = probe.tracker, probe.timer, flightrecorder.COMM_HOOK, probe.callbacks
     local = None if reduced.solo else probe.local  # one rank's all-reduce changes nothing to check against
-    default = isinstance(hook, DefaultHook)
+    default, cuda = isinstance(hook, DefaultHook), reduced.cuda
 
     def timed_hook(state, bucket):
         tracker.phase = "comm"
-        step, index = tracker.step, bucket.index()
-        buffer = bucket.buffer()
+        step, buffer = tracker.step, bucket.buffer()
         if local is not None:
             local.add(buffer)
-        span = timer.begin(buffer)
+        span = timer.begin(cuda)
         count.entered += 1
-        count.bytes = timer.last_bytes
+        count.last = buffer
 
         def done(fut):
-            timer.end(span)
+            timer.end(span, buffer)
             count.completed += 1
             threadstate.keep()
             value = fut.value()
             tensor = value[0] if isinstance(value, list) else value
-            reduced.put(step, index, tensor)
+            reduced.put(step, bucket.index(), tensor)  # here, off the training thread on gloo
             return tensor
 
         callbacks.append(weakref.ref(done))

@@ -79,9 +79,11 @@ class Derived:
 
 
 def scalar(value: Any) -> float | Late | None:
-    """A float now (CPU tensors, Python numbers) or a Late (CUDA tensors, and Late values as they are)."""
+    """A float now (CPU tensors, Python numbers, a list of losses) or a Late (CUDA tensors, and Late values as they are)."""
     if value is None or type(value) is float:
         return value
+    if type(value) is list:
+        return _loss_sum(value)
     if hasattr(value, "is_cuda"):
         if value.is_cuda:
             return LateTensor(value.detach().reshape(()))
@@ -89,17 +91,32 @@ def scalar(value: Any) -> float | Late | None:
     return value if is_late(value) else float(value)
 
 
-def add(total: Any, value: Any) -> Any:
-    """Two backward() values summed: on the device for CUDA tensors (which are
-    detached copies, so the sum records no graph), as a float otherwise."""
-    if getattr(total, "is_cuda", False):
-        return total + value
-    return _number(total) + _number(value)
+def losses(values: list[Any]) -> Any:
+    """A step's backward() values as its step closes, unread: on a GPU, the loss tensors summed
+    on the device (on the training thread's stream) and on their way to the host, a Late; else
+    the list as it is, read as the record is built (scalar)."""
+    if not getattr(values[0], "is_cuda", False):
+        return values
+    total: Any = None
+    for value in values:
+        if _is_loss(value):
+            value = value.detach().float().reshape(()) if hasattr(value, "detach") else value
+            total = value if total is None else total + value
+    return None if total is None else LateTensor(total) if getattr(total, "is_cuda", False) else float(total)
 
 
-def _number(value: Any) -> float:
-    """A Python number or a CPU tensor, read."""
-    return float(value.item()) if hasattr(value, "item") else float(value)
+def _loss_sum(values: list[Any]) -> float | None:
+    """The sum of a CPU step's backward() values, read; None when none was a loss."""
+    read = [float(value.item()) if hasattr(value, "item") else float(value) for value in values if _is_loss(value)]
+    return sum(read) if read else None
+
+
+def _is_loss(value: Any) -> bool:
+    """Whether a backward() value can be a loss: a number, or a one-element real floating-point
+    tensor (a non-scalar called with a gradient, an integer or complex one are not)."""
+    if not hasattr(value, "numel"):
+        return True
+    return bool(value.numel() == 1 and value.is_floating_point())
 
 
 PLAIN = frozenset((int, float, bool, str))

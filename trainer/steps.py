@@ -72,11 +72,14 @@ class StepTracker:
         self._emit = emit
         self._clock = clock
         self._last_end: float | None = None
-        self._first_forward: float | None = None
+        self.first_forward: float | None = None
+        """When the step's first training forward began; None until one has (a backward() then
+        is outside any step, and not the step's loss)."""
         self._samples = 0
         self._tokens = 0
-        self._loss: Any = None
-        """The step's backward() values so far: a float, or a tensor, read only as its record is built."""
+        self.losses: list[Any] = []
+        """What backward() was called on in this step, as hooks.py hands it over (tensors, or
+        floats it read already): the step's loss is their sum, read as its record is built."""
         self._given_loss: Any = None
         """A loss monitor.step() gave the step in progress, unread."""
         self._values: dict[str, Any] = {}
@@ -93,21 +96,13 @@ class StepTracker:
     def forward_begin(self, samples: int | None, tokens: int | None = None) -> None:
         if self._finished is not None:
             self._seal()
-        if self._first_forward is None:
-            self._first_forward = self._clock()
+        if self.first_forward is None:
+            self.first_forward = self._clock()
         if samples:
             self._samples += samples
         if tokens:
             self._tokens += tokens
         self.phase = "forward"
-
-    def in_step(self) -> bool:
-        """Whether a training forward ran since the last step ended: a backward now is the step's."""
-        return self._first_forward is not None
-
-    def backward_value(self, value: Any) -> None:
-        """What backward() was called on: a float, or a tensor, left unread until the record is built."""
-        self._loss = value if self._loss is None else late.add(self._loss, value)
 
     def optimizer_begin(self, values: dict[str, Any]) -> None:
         """Values measured before the optimizer runs (the pre-clip grad norm)."""
@@ -172,16 +167,17 @@ class StepTracker:
                 self._emit(_resolve(record, lates, wait=True))
 
     def _close_step(self) -> None:
-        loss = self._loss if self._given_loss is None else self._given_loss
+        given, losses = self._given_loss, self.losses
+        loss = _unread(given) if given is not None else late.losses(losses) if losses else None
         now = self._clock()
         fact = [
             self.step,
             self._last_end,
-            self._first_forward,
+            self.first_forward,
             now,
             self._samples,
             self._tokens,
-            None if loss is None else _unread(loss),
+            loss,
             self._values,
             self.total_steps,
         ]
@@ -189,7 +185,8 @@ class StepTracker:
         self._finished = fact
         self._values = {}
         self._samples = self._tokens = 0
-        self._loss = self._given_loss = self._first_forward = None
+        self.losses = []
+        self._given_loss = self.first_forward = None
         self._last_end = now
         self.step += 1
         self.phase = "data"
