@@ -109,7 +109,7 @@ def test_guard_on_cuda_agrees_with_torch_and_with_the_cpu():
     torch.manual_seed(0)
     grads = [torch.randn(1000, device="cuda"), torch.randn(10, 10, device="cuda")]
     expected = float(torch.nn.utils.get_total_norm([g.clone() for g in grads]))
-    assert guard.norms_now(guard.Gradients.of(grads)) == pytest.approx((expected, expected), rel=1e-6)
+    assert guard.norms_now(grads, grads) == pytest.approx((expected, expected), rel=1e-6)
 
     params = [torch.randn(300, device="cuda"), torch.randn(7, 9, device="cuda", dtype=torch.float16)]
     on_gpu = guard.checksum(params)

@@ -127,7 +127,7 @@ class ReducedBuckets:
         buckets keep their layout, so that is looked at once)."""
         if step != self._step:
             return []
-        tensors = self.held()
+        tensors = list(self._latest.values())  # held(), without a call: this runs every step
         if self._dense is None:
             self._dense = all(t.layout == torch.strided for t in tensors)
         return tensors if self._dense else []
@@ -181,16 +181,15 @@ def gradients(optimizer: Any) -> list[torch.Tensor]:
     return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
-def norms_now(grads: Gradients) -> tuple[float, float] | None:
-    """(the global L2 norm of grads.applied, the shown pre-clip norm), read on the host; inf or nan
-    when the gradients are not finite; None with no gradients."""
-    if not grads.applied:
-        return None
-    norm = _total(torchapi.foreach_norm(grads.applied))
-    applied = float(norm)
-    if grads.shown is grads.applied and grads.scale is None:
-        return applied, applied  # the common case: one read
-    return applied, float(grads.shown_norm(norm))
+def norms_now(applied: list[torch.Tensor], shown: list[torch.Tensor], scale: torch.Tensor | None = None) -> tuple[float, float]:
+    """(the global L2 norm of applied, the shown pre-clip norm: shown's, over scale), read on the host;
+    inf or nan when the gradients are not finite. Takes lists, not Gradients: called every step."""
+    norms = torchapi.foreach_norm(applied)
+    norm = norms[0] if len(norms) == 1 else _total(norms)
+    read = float(norm)
+    if shown is applied and scale is None:
+        return read, read  # the common case: one read
+    return read, float(Gradients(applied, shown, scale).shown_norm(norm))
 
 
 def _total(norms: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -524,50 +524,48 @@ def _follow_the_scripts_resume(probe: Probe, optimizer: Any) -> None:
 def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     """The guard, before the optimizer sees the gradients: the step record's values.
 
+    What it reads: the all-reduced buckets that hold the optimizer's
+    gradients where there are such, as the all-reduce left them: before the
+    script's own clipping and unscale_, so their norm over the GradScaler's
+    scale is the unscaled pre-clip norm GRAD NORM promises (`shown`). Enforced
+    clipping must act on the optimizer's gradients themselves, which the
+    script may have clipped already, so then those are `applied` and the
+    buckets only shown. Without such buckets (no DDP model owns exactly the
+    optimizer's parameters) the optimizer's gradients are both, as a
+    GradScaler.step has unscaled them.
+
     Skipping a non-finite step needs the verdict on the host now, which on
     CUDA waits for the backward pass; when the policy does not skip there,
     the verdict is read a step late instead (policy.GuardPolicy.skips_now).
+
+    One function rather than a chain of them on purpose: it runs once a step
+    between torch's kernels, where every function called pays its own cold
+    start (docs/benchmarks.md), so the usual step calls only what reads.
     """
-    local = probe.local.take()
     scale, probe.scale = probe.scale, None
-    grads = _gradients(probe, optimizer, scale)
-    if not grads.applied:
-        return {}
-    probe.cuda = grads.applied[0].is_cuda
-    if probe.skips_now[probe.cuda]:
-        return _verdict_now(probe, optimizer, grads, local)
-    return guard.verdict_late(grads, local, probe.policy.clip_grad)
-
-
-def _gradients(probe: Probe, optimizer: Any, scale: torch.Tensor | None) -> guard.Gradients:
-    """What the guard reads: the all-reduced buckets that hold the optimizer's
-    gradients where there are such, as the all-reduce left them: before the
-    script's own clipping and unscale_, so their norm over the GradScaler's
-    scale is the unscaled pre-clip norm GRAD NORM promises. Enforced clipping
-    must act on the optimizer's gradients themselves, which the script may have
-    clipped already, so then those are applied and the buckets only shown.
-    Without such buckets (no DDP model owns exactly the optimizer's parameters)
-    the optimizer's gradients are both, as a GradScaler.step has unscaled them."""
+    clip = probe.policy.clip_grad
     owner = probe.buckets_of(optimizer)
-    reduced = owner.take(probe.tracker.step) if owner is not None else []
-    if owner is None or not reduced:
-        return guard.Gradients.of(guard.gradients(optimizer))
-    shown_scale = None if owner.views else scale  # buckets the gradients are views of were unscaled with them
-    applied = reduced if probe.policy.clip_grad is None else guard.gradients(optimizer)
-    return guard.Gradients(applied, reduced, shown_scale, owner.solo)
-
-
-def _verdict_now(probe: Probe, optimizer: Any, grads: guard.Gradients, local: list[Any]) -> dict[str, Any]:
-    norms = guard.norms_now(grads)
-    if norms is None:  # no parameter has a gradient this step: nothing to check or clip
+    shown = owner.take(probe.tracker.step) if owner is not None else []
+    if owner is not None and shown:
+        applied = shown if clip is None else guard.gradients(optimizer)
+        shown_scale = None if owner.views else scale  # buckets the gradients are views of were unscaled with them
+        solo = owner.solo
+    else:
+        applied = shown = guard.gradients(optimizer)
+        shown_scale, solo = None, False
+    local = [] if solo else probe.local.take()  # a one-rank group's hooks add no sums
+    if not applied:  # no parameter has a gradient this step: nothing to check or clip
         return {}
-    norm, shown = norms
+    probe.cuda = cuda = applied[0].is_cuda
+    if not probe.skips_now[cuda]:
+        return guard.verdict_late(guard.Gradients(applied, shown, shown_scale, solo), local, clip)
+    norm, shown_norm = guard.norms_now(applied, shown, shown_scale)
     if not math.isfinite(norm):
         guard.skip(optimizer)
-        return {"nonfinite": True, "local_nonfinite": grads.local_nonfinite(local), "skipped": "nan"}
-    values: dict[str, Any] = {"grad_norm": shown}
-    if probe.policy.clip_grad is not None:
-        values["clipped"] = guard.clip(grads.applied, norm, probe.policy.clip_grad)
+        return {"nonfinite": True, "local_nonfinite": True if solo else guard.any_nonfinite(local), "skipped": "nan"}
+    values: dict[str, Any] = {"grad_norm": shown_norm}
+    if clip is not None:
+        values["clipped"] = guard.clip(applied, norm, clip)
     return values
 
 

@@ -181,7 +181,8 @@ class StepTracker:
             self._values,
             self.total_steps,
         ]
-        self._seal()  # a step closed before it with no forward between (two optimizers) is done
+        if self._finished is not None:  # a step closed before it with no forward between (two optimizers) is done
+            self._sealed.append(self._finished)
         self._finished = fact
         self._values = {}
         self._samples = self._tokens = 0
