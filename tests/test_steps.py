@@ -193,3 +193,16 @@ def test_a_rank_that_stopped_training_has_its_steps_built_by_the_sender_all_but_
     tracker.explicit(loss=0.5, samples=None, tokens=None)
     tracker.flush()
     assert [(r["step"], r.get("loss")) for r in out] == [(0, None), (1, None), (2, 0.5)]
+
+
+def test_steps_past_the_unbuilt_bound_are_dropped_and_counted(monkeypatch):
+    """A script calling monitor.step() far faster than the sender builds: the oldest steps go, counted."""
+    from ddptop.trainer import steps
+
+    monkeypatch.setattr(steps, "MAX_SEALED", 4)
+    tracker, out, _clock = make()
+    for _ in range(10):
+        tracker.explicit(loss=1.0, samples=None, tokens=None)
+    assert tracker.dropped == 6
+    tracker.flush()
+    assert [r["step"] for r in out] == [6, 7, 8, 9]

@@ -151,7 +151,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
             "phase": tracker.phase,
             "step": tracker.step,
             "forwards": tracker.forwards,
-            "dropped": sender.dropped,
+            "dropped": sender.dropped + tracker.dropped,
         }
         # Exiting, the main thread has left the script's code (the interpreter shuts down):
         # the last place it was in stands.

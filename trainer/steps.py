@@ -48,9 +48,10 @@ MAX_WAITING = 8
 without them rather than waiting."""
 
 MAX_SEALED = 8192
-"""Sealed steps kept unbuilt at most, the oldest dropped past it: the sender's
-thread builds them every flush interval, so only a rank with no sender
-(a test, a benchmark that never calls build()) would keep more."""
+"""Sealed steps kept unbuilt at most, the oldest dropped (and counted) past it:
+the sender's thread builds them every flush interval, so only steps far
+faster than any training's (a script calling monitor.step() in a tight
+loop) or a rank with no sender keep more."""
 
 # A closed step's facts, by position in its list (a list, not an object: one is made every step).
 _STEP, _START, _FIRST, _END, _SAMPLES, _TOKENS, _LOSS, _VALUES, _TOTAL = range(9)
@@ -89,6 +90,8 @@ class StepTracker:
         """Closed steps' facts that nothing adds to any more, not yet made records."""
         self._finished: list[Any] | None = None
         """The facts of the step just closed, while a monitor.step() may still add to them."""
+        self.dropped = 0
+        """Steps dropped unbuilt past MAX_SEALED; written by the training thread only."""
         self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
         self._building = threading.Lock()
         """Held while records are built and sent: by the sender's thread, or by the training thread's event() and flush()."""
@@ -182,7 +185,7 @@ class StepTracker:
             self.total_steps,
         ]
         if self._finished is not None:  # a step closed before it with no forward between (two optimizers) is done
-            self._sealed.append(self._finished)
+            self._seal()
         self._finished = fact
         self._values = {}
         self._samples = self._tokens = 0
@@ -196,6 +199,8 @@ class StepTracker:
         """Nothing adds to the step just closed any more: it may be built, on any thread."""
         finished, self._finished = self._finished, None
         if finished is not None:
+            if len(self._sealed) == MAX_SEALED:  # the append drops the oldest
+                self.dropped += 1
             self._sealed.append(finished)
 
     def build(self) -> None:
@@ -208,7 +213,7 @@ class StepTracker:
         sealed = self._sealed
         if sealed:
             now, wall_now = self._clock(), time.time()
-            while sealed:
+            for _ in range(len(sealed)):  # those sealed by now: steps sealed meanwhile wait for the next batch
                 fact = sealed.popleft()
                 record = _record(self.rank, fact, wall_now - (now - fact[_END]))
                 if not self._waiting and late.PLAIN.issuperset(map(type, record.values())):  # None is not: it leaves its field out
