@@ -40,7 +40,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddptop.trainer import flightrecorder, guard, patches, threadstate, torchapi
+from ddptop.trainer import flightrecorder, guard, late, patches, threadstate, torchapi
 from ddptop.trainer.commtimer import CommTimer
 from ddptop.trainer.gpumemory import MemoryReadings
 from ddptop.trainer.policy import GuardPolicy
@@ -322,15 +322,14 @@ def _wrap_backward(probe: Probe) -> None:
 
 
 def _loss_values(probe: Probe, tensors: Any) -> list[Any]:
-    """A backward's values for the step's loss, unread, a GradScaler's scale divided back:
-    tensors (a float where a CPU one was scaled); those that cannot be a loss left out."""
+    """A backward's values for the step's loss, unread, a GradScaler's scale divided back from
+    each loss it scaled (a float where a CPU one was); the rest as they are, which late.losses
+    leaves out as it does any value that cannot be a loss."""
     values: list[Any] = []
     for tensor in (tensors,) if isinstance(tensors, torch.Tensor) else tensors:
-        if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1 or not tensor.is_floating_point():
-            continue
         known = probe.scaled.get(id(tensor))
         scale = known[1] if known is not None and known[0]() is tensor else None
-        if scale is None:
+        if scale is None or not late.is_loss(tensor):
             values.append(tensor)
         elif not tensor.is_cuda:
             values.append(tensor.item() / float(scale))

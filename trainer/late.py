@@ -99,7 +99,7 @@ def losses(values: list[Any]) -> Any:
         return values
     total: Any = None
     for value in values:
-        if _is_loss(value):
+        if is_loss(value):
             value = value.detach().float().reshape(()) if hasattr(value, "detach") else value
             total = value if total is None else total + value
     return None if total is None else LateTensor(total) if getattr(total, "is_cuda", False) else float(total)
@@ -107,11 +107,11 @@ def losses(values: list[Any]) -> Any:
 
 def _loss_sum(values: list[Any]) -> float | None:
     """The sum of a CPU step's backward() values, read; None when none was a loss."""
-    read = [float(value.item()) if hasattr(value, "item") else float(value) for value in values if _is_loss(value)]
+    read = [float(value.item()) if hasattr(value, "item") else float(value) for value in values if is_loss(value)]
     return sum(read) if read else None
 
 
-def _is_loss(value: Any) -> bool:
+def is_loss(value: Any) -> bool:
     """Whether a backward() value can be a loss: a number, or a one-element real floating-point
     tensor (a non-scalar called with a gradient, an integer or complex one are not)."""
     if not hasattr(value, "numel"):
