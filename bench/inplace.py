@@ -30,7 +30,6 @@ import os
 import statistics
 import sys
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -98,10 +97,7 @@ def measure(args: argparse.Namespace) -> Times:
     torch.autograd.backward = timed(times, "backward itself", torch.autograd.backward)
     hooks.allreduce_buffer = timed(times, "all-reduce launch", hooks.allreduce_buffer)
     timed_comm_hooks(times)
-    optimizer_hooks: dict[str, Any] = {}
-    handle = types.SimpleNamespace(remove=lambda: None)
-    hooks.register_optimizer_step_pre_hook = lambda hook: optimizer_hooks.setdefault("pre", hook) and handle
-    hooks.register_optimizer_step_post_hook = lambda hook: optimizer_hooks.setdefault("post", hook) and handle
+    optimizer_hooks = inrank.caught_optimizer_hooks()
     tracker = inrank.sending_tracker()
     hooks.install(tracker, GuardPolicy())
     DistributedDataParallel.forward = timed(times, "forward wrapper", DistributedDataParallel.forward)

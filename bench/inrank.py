@@ -99,16 +99,25 @@ def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> t
     from ddptop.trainer.policy import GuardPolicy
 
     without(args.without)
-    optimizer_hooks: dict[str, Any] = {}
-    handle = types.SimpleNamespace(remove=lambda: None)  # what patches.py keeps to undo a registration
-    hooks.register_optimizer_step_pre_hook = lambda hook: optimizer_hooks.setdefault("pre", hook) and handle
-    hooks.register_optimizer_step_post_hook = lambda hook: optimizer_hooks.setdefault("post", hook) and handle
+    optimizer_hooks = caught_optimizer_hooks()
     tracker = sending_tracker()
     hooks.install(tracker, GuardPolicy(on_nan=args.on_nan))
     job = Job(args, example, torch_device)
     job.optimizer.register_step_pre_hook(optimizer_hooks["pre"])
     job.optimizer.register_step_post_hook(optimizer_hooks["post"])
     return job, lambda on: monitor.bind(tracker if on else None)
+
+
+def caught_optimizer_hooks() -> dict[str, Any]:
+    """ddptop's optimizer pre- and post-hook, caught as hooks.install() registers them
+    (to be filled by it), for one job's optimizer instead of every optimizer's."""
+    from ddptop.trainer import hooks
+
+    caught: dict[str, Any] = {}
+    handle = types.SimpleNamespace(remove=lambda: None)  # what patches.py keeps to undo a registration
+    hooks.register_optimizer_step_pre_hook = lambda hook: caught.setdefault("pre", hook) and handle
+    hooks.register_optimizer_step_post_hook = lambda hook: caught.setdefault("post", hook) and handle
+    return caught
 
 
 def sending_tracker() -> Any:
