@@ -178,6 +178,20 @@ def test_an_optimizer_over_part_of_the_model_gets_the_norm_of_its_own_part(recor
     step_and_check_the_norm(records, model, optimizer, head)
 
 
+def test_an_optimizer_that_gains_a_param_group_gets_the_norm_of_all_it_steps(records):
+    """A group added mid-run (a learned temperature outside the DDP model): the norm
+    follows what the optimizer steps, the model's buckets no longer being all of it."""
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(model)
+    step_and_check_the_norm(records, model, optimizer, model.parameters())
+    temperature = nn.Parameter(torch.tensor(2.0))
+    optimizer.add_param_group({"params": [temperature]})
+    optimizer.zero_grad()
+    (model(torch.randn(4, 8)).pow(2).sum() * temperature).backward()
+    step_and_check_the_norm(records, model, optimizer, [*model.parameters(), temperature])
+
+
 def test_the_norm_is_taken_before_the_scripts_own_clipping_which_is_left_alone(records):
     model = ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -195,14 +195,29 @@ def test_a_rank_that_stopped_training_has_its_steps_built_by_the_sender_all_but_
     assert [(r["step"], r.get("loss")) for r in out] == [(0, None), (1, None), (2, 0.5)]
 
 
-def test_steps_past_the_unbuilt_bound_are_dropped_and_counted(monkeypatch):
-    """A script calling monitor.step() far faster than the sender builds: the oldest steps go, counted."""
+def test_steps_past_the_journal_bound_are_dropped_and_counted(monkeypatch):
+    """A script calling monitor.step() far faster than the sender reads: the oldest entries go,
+    and the steps they were part of are counted, the first one read after them included (it may
+    have lost its own first entries)."""
     from ddptop.trainer import steps
 
-    monkeypatch.setattr(steps, "MAX_SEALED", 4)
+    monkeypatch.setattr(steps, "MAX_JOURNAL", 8)  # four steps, each closed by monitor.step(): two entries
     tracker, out, _clock = make()
     for _ in range(10):
         tracker.explicit(loss=1.0, samples=None, tokens=None)
-    assert tracker.dropped == 6
     tracker.flush()
-    assert [r["step"] for r in out] == [6, 7, 8, 9]
+    assert tracker.dropped == 7
+    assert [r["step"] for r in out] == [7, 8, 9]
+    for _ in range(3):  # the journal read, nothing more is lost
+        tracker.explicit(loss=1.0, samples=None, tokens=None)
+    tracker.flush()
+    assert tracker.dropped == 7 and [r["step"] for r in out[3:]] == [10, 11, 12]
+
+
+def test_a_resume_moves_the_steps_without_counting_a_gap():
+    tracker, out, clock = make()
+    run_step(tracker, clock, 0.0, 0.1)
+    tracker.resumed_at(40)
+    run_step(tracker, clock, 0.0, 0.1)
+    tracker.flush()
+    assert [r["step"] for r in out] == [0, 40] and tracker.dropped == 0

@@ -53,13 +53,17 @@ class CudaSpans:
         return union_ms([(origin.elapsed_time(start), origin.elapsed_time(end)) for start, end in self.spans])
 
 
+clock = time.perf_counter
+"""The host clock of the spans, in seconds."""
+
+
 class CommTimer:
-    """A step's bucket intervals: host-clock spans in milliseconds, or CUDA
-    events; the tracker takes the finished step's.
+    """A step's bucket intervals: host-clock spans, or CUDA events; the
+    tracker takes the finished step's, in milliseconds.
 
     The hook runs on the training thread between torch's kernels, where every
-    line is paid cold, so begin() only reads the clock (or records a CUDA
-    event); end() runs in the all-reduce's callback, on the backend's thread
+    line is paid cold, so a span begins with a clock() read the hook makes
+    itself (or a CUDA event, begin_cuda()); end() runs in the all-reduce's callback, on the backend's thread
     for gloo, and files the span with its bucket's size. Each span is one
     append, which is atomic, so callbacks on several threads lose none."""
 
@@ -68,13 +72,14 @@ class CommTimer:
         self._cuda = CudaSpans()
         self._cuda_bytes: list[int] = []
 
-    def begin(self, cuda: bool) -> Any:
-        """A bucket's all-reduce starts: the start of its span, on a GPU's stream when cuda."""
-        return self._cuda.begin() if cuda else time.perf_counter() * 1000.0
+    def begin_cuda(self) -> tuple[Any, Any]:
+        """A bucket's all-reduce starts on a GPU's stream: the start of its span, a CUDA event.
+        (On the host the span starts at clock(): the hook calls it itself, one call fewer.)"""
+        return self._cuda.begin()
 
     def end(self, span: Any, bucket_buffer: Any) -> None:
         if type(span) is float:
-            self._wall.append((span, time.perf_counter() * 1000.0, bucket_buffer.nbytes))
+            self._wall.append((span, clock(), bucket_buffer.nbytes))
         else:
             CudaSpans.end(span)
             self._cuda_bytes.append(bucket_buffer.nbytes)
@@ -95,5 +100,5 @@ class CommTimer:
         self._wall = []
         if len(wall) == 1:  # one bucket, the usual case for a model under 25 MB
             start, end, nbytes = wall[0]
-            return end - start, nbytes
-        return union_ms([(start, end) for start, end, _ in wall]), sum(nbytes for _, _, nbytes in wall)
+            return (end - start) * 1000.0, nbytes
+        return union_ms([(start, end) for start, end, _ in wall]) * 1000.0, sum(nbytes for _, _, nbytes in wall)

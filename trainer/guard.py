@@ -108,29 +108,26 @@ class ReducedBuckets:
         """A one-rank group: the rank's own buckets need no LocalCheck (Gradients.solo)."""
         self.cuda = cuda
         """Whether the model, and so each of its buckets, is on a GPU: its comm is timed with CUDA events."""
-        self._step: int | None = None
-        self._latest: dict[int, torch.Tensor] = {}
-        self._dense: bool | None = None
+        self.step: int | None = None
+        """The step whose all-reduces filled `latest`."""
+        self.latest: list[torch.Tensor] = []
+        """That step's buckets when all are dense, for the guard (an attribute the hook reads, not a call)."""
+        self._by_index: dict[int, torch.Tensor] = {}
+        self._dense = True
 
     def put(self, step: int, index: int, tensor: torch.Tensor) -> None:
-        if step != self._step:
-            self._latest = {}
-            self._step = step
-        self._latest[index] = tensor
+        """A bucket's all-reduce completed (on gloo's thread, or CUDA's launching one)."""
+        if step != self.step:
+            self._by_index = {}
+            self.step = step
+        self._by_index[index] = tensor
+        if tensor.layout != torch.strided:  # a model's buckets keep their layout
+            self._dense = False
+        self.latest = list(self._by_index.values()) if self._dense else []
 
     def held(self) -> list[torch.Tensor]:
         """The latest step's buckets, whatever their layout."""
-        return list(self._latest.values())
-
-    def take(self, step: int) -> list[torch.Tensor]:
-        """The buckets reduced in this step, when all are dense (a model's
-        buckets keep their layout, so that is looked at once)."""
-        if step != self._step:
-            return []
-        tensors = list(self._latest.values())  # held(), without a call: this runs every step
-        if self._dense is None:
-            self._dense = all(t.layout == torch.strided for t in tensors)
-        return tensors if self._dense else []
+        return list(self._by_index.values())
 
 
 class Gradients(NamedTuple):

@@ -40,11 +40,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddptop.trainer import flightrecorder, guard, late, patches, threadstate, torchapi
-from ddptop.trainer.commtimer import CommTimer
+from ddptop.trainer import commtimer, flightrecorder, guard, late, patches, threadstate, torchapi
 from ddptop.trainer.gpumemory import MemoryReadings
 from ddptop.trainer.policy import GuardPolicy
-from ddptop.trainer.steps import StepTracker
+from ddptop.trainer.steps import FORWARD, VALUES, StepTracker
 
 
 class Probe:
@@ -57,12 +56,14 @@ class Probe:
         self.policy = policy
         self.skips_now = (policy.skips_now(cuda=False), policy.skips_now(cuda=True))
         """policy.skips_now by whether the gradients are on a GPU, decided once."""
-        self.timer = CommTimer()
+        self.timer = commtimer.CommTimer()
         self.local = guard.LocalCheck()
         self.memory = MemoryReadings()
         self.reduced: weakref.WeakKeyDictionary[Any, guard.ReducedBuckets] = weakref.WeakKeyDictionary()
         self.owners: weakref.WeakKeyDictionary[Any, tuple[list[int], guard.ReducedBuckets | None]] = weakref.WeakKeyDictionary()
-        self._last_owner: tuple[Callable[[], Any], list[int], guard.ReducedBuckets | None] = (lambda: None, [], None)
+        self.last_owner: tuple[Callable[[], Any], list[Any] | None, int, guard.ReducedBuckets | None] = (lambda: None, None, 0, None)
+        """The optimizer buckets_of answered for last (weakly), its list of groups and their
+        count then, and the answer."""
         self.scale: torch.Tensor | None = None
         """The scale a GradScaler multiplied this step's loss by (None: no scaler, or a disabled one)."""
         self.resume_seen = False
@@ -103,21 +104,22 @@ class Probe:
             yield from model.module.parameters()
 
     def buckets_of(self, optimizer: Any) -> guard.ReducedBuckets | None:
-        """The model whose bucketed parameters are exactly the optimizer's
-        trainable ones, looked up again only when its groups change size.
-        The last optimizer's answer is kept apart: most scripts step one."""
+        """The model whose bucketed parameters are exactly the optimizer's trainable
+        ones, looked up again only when its groups change size.
+
+        _guard asks only when `last_owner` does not answer: the same optimizer with
+        the same list of groups, as many as then, the cheapest look there is at a
+        step's start (add_param_group adds a group; a script that edits a group's
+        own list of parameters in place is not seen until the count changes)."""
         groups = optimizer.param_groups
         shape = list(map(len, map(_PARAMS, groups)))
-        last_optimizer, last_shape, last_owner = self._last_owner
-        if last_optimizer() is optimizer and last_shape == shape:
-            return last_owner
         known = self.owners.get(optimizer)
         if known is None or known[0] != shape:
             params = frozenset(id(p) for group in groups for p in group["params"] if p.requires_grad)
             owner = next((r for r in self.reduced.values() if r.params == params), None)
             known = (shape, owner)
             self.owners[optimizer] = known
-        self._last_owner = (weakref.ref(optimizer), shape, known[1])
+        self.last_owner = (weakref.ref(optimizer), groups, len(groups), known[1])
         return known[1]
 
 
@@ -311,7 +313,7 @@ def _wrap_backward(probe: Probe) -> None:
         if not isinstance(tensors, torch.Tensor):
             tensors = tuple(tensors)  # the original takes any iterable: read it once, for both
         result = original(tensors, *args, **kwargs)
-        if tracker.first_forward is not None:
+        if tracker.in_step:
             if probe.scaled or not isinstance(tensors, torch.Tensor):
                 tracker.losses += _loss_values(probe, tensors)
             else:
@@ -350,6 +352,7 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
     step at a training one (in train mode, with grad), and at a DDP model's
     first forward registers the comm hook."""
     tracker, unstarted = probe.tracker, probe.unstarted
+    journal, clock = tracker.journal.append, tracker.clock
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -357,8 +360,11 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
             unstarted.discard(id(self))
             _ensure_comm_hook(self, probe)
         tracker.forwards += 1
-        if self.training and torch.is_grad_enabled():
-            tracker.forward_begin(*_inputs(args, kwargs))
+        if self.training and torch.is_grad_enabled():  # tracker.forward_begin, inline: it runs every forward
+            tracker.in_step = True
+            samples, tokens = _inputs(args, kwargs)
+            journal((FORWARD, clock(), samples, tokens))
+            tracker.phase = "forward"
         output = original(self, *args, **kwargs)
         tracker.phase = "backward"
         return output
@@ -398,16 +404,9 @@ class DefaultHook:
     def __init__(self, process_group: Any) -> None:
         self.state: Any = process_group
         self.hook: Any = _allreduce_mean
-        self._world = process_group.size()
+        self.world = process_group.size()
 
     def __call__(self, state: object, bucket: Any) -> Any:
-        return self.hook(self.state, bucket)
-
-    def reduce(self, bucket: Any, buffer: Any) -> Any:
-        """What __call__ does, given the bucket's buffer the timing already took
-        (each of a bucket's methods is a pybind11 call, costly on every bucket)."""
-        if self.hook is _allreduce_mean:  # then the state is still the process group
-            return allreduce_buffer(self.state, self._world, buffer)
         return self.hook(self.state, bucket)
 
 
@@ -450,14 +449,15 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
 
     tracker, timer, count, callbacks = probe.tracker, probe.timer, flightrecorder.COMM_HOOK, probe.callbacks
     local = None if reduced.solo else probe.local  # one rank's all-reduce changes nothing to check against
-    default, cuda = isinstance(hook, DefaultHook), reduced.cuda
+    default = hook if isinstance(hook, DefaultHook) else None
+    begin = timer.begin_cuda if reduced.cuda else commtimer.clock
 
     def timed_hook(state, bucket):
         tracker.phase = "comm"
         step, buffer = tracker.step, bucket.buffer()
         if local is not None:
             local.add(buffer)
-        span = timer.begin(cuda)
+        span = begin()
         count.entered += 1
         count.last = buffer
 
@@ -471,7 +471,9 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
             return tensor
 
         callbacks.append(weakref.ref(done))
-        return (hook.reduce(bucket, buffer) if default else hook(state, bucket)).then(done)
+        if default is not None and default.hook is _allreduce_mean:  # then its state is still the process group
+            return allreduce_buffer(default.state, default.world, buffer).then(done)
+        return hook(state, bucket).then(done)
 
     timed_hook.__name__ = getattr(hook, "__name__", "comm_hook")
     timed_hook.__qualname__ = getattr(hook, "__qualname__", timed_hook.__name__)
@@ -489,7 +491,10 @@ def _optimizer_begin(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any
     if not probe.resume_seen:
         probe.resume_seen = True
         _follow_the_scripts_resume(probe, optimizer)
-    probe.tracker.optimizer_begin(values)
+    tracker = probe.tracker  # tracker.optimizer_begin, inline: it runs every step
+    tracker.phase = "optimizer"
+    if values:
+        tracker.journal.append((VALUES, values))
 
 
 RESUMED_FROM = "its optimizer's state (the script's own checkpoint)"
@@ -543,8 +548,11 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     """
     scale, probe.scale = probe.scale, None
     clip = probe.policy.clip_grad
-    owner = probe.buckets_of(optimizer)
-    shown = owner.take(probe.tracker.step) if owner is not None else []
+    groups = optimizer.param_groups
+    last_optimizer, last_groups, last_count, owner = probe.last_owner
+    if last_optimizer() is not optimizer or last_count != len(groups) or last_groups is not groups:
+        owner = probe.buckets_of(optimizer)
+    shown = owner.latest if owner is not None and owner.step == probe.tracker.step else []
     if owner is not None and shown:
         applied = shown if clip is None else guard.gradients(optimizer)
         shown_scale = None if owner.views else scale  # buckets the gradients are views of were unscaled with them
@@ -582,7 +590,11 @@ def _optimizer_end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any =
 def _after_step(probe: Probe) -> dict[str, Any]:
     """What a step's record gets once it is over, applied or skipped by a scaler:
     comm, memory, and on checksum steps the parameters' checksum."""
-    values: dict[str, Any] = probe.memory.get() if probe.cuda else {}
+    values: dict[str, Any] = {}
+    if probe.cuda:
+        values = probe.memory.get()
+        if probe.tracker.losses:  # summed on the device now, on the training thread's stream, and read a step late
+            probe.tracker.losses = late.losses(probe.tracker.losses)
     comm = probe.timer.take()
     if comm is not None:
         values["comm_ms"], values["comm_bytes"] = comm

@@ -16,19 +16,20 @@ monitor.step(). The tracker owns the step boundaries and the record:
 - a monitor.step() after optimizer.step() (the usual place) still adds its
   values to the step just finished, until the next forward.
 
-A closed step is kept as its raw facts (a list) and made a record off the
-training thread: the sender's thread calls build() before each batch it
-sends (sender.py). Code that runs once per step between torch's kernels
-runs cold and leaves torch's own code cold after it, so the training
-thread only closes a step's facts and seals them (bench/inrank.py,
-docs/benchmarks.md). A step's facts stay open to a monitor.step() until
-the next training forward (or the next step's close) seals them; only
-sealed facts are built, so the thread that builds never races the one that
-amends, and a rank whose training stopped (a long evaluation, a hang) has
-all its steps but the last sent all the same. A loss stays unread until its
-record is built; values that live on the GPU are Late objects, and a record
-leaves only when all of its values can be read without waiting (a step
-late, usually).
+The training thread only journals: each hook appends one tuple (what
+happened, when) to `journal`, and keeps the few counts it reads itself
+(the step, the phase, whether a step is open). Code that runs once per step
+between torch's kernels runs cold and leaves torch's own code cold after
+it, so everything else happens on the sender's thread, which reads the
+journal and makes the records before each batch it sends (build(),
+sender.py; bench/inrank.py, docs/benchmarks.md). The journal is read in
+order, so a monitor.step() after optimizer.step() adds to the step just
+closed until a training forward is read, and the record of a step is made
+only then (or at the next step's close, or at exit): a rank whose training
+stopped (a long evaluation, a hang) has all its steps but the last sent all
+the same. A loss stays unread until its record is made; values that live on
+the GPU are Late objects, and a record leaves only when all of its values
+can be read without waiting (a step late, usually).
 No torch here: the tracker is plain Python and tested as such.
 """
 
@@ -47,14 +48,29 @@ MAX_WAITING = 8
 """Records whose GPU values are not readable yet; past that the oldest goes
 without them rather than waiting."""
 
-MAX_SEALED = 8192
-"""Sealed steps kept unbuilt at most, the oldest dropped (and counted) past it:
-the sender's thread builds them every flush interval, so only steps far
-faster than any training's (a script calling monitor.step() in a tight
-loop) or a rank with no sender keep more."""
+MAX_JOURNAL = 65536
+"""Journal entries kept unread at most, the oldest dropped past it: the sender's
+thread reads them all every flush interval, so only steps far faster than any
+training's (a script calling monitor.step() in a tight loop) or a rank whose
+sender is gone keep more. Steps lost so are counted (StepTracker.dropped)."""
+
+# What the training thread journals, by each entry's first item:
+FORWARD = 0
+"""(FORWARD, time, samples, tokens): a training forward began."""
+VALUES = 1
+"""(VALUES, values): what the hooks measured before the optimizer ran (the guard's)."""
+GIVEN = 2
+"""(GIVEN, loss, samples, tokens): what monitor.step() said, for the step just closed
+if no training forward came since, else for the step in progress."""
+END = 3
+"""(END, time, step, losses, values): the step closed; losses is what backward() was
+called on during it (a list, or the sum already on its way from a GPU), values what the
+hooks measured after the optimizer (comm, memory, the learning rate)."""
+RESUME = 4
+"""(RESUME, step): the script went on from a checkpoint, so steps jump to `step`."""
 
 # A closed step's facts, by position in its list (a list, not an object: one is made every step).
-_STEP, _START, _FIRST, _END, _SAMPLES, _TOKENS, _LOSS, _VALUES, _TOTAL = range(9)
+_STEP, _START, _FIRST, _END, _SAMPLES, _TOKENS, _LOSS, _VALUES = range(8)
 
 
 class StepTracker:
@@ -64,61 +80,67 @@ class StepTracker:
         """Where the rank is in its step, for the heartbeat; the hooks set "backward" (a
         training forward returned) and "comm" (a bucket's all-reduce began) themselves."""
         self.step = 0
-        """The step in progress: one past the last step finished, which the heartbeat tells
+        """The step in progress: one past the last step closed, which the heartbeat tells
         the supervisor while that step's record is still to be sent."""
         self.forwards = 0
         """The DDP model's forwards so far, evaluation's too: counted by the forward hook,
         and sent with each heartbeat, so a rank that evaluates is seen to be working."""
         self.total_steps: int | None = None
+        self.journal: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_JOURNAL)
+        """What happened on the training thread, in order, for the sender's thread to make
+        records of (build()); the hooks append to it themselves on their hottest paths."""
+        self.in_step = False
+        """Whether a training forward ran since the last step closed (a backward() before
+        one is outside any step, and not the step's loss)."""
+        self.losses: Any = []
+        """What backward() was called on in this step, as hooks.py hands it over (tensors, or
+        floats it read already): the step's loss is their sum, read as its record is built.
+        On a GPU the hooks replace the list with its sum as the step closes (late.losses)."""
+        self.optimizer_seen = False
+        """Whether a torch optimizer has closed a step: until one has, monitor.step() does."""
+        self.dropped = 0
+        """Steps lost unbuilt past MAX_JOURNAL, counted as the journal is read."""
         self._emit = emit
-        self._clock = clock
+        self.clock = clock
+        """The clock of the steps' times, which the hooks read too when they journal."""
+        self._building = threading.Lock()
+        """Held while the journal is read and records are sent: by the sender's thread, or
+        by the training thread's event() and flush()."""
+        # The step being read from the journal (only under _building):
         self._last_end: float | None = None
-        self.first_forward: float | None = None
-        """When the step's first training forward began; None until one has (a backward() then
-        is outside any step, and not the step's loss)."""
+        self._first: float | None = None
         self._samples = 0
         self._tokens = 0
-        self.losses: list[Any] = []
-        """What backward() was called on in this step, as hooks.py hands it over (tensors, or
-        floats it read already): the step's loss is their sum, read as its record is built."""
         self._given_loss: Any = None
-        """A loss monitor.step() gave the step in progress, unread."""
         self._values: dict[str, Any] = {}
-        """What the hooks and the script gave the step in progress: plain values, and Late ones."""
-        self._optimizer_seen = False
-        self._sealed: collections.deque[list[Any]] = collections.deque(maxlen=MAX_SEALED)
-        """Closed steps' facts that nothing adds to any more, not yet made records."""
         self._finished: list[Any] | None = None
-        """The facts of the step just closed, while a monitor.step() may still add to them."""
-        self.dropped = 0
-        """Steps dropped unbuilt past MAX_SEALED; written by the training thread only."""
+        """The facts of the step read closed last, while a monitor.step() may still add to them."""
+        self._next_step = 0
+        """The step the next END should close: a gap says entries were lost."""
+        self._lost = False
+        """Whether the journal was found full: the step read next may have lost entries."""
         self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
-        self._building = threading.Lock()
-        """Held while records are built and sent: by the sender's thread, or by the training thread's event() and flush()."""
 
     def forward_begin(self, samples: int | None, tokens: int | None = None) -> None:
-        if self._finished is not None:
-            self._seal()
-        if self.first_forward is None:
-            self.first_forward = self._clock()
-        if samples:
-            self._samples += samples
-        if tokens:
-            self._tokens += tokens
+        """A training forward begins (hooks.py journals the same itself, inline)."""
+        self.in_step = True
+        self.journal.append((FORWARD, self.clock(), samples, tokens))
         self.phase = "forward"
 
     def optimizer_begin(self, values: dict[str, Any]) -> None:
         """Values measured before the optimizer runs (the pre-clip grad norm)."""
         self.phase = "optimizer"
         if values:
-            self._values.update(values)
+            self.journal.append((VALUES, values))
 
     def optimizer_end(self, values: dict[str, Any]) -> None:
         """Close the step; values holds what the hooks measured after it (comm, memory)."""
-        self._optimizer_seen = True
-        if values:
-            self._values.update(values)
-        self._close_step()
+        self.optimizer_seen = True
+        losses, self.losses = self.losses, []
+        self.journal.append((END, self.clock(), self.step, losses, values))
+        self.in_step = False
+        self.step += 1
+        self.phase = "data"
 
     def scaler_skip(self, values: dict[str, Any]) -> None:
         """GradScaler found inf/nan and did not call optimizer.step(): the step ends anyway."""
@@ -129,10 +151,73 @@ class StepTracker:
 
         They override what the hooks counted (samples from the batch dimension).
         """
+        self.journal.append((GIVEN, _unread(loss), samples, tokens))
+        if not self.optimizer_seen:  # no torch.optim step marks the boundary, so this call does
+            self.optimizer_end({})
+            self.optimizer_seen = False
+
+    def resumed_at(self, step: int) -> None:
+        """The script goes on from a checkpoint: its next step is `step`, and so is ours."""
+        self.step = step
+        self.journal.append((RESUME, step))
+
+    def event(self, record: wire.Frame) -> None:
+        """A record outside the step cycle (a checkpoint written, a resume): sent now,
+        after the records of the steps closed before it (all but the last one, which a
+        monitor.step() may still add to)."""
+        with self._building:
+            self._read()
+            self._emit(record)
+
+    def flush(self) -> None:
+        """Send everything still held; at exit, when waiting no longer matters."""
+        with self._building:
+            self._read()
+            self._seal()
+            self._waiting, waiting = [], self._waiting
+            for record, lates in waiting:
+                self._emit(_resolve(record, lates, wait=True))
+
+    def build(self) -> None:
+        """Read the journal, make the records of the steps nothing adds to any more, and
+        send those whose values can be read without waiting: on the sender's thread,
+        before each batch."""
+        with self._building:
+            self._read()
+            self._send_ready()
+
+    def _read(self) -> None:
+        """Turn the journal's entries so far into steps: entries appended meanwhile wait
+        for the next read."""
+        journal = self.journal
+        if len(journal) == journal.maxlen:  # full: the oldest entries may be lost, the first step read with them
+            self._lost = True
+        for _ in range(len(journal)):
+            entry = journal.popleft()
+            kind = entry[0]
+            if kind == FORWARD:
+                if self._finished is not None:
+                    self._seal()
+                if self._first is None:
+                    self._first = entry[1]
+                if entry[2]:
+                    self._samples += entry[2]
+                if entry[3]:
+                    self._tokens += entry[3]
+            elif kind == VALUES:
+                self._values.update(entry[1])
+            elif kind == END:
+                self._close(entry)
+            elif kind == GIVEN:
+                self._given(entry[1], entry[2], entry[3])
+            else:
+                self._next_step = entry[1]
+
+    def _given(self, loss: Any, samples: int | None, tokens: int | None) -> None:
         finished = self._finished
         if finished is not None:
             if loss is not None:
-                finished[_LOSS] = _unread(loss)
+                finished[_LOSS] = loss
             if samples is not None:
                 finished[_SAMPLES] = samples
             if tokens is not None:
@@ -144,82 +229,39 @@ class StepTracker:
             self._values["samples"] = samples
         if tokens is not None:
             self._values["tokens"] = tokens
-        if not self._optimizer_seen:  # no torch.optim step marks the boundary, so this call does
-            self._close_step()
-            self._seal()
 
-    def resumed_at(self, step: int) -> None:
-        """The script goes on from a checkpoint: its next step is `step`, and so is ours."""
-        self.step = step
-
-    def event(self, record: wire.Frame) -> None:
-        """A record outside the step cycle (a checkpoint written, a resume): sent now,
-        after the records of the steps sealed before it (all but the last one, which a
-        monitor.step() may still add to)."""
-        with self._building:
-            self._build_sealed()
-            self._emit(record)
-
-    def flush(self) -> None:
-        """Send everything still held; at exit, when waiting no longer matters."""
-        self._seal()
-        with self._building:
-            self._build_sealed()
-            self._waiting, waiting = [], self._waiting
-            for record, lates in waiting:
-                self._emit(_resolve(record, lates, wait=True))
-
-    def _close_step(self) -> None:
-        given, losses = self._given_loss, self.losses
-        loss = _unread(given) if given is not None else late.losses(losses) if losses else None
-        now = self._clock()
-        fact = [
-            self.step,
-            self._last_end,
-            self.first_forward,
-            now,
-            self._samples,
-            self._tokens,
-            loss,
-            self._values,
-            self.total_steps,
-        ]
+    def _close(self, entry: tuple[Any, ...]) -> None:
+        _, end, step, losses, values = entry
         if self._finished is not None:  # a step closed before it with no forward between (two optimizers) is done
             self._seal()
-        self._finished = fact
+        expected, self._next_step = self._next_step, step + 1
+        if self._lost or step != expected:  # entries lost past MAX_JOURNAL: the steps between, and this one's first
+            self.dropped += max(0, step - expected) + 1
+            self._lost = False
+        else:
+            given = self._given_loss
+            loss = given if given is not None else (losses or None) if type(losses) is list else losses
+            self._finished = [step, self._last_end, self._first, end, self._samples, self._tokens, loss, self._values]
+            if values:
+                self._values.update(values)
         self._values = {}
         self._samples = self._tokens = 0
-        self.losses = []
-        self._given_loss = self.first_forward = None
-        self._last_end = now
-        self.step += 1
-        self.phase = "data"
+        self._given_loss = self._first = None
+        self._last_end = end
 
     def _seal(self) -> None:
-        """Nothing adds to the step just closed any more: it may be built, on any thread."""
-        finished, self._finished = self._finished, None
-        if finished is not None:
-            if len(self._sealed) == MAX_SEALED:  # the append drops the oldest
-                self.dropped += 1
-            self._sealed.append(finished)
+        """Nothing adds to the step read closed last any more: make its record."""
+        fact, self._finished = self._finished, None
+        if fact is None:
+            return
+        record = _record(self.rank, fact, time.time() - (self.clock() - fact[_END]), self.total_steps)
+        if not self._waiting and late.PLAIN.issuperset(map(type, record.values())):  # None is not: it leaves its field out
+            self._emit(record)  # the CPU case: every value a number already
+        else:
+            self._waiting.append(_split(record))
+        self._send_ready()
 
-    def build(self) -> None:
-        """Make the sealed steps' records and send those whose values can be read
-        without waiting: on the sender's thread, before each batch."""
-        with self._building:
-            self._build_sealed()
-
-    def _build_sealed(self) -> None:
-        sealed = self._sealed
-        if sealed:
-            now, wall_now = self._clock(), time.time()
-            for _ in range(len(sealed)):  # those sealed by now: steps sealed meanwhile wait for the next batch
-                fact = sealed.popleft()
-                record = _record(self.rank, fact, wall_now - (now - fact[_END]))
-                if not self._waiting and late.PLAIN.issuperset(map(type, record.values())):  # None is not: it leaves its field out
-                    self._emit(record)  # the CPU case: every value a number already
-                else:
-                    self._waiting.append(_split(record))
+    def _send_ready(self) -> None:
         while self._waiting:
             head, lates = self._waiting[0]
             force = len(self._waiting) > MAX_WAITING
@@ -235,7 +277,7 @@ def _unread(loss: Any) -> Any:
     return late.scalar(loss) if getattr(loss, "is_cuda", False) else loss
 
 
-def _record(rank: int, fact: list[Any], wall: float) -> wire.Frame:
+def _record(rank: int, fact: list[Any], wall: float, total_steps: int | None) -> wire.Frame:
     """A closed step's record, from its facts."""
     start, first, end = fact[_START], fact[_FIRST], fact[_END]
     began = start if start is not None else first
@@ -252,8 +294,8 @@ def _record(rank: int, fact: list[Any], wall: float) -> wire.Frame:
         record["samples"] = fact[_SAMPLES]
     if fact[_TOKENS]:
         record["tokens"] = fact[_TOKENS]
-    if fact[_TOTAL] is not None:
-        record["total_steps"] = fact[_TOTAL]
+    if total_steps is not None:
+        record["total_steps"] = total_steps
     record.update(fact[_VALUES])
     if fact[_LOSS] is not None:
         record["loss"] = late.scalar(fact[_LOSS])
