@@ -254,7 +254,7 @@ def measure(args: argparse.Namespace) -> None:
         for name, job in order[shift:] + order[:shift]:
             times[name].append(block(job, args.block_steps))
     sampled = heartbeat_samples(lambda: hooked.run(args.block_steps))
-    loss_us, tokens_us = zero_code_cost(hooked)
+    loss_us = zero_code_cost(hooked)
     world = dist.get_world_size()
     dist.destroy_process_group()
     if leader:
@@ -265,14 +265,13 @@ def measure(args: argparse.Namespace) -> None:
             f"{statistics.median(sampled) * 100:.4f}% of each second"
         )
         print(
-            f"zero-code loss and tokens, per step on the training thread: {loss_us:.2f} µs to add the loss "
-            f"backward() was called on (the wrapper around torch.autograd.backward, less the backward), "
-            f"{tokens_us:.2f} µs to read the samples and token ids in the forward's inputs"
+            f"zero-code loss, per step on the training thread: {loss_us:.2f} µs to add the loss "
+            f"backward() was called on (the wrapper around torch.autograd.backward, less the backward)"
         )
 
 
-def zero_code_cost(job: Job, calls: int = 100_000) -> tuple[float, float]:
-    """µs a call of what the zero-code loss and tokens add, on the job's own loss tensor and batch.
+def zero_code_cost(job: Job, calls: int = 100_000) -> float:
+    """µs a call of what the zero-code loss adds, on the job's own loss tensor.
 
     The backward wrapper is timed around a backward that does nothing, so
     what is left is ddptop's: handing the tensor to the step, to be checked
@@ -302,11 +301,7 @@ def zero_code_cost(job: Job, calls: int = 100_000) -> tuple[float, float]:
         with_wrapper = time.perf_counter() - start
     finally:
         torch.autograd.backward = original
-    start = time.perf_counter()
-    for _ in range(calls):
-        hooks._inputs((x,), {})
-    tokens = time.perf_counter() - start
-    return with_wrapper / calls * 1e6, tokens / calls * 1e6
+    return with_wrapper / calls * 1e6
 
 
 def heartbeat_samples(train: Callable[[], None], looks: int = 2000) -> list[float]:

@@ -43,7 +43,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from ddptop.trainer import commtimer, flightrecorder, guard, late, patches, threadstate, torchapi
 from ddptop.trainer.gpumemory import MemoryReadings
 from ddptop.trainer.policy import GuardPolicy
-from ddptop.trainer.steps import FORWARD, VALUES, StepTracker
+from ddptop.trainer.steps import END, FORWARD, VALUES, StepTracker
 
 
 class Probe:
@@ -362,8 +362,11 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
         tracker.forwards += 1
         if self.training and torch.is_grad_enabled():  # tracker.forward_begin, inline: it runs every forward
             tracker.in_step = True
-            samples, tokens = _inputs(args, kwargs)
-            journal((FORWARD, clock(), samples, tokens))
+            if args and not kwargs and isinstance(first := args[0], torch.Tensor) and (shape := first.shape):  # model(x)
+                tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in _TOKEN_DTYPES else None
+                journal((FORWARD, clock(), shape[0], tokens))
+            else:
+                journal((FORWARD, clock(), _batch_size(args, kwargs), _tokens(args, kwargs)))
             tracker.phase = "forward"
         output = original(self, *args, **kwargs)
         tracker.phase = "backward"
@@ -584,7 +587,13 @@ def _optimizer_end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any =
     groups = optimizer.param_groups
     if groups and type(lr := groups[0].get("lr")) is float:  # a tensor one (capturable schedules) would need a device read
         values["lr"] = lr
-    probe.tracker.optimizer_end(values)
+    tracker = probe.tracker  # tracker.optimizer_end, inline: it runs every step
+    tracker.optimizer_seen = True
+    losses, tracker.losses = tracker.losses, []
+    tracker.journal.append((END, tracker.clock(), tracker.step, losses, values))
+    tracker.in_step = False
+    tracker.step += 1
+    tracker.phase = "data"
 
 
 def _after_step(probe: Probe) -> dict[str, Any]:
@@ -608,15 +617,6 @@ _TOKEN_DTYPES = frozenset(
     getattr(torch, name) for name in ("uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64") if hasattr(torch, name)
 )
 """Integer dtypes, the ones token ids come in (not floats, complex numbers or bools)."""
-
-
-def _inputs(args: tuple, kwargs: dict) -> tuple[int | None, int | None]:
-    """A forward's samples and tokens, from its inputs (_batch_size, _tokens);
-    the usual forward, model(x), is read with the fewest calls."""
-    if args and not kwargs and isinstance(first := args[0], torch.Tensor) and (shape := first.shape):
-        tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in _TOKEN_DTYPES else None
-        return shape[0], tokens
-    return _batch_size(args, kwargs), _tokens(args, kwargs)
 
 
 def _tokens(args: tuple, kwargs: dict) -> int | None:

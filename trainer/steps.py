@@ -151,7 +151,9 @@ class StepTracker:
 
         They override what the hooks counted (samples from the batch dimension).
         """
-        self.journal.append((GIVEN, _unread(loss), samples, tokens))
+        if getattr(loss, "is_cuda", False):  # its copy to the host starts now, on the training thread's stream
+            loss = late.scalar(loss)
+        self.journal.append((GIVEN, loss, samples, tokens))
         if not self.optimizer_seen:  # no torch.optim step marks the boundary, so this call does
             self.optimizer_end({})
             self.optimizer_seen = False
@@ -269,12 +271,6 @@ class StepTracker:
                 break
             self._waiting.pop(0)
             self._emit(_resolve(head, lates, wait=False))
-
-
-def _unread(loss: Any) -> Any:
-    """A loss as kept until its record is built: a GPU tensor starts its copy to the
-    host now, on the training thread's stream; anything else is read when built."""
-    return late.scalar(loss) if getattr(loss, "is_cuda", False) else loss
 
 
 def _record(rank: int, fact: list[Any], wall: float, total_steps: int | None) -> wire.Frame:
