@@ -78,7 +78,8 @@ class Probe:
         self.unstarted: set[int] = set()
         """The ids of the DDP models whose first forward has not run (it registers the comm hook)."""
         self.cuda = False
-        """Whether the latest step's gradients were on a GPU: only then is GPU memory read."""
+        """Whether the latest step's gradients were on a GPU (before the first, whether a DDP
+        model is): only then is GPU memory read and the step's losses summed on the device."""
         self.groups: dict[int, Any] = {}
         """The process groups of the DDP models, kept to the rank's end (threadstate.py says why)."""
         self.scaled: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
@@ -96,6 +97,7 @@ class Probe:
             group = getattr(model, "process_group", None)
             solo = group is not None and group.size() == 1
             cuda = any(p.is_cuda for p in model.module.parameters())
+            self.cuda = self.cuda or cuda  # until a step's gradients say: a first step a GradScaler skips has none
             self.reduced[model] = guard.ReducedBuckets(trainable, views=views, solo=solo, cuda=cuda)
         return self.reduced[model]
 

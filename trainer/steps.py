@@ -115,6 +115,8 @@ class StepTracker:
         self._values: dict[str, Any] = {}
         self._finished: list[Any] | None = None
         """The facts of the step read closed last, while a monitor.step() may still add to them."""
+        self._wall_offset = 0.0
+        """time.time() less the clock, taken as each read begins: a step's wall time is its end plus it."""
         self._next_step = 0
         """The step the next END should close: a gap says entries were lost."""
         self._lost = False
@@ -192,6 +194,7 @@ class StepTracker:
         """Turn the journal's entries so far into steps: entries appended meanwhile wait
         for the next read."""
         journal = self.journal
+        self._wall_offset = time.time() - self.clock()
         if len(journal) == journal.maxlen:  # full: the oldest entries may be lost, the first step read with them
             self._lost = True
         for _ in range(len(journal)):
@@ -256,12 +259,12 @@ class StepTracker:
         fact, self._finished = self._finished, None
         if fact is None:
             return
-        record = _record(self.rank, fact, time.time() - (self.clock() - fact[_END]), self.total_steps)
+        record = _record(self.rank, fact, self._wall_offset + fact[_END], self.total_steps)
         if not self._waiting and late.PLAIN.issuperset(map(type, record.values())):  # None is not: it leaves its field out
             self._emit(record)  # the CPU case: every value a number already
         else:
             self._waiting.append(_split(record))
-        self._send_ready()
+            self._send_ready()
 
     def _send_ready(self) -> None:
         while self._waiting:
