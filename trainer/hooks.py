@@ -43,7 +43,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from ddptop.trainer import commtimer, flightrecorder, guard, late, patches, threadstate, torchapi
 from ddptop.trainer.gpumemory import MemoryReadings
 from ddptop.trainer.policy import GuardPolicy
-from ddptop.trainer.steps import END, FORWARD, VALUES, StepTracker
+from ddptop.trainer.steps import FORWARD, VALUES, StepTracker
 
 
 class Probe:
@@ -589,13 +589,7 @@ def _optimizer_end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any =
     groups = optimizer.param_groups
     if groups and type(lr := groups[0].get("lr")) is float:  # a tensor one (capturable schedules) would need a device read
         values["lr"] = lr
-    tracker = probe.tracker  # tracker.optimizer_end, inline: it runs every step
-    tracker.optimizer_seen = True
-    losses, tracker.losses = tracker.losses, []
-    tracker.journal.append((END, tracker.clock(), tracker.step, losses, values))
-    tracker.in_step = False
-    tracker.step += 1
-    tracker.phase = "data"
+    probe.tracker.optimizer_end(values)
 
 
 def _after_step(probe: Probe) -> dict[str, Any]:
