@@ -93,7 +93,7 @@ def test_comm_spans_are_cuda_events_measured_without_waiting(nccl_world_of_one):
     timer = CommTimer()
     buffer = torch.ones(1 << 20, device="cuda")
     torch.cuda._sleep(SLEEP_CYCLES)
-    span = timer.begin_cuda()
+    span = timer.begin()
     dist.all_reduce(buffer, group=nccl_world_of_one)
     timer.end(span, buffer)
     taken = timer.take()

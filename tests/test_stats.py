@@ -27,25 +27,34 @@ def test_union_is_at_most_the_sum_and_at_least_the_longest(intervals):
 
 
 def test_a_steps_comm_is_its_buckets_union_and_their_sizes_however_many_threads_end_them():
-    """The hook begins a span on the training thread; gloo's threads end them, in any order."""
+    """The hook begins a span on the training thread; gloo's threads end them, in any
+    order, each journaling its span; the step's record has their union and sizes."""
     import threading
 
     import torch
 
-    from ddptop.trainer.commtimer import CommTimer, clock
+    from ddptop.trainer.commtimer import clock
+    from ddptop.trainer.steps import COMM, StepTracker
 
-    timer = CommTimer()
+    records: list = []
+    tracker = StepTracker(0, emit=records.append)
+    tracker.forward_begin(4)
     buffers = [torch.zeros(n) for n in (10, 20, 30)]
-    spans = [clock() for _ in buffers]  # a host span starts at the hook's own clock read
-    enders = [threading.Thread(target=timer.end, args=(span, buffer)) for span, buffer in zip(spans, buffers)]
+    spans = [clock() for _ in buffers]
+    enders = [
+        threading.Thread(target=lambda start=start, buffer=buffer: tracker.journal.append((COMM, start, clock(), buffer)))
+        for start, buffer in zip(spans, buffers)
+    ]
     for ender in reversed(enders):
         ender.start()
         ender.join()
-    taken = timer.take()
-    assert taken is not None
-    ms, nbytes = taken
-    assert nbytes == 60 * 4 and 0.0 <= ms < 1000.0
-    assert timer.take() is None, "the next step starts empty"
+    tracker.optimizer_end({})
+    tracker.forward_begin(4)
+    tracker.optimizer_end({})
+    tracker.flush()
+    first, second = records
+    assert first["comm_bytes"] == 60 * 4 and 0.0 <= first["comm_ms"] < 1000.0
+    assert "comm_ms" not in second, "the next step starts empty"
 
 
 def test_bus_bandwidth_follows_nccl_tests():

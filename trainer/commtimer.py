@@ -3,9 +3,12 @@
 A step's comm time is the union of its buckets' in-flight intervals, not
 their sum: buckets overlap with each other and with backward, and a summed
 figure could exceed the step itself. On CPU backends (gloo) the intervals
-are wall-clock, taken when the hook launches the all-reduce and when its
-future completes. On CUDA they come from events recorded on the stream,
-compared a step late (see late.py), so timing never synchronises.
+are the host clock's, read when the hook launches the all-reduce and when
+its future completes; the callback journals each one (steps.py COMM) and
+the sender's thread makes the step's figure of them (host_comm). On CUDA
+they come from events recorded on the stream, compared a step late (see
+late.py), so timing never synchronises: CommTimer keeps those until the
+step closes.
 """
 
 from __future__ import annotations
@@ -57,48 +60,36 @@ clock = time.perf_counter
 """The host clock of the spans, in seconds."""
 
 
-class CommTimer:
-    """A step's bucket intervals: host-clock spans, or CUDA events; the
-    tracker takes the finished step's, in milliseconds.
+def host_comm(spans: list[tuple[float, float, Any]]) -> tuple[float, int]:
+    """(comm ms, bytes) of a step's host-clock spans, each (start, end, the bucket's buffer)."""
+    if len(spans) == 1:  # one bucket, the usual case for a model under 25 MB
+        start, end, buffer = spans[0]
+        return (end - start) * 1000.0, int(buffer.nbytes)
+    return union_ms([(start, end) for start, end, _ in spans]) * 1000.0, sum(int(buffer.nbytes) for _, _, buffer in spans)
 
-    The hook runs on the training thread between torch's kernels, where every
-    line is paid cold, so a span begins with a clock() read the hook makes
-    itself (or a CUDA event, begin_cuda()); end() runs in the all-reduce's callback, on the backend's thread
-    for gloo, and files the span with its bucket's size. Each span is one
-    append, which is atomic, so callbacks on several threads lose none."""
+
+class CommTimer:
+    """A step's bucket intervals on a GPU, as CUDA events; the post-hook takes the finished step's.
+
+    begin() records an event on the training thread's stream as the hook
+    launches the all-reduce; end() runs in the all-reduce's callback and
+    records the other. Each span's size is one append, which is atomic."""
 
     def __init__(self) -> None:
-        self._wall: list[tuple[float, float, int]] = []
         self._cuda = CudaSpans()
-        self._cuda_bytes: list[int] = []
+        self._bytes: list[int] = []
 
-    def begin_cuda(self) -> tuple[Any, Any]:
-        """A bucket's all-reduce starts on a GPU's stream: the start of its span, a CUDA event.
-        (On the host the span starts at clock(): the hook calls it itself, one call fewer.)"""
+    def begin(self) -> tuple[Any, Any]:
         return self._cuda.begin()
 
-    def end(self, span: Any, bucket_buffer: Any) -> None:
-        if type(span) is float:
-            self._wall.append((span, clock(), bucket_buffer.nbytes))
-        else:
-            CudaSpans.end(span)
-            self._cuda_bytes.append(bucket_buffer.nbytes)
+    def end(self, span: tuple[Any, Any], bucket_buffer: Any) -> None:
+        CudaSpans.end(span)
+        self._bytes.append(bucket_buffer.nbytes)
 
-    def take(self) -> tuple[float | CudaSpans, int] | None:
-        """(comm ms, bytes) of the step just finished, or None if it sent nothing.
-
-        The milliseconds are a number for host-clock spans, and the CudaSpans
-        themselves (a late value, see late.py) for CUDA events.
-        """
-        if self._cuda.spans:
-            spans, self._cuda = self._cuda, CudaSpans()
-            sizes, self._cuda_bytes = self._cuda_bytes, []
-            return spans, sum(sizes)
-        wall = self._wall
-        if not wall:
+    def take(self) -> tuple[CudaSpans, int] | None:
+        """(comm ms as a late value, bytes) of the step just finished, or None if it sent nothing."""
+        if not self._cuda.spans:
             return None
-        self._wall = []
-        if len(wall) == 1:  # one bucket, the usual case for a model under 25 MB
-            start, end, nbytes = wall[0]
-            return (end - start) * 1000.0, nbytes
-        return union_ms([(start, end) for start, end, _ in wall]) * 1000.0, sum(nbytes for _, _, nbytes in wall)
+        spans, self._cuda = self._cuda, CudaSpans()
+        sizes, self._bytes = self._bytes, []
+        return spans, sum(sizes)

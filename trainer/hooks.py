@@ -43,7 +43,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from ddptop.trainer import commtimer, flightrecorder, guard, late, patches, threadstate, torchapi
 from ddptop.trainer.gpumemory import MemoryReadings
 from ddptop.trainer.policy import GuardPolicy
-from ddptop.trainer.steps import FORWARD, VALUES, StepTracker
+from ddptop.trainer.steps import COMM, FORWARD, VALUES, StepTracker
 
 
 class Probe:
@@ -453,9 +453,11 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
     """
 
     tracker, timer, count, callbacks = probe.tracker, probe.timer, flightrecorder.COMM_HOOK, probe.callbacks
+    journal, clock = tracker.journal.append, commtimer.clock
     local = None if reduced.solo else probe.local  # one rank's all-reduce changes nothing to check against
     default = hook if isinstance(hook, DefaultHook) else None
-    begin = timer.begin_cuda if reduced.cuda else commtimer.clock
+    cuda = reduced.cuda
+    begin: Callable[[], Any] = timer.begin if cuda else clock
 
     def timed_hook(state, bucket):
         tracker.phase = "comm"
@@ -467,7 +469,10 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
         count.last = buffer
 
         def done(fut):
-            timer.end(span, buffer)
+            if cuda:
+                timer.end(span, buffer)
+            else:  # the span goes to the step in the journal: the sender's thread makes the step's comm of it
+                journal((COMM, span, clock(), buffer))
             count.completed += 1
             threadstate.keep()
             value = fut.value()
@@ -594,15 +599,15 @@ def _optimizer_end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any =
 
 def _after_step(probe: Probe) -> dict[str, Any]:
     """What a step's record gets once it is over, applied or skipped by a scaler:
-    comm, memory, and on checksum steps the parameters' checksum."""
+    on a GPU comm and memory, and on checksum steps the parameters' checksum."""
     values: dict[str, Any] = {}
     if probe.cuda:
-        values = probe.memory.get()
+        values.update(probe.memory.get())
         if probe.tracker.losses:  # summed on the device now, on the training thread's stream, and read a step late
             probe.tracker.losses = late.losses(probe.tracker.losses)
-    comm = probe.timer.take()
-    if comm is not None:
-        values["comm_ms"], values["comm_bytes"] = comm
+        comm = probe.timer.take()  # host spans went to the journal as each all-reduce completed
+        if comm is not None:
+            values["comm_ms"], values["comm_bytes"] = comm
     every = probe.policy.desync_every
     if every and probe.tracker.step % every == 0:
         values["checksum"] = guard.checksum(probe.parameters())

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddptop.core import wire
-from ddptop.trainer import late
+from ddptop.trainer import commtimer, late
 
 MAX_WAITING = 8
 """Records whose GPU values are not readable yet; past that the oldest goes
@@ -68,6 +68,9 @@ called on during it (a list, or the sum already on its way from a GPU), values w
 hooks measured after the optimizer (comm, memory, the learning rate)."""
 RESUME = 4
 """(RESUME, step): the script went on from a checkpoint, so steps jump to `step`."""
+COMM = 5
+"""(COMM, start, end, buffer): a bucket's all-reduce, on the host clock (appended by the
+all-reduce's callback, on gloo's thread, before the step's END: DDP waits for it)."""
 
 # A closed step's facts, by position in its list (a list, not an object: one is made every step).
 _STEP, _START, _FIRST, _END, _SAMPLES, _TOKENS, _LOSS, _VALUES = range(8)
@@ -113,6 +116,7 @@ class StepTracker:
         self._tokens = 0
         self._given_loss: Any = None
         self._values: dict[str, Any] = {}
+        self._spans: list[tuple[Any, ...]] = []
         self._finished: list[Any] | None = None
         """The facts of the step read closed last, while a monitor.step() may still add to them."""
         self._wall_offset = 0.0
@@ -213,6 +217,8 @@ class StepTracker:
                 self._values.update(entry[1])
             elif kind == END:
                 self._close(entry)
+            elif kind == COMM:
+                self._spans.append(entry[1:])
             elif kind == GIVEN:
                 self._given(entry[1], entry[2], entry[3])
             else:
@@ -247,9 +253,12 @@ class StepTracker:
             given = self._given_loss
             loss = given if given is not None else (losses or None) if type(losses) is list else losses
             self._finished = [step, self._last_end, self._first, end, self._samples, self._tokens, loss, self._values]
+            if self._spans:
+                self._values["comm_ms"], self._values["comm_bytes"] = commtimer.host_comm(self._spans)
             if values:
                 self._values.update(values)
         self._values = {}
+        self._spans = []
         self._samples = self._tokens = 0
         self._given_loss = self._first = None
         self._last_end = end
