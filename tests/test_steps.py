@@ -113,6 +113,15 @@ def test_without_an_optimizer_monitor_step_is_the_boundary():
     assert tracker.step == 3
 
 
+def test_without_an_optimizer_each_monitor_step_gives_its_own_step_its_values():
+    tracker, out, clock = make()
+    for step in range(3):
+        clock.now += 0.05
+        tracker.explicit(loss=float(step), samples=4 + step, tokens=None)
+    tracker.flush()
+    assert [(r["step"], r["loss"], r["samples"]) for r in out] == [(0, 0.0, 4), (1, 1.0, 5), (2, 2.0, 6)]
+
+
 def test_gpu_values_hold_a_record_until_readable_never_blocking():
     tracker, out, clock = make()
     pending = NotYet(7.0)

@@ -60,8 +60,9 @@ FORWARD = 0
 VALUES = 1
 """(VALUES, values): what the hooks measured before the optimizer ran (the guard's)."""
 GIVEN = 2
-"""(GIVEN, loss, samples, tokens): what monitor.step() said, for the step just closed
-if no training forward came since, else for the step in progress."""
+"""(GIVEN, loss, samples, tokens, closes): what monitor.step() said, for the step just
+closed if no training forward came since, else for the step in progress; `closes` when
+no torch optimizer marks the steps, so the call ends the step it speaks for (END follows)."""
 END = 3
 """(END, time, step, losses, values): the step closed; losses is what backward() was
 called on during it (a list, or the sum already on its way from a GPU), values what the
@@ -159,10 +160,12 @@ class StepTracker:
         """
         if getattr(loss, "is_cuda", False):  # its copy to the host starts now, on the training thread's stream
             loss = late.scalar(loss)
-        self.journal.append((GIVEN, loss, samples, tokens))
-        if not self.optimizer_seen:  # no torch.optim step marks the boundary, so this call does
-            self.optimizer_end({})
-            self.optimizer_seen = False
+        if self.optimizer_seen:
+            self.journal.append((GIVEN, loss, samples, tokens, False))
+            return
+        self.journal.append((GIVEN, loss, samples, tokens, True))  # no torch.optim step marks the boundary, so this call does
+        self.optimizer_end({})
+        self.optimizer_seen = False
 
     def resumed_at(self, step: int) -> None:
         """The script goes on from a checkpoint: its next step is `step`, and so is ours."""
@@ -220,6 +223,8 @@ class StepTracker:
             elif kind == COMM:
                 self._spans.append(entry[1:])
             elif kind == GIVEN:
+                if entry[4] and self._finished is not None:  # it speaks for the step it closes, not the one before
+                    self._seal()
                 self._given(entry[1], entry[2], entry[3])
             else:
                 self._next_step = entry[1]
