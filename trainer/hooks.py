@@ -308,18 +308,19 @@ def _wrap_backward(probe: Probe) -> None:
     divided back by its scale at once, while the scale is known.
     """
     original = torch.autograd.backward
-    tracker = probe.tracker
+    tracker, tensor_type = probe.tracker, torch.Tensor
 
     @functools.wraps(original)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        if not isinstance(tensors, torch.Tensor):
+        one = isinstance(tensors, tensor_type)
+        if not one:
             tensors = tuple(tensors)  # the original takes any iterable: read it once, for both
         result = original(tensors, *args, **kwargs)
         if tracker.in_step:
-            if probe.scaled or not isinstance(tensors, torch.Tensor):
-                tracker.losses += _loss_values(probe, tensors)
-            else:
+            if one and not probe.scaled:
                 tracker.losses.append(tensors)
+            else:
+                tracker.losses += _loss_values(probe, tensors)
         return result
 
     patches.replace(torch.autograd, "backward", backward)
