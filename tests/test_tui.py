@@ -239,6 +239,21 @@ async def test_quit_in_launch_can_stop_the_job(job):
     assert app.return_value == "stop" and job.commands == [{"type": "command", "action": "stop"}]
 
 
+async def test_stopping_a_job_that_ended_while_the_question_was_open_just_quits(job):
+    """The supervisor closes the dashboard's connection as its job ends: a stop chosen
+    after that has nothing to stop, and the dashboard quits without an error."""
+    job.feed(world=2)
+    app = dashboard(job, mode="launch")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(lambda: table(app).row_count == 2, "rows")
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        await job.finish()
+        await until(lambda: app.source._ended.is_set(), "the supervisor's end of stream")
+        await pilot.press("s")
+    assert app.return_value == "stop" and job.commands == []
+
+
 async def test_quit_in_attach_only_detaches(job):
     job.feed(world=2)
     app = dashboard(job, mode="attach")

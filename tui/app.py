@@ -44,6 +44,7 @@ TICK_S = 0.1
 PLOT_S = 1.0
 MIN_SIZE = (60, 16)
 FIXED_ROWS = 8
+GONE = "the supervisor is gone (its job has ended): nothing was sent"
 """The header (2), the alerts (5) and the footer (1)."""
 CHART_ROWS = 9
 """The fewest rows a row of charts is readable in; the charts' caption takes one more."""
@@ -270,8 +271,7 @@ class DdptopApp(App[str | None]):
         """Ask the supervisor for a rank's log tail, which the rank's own node reads and sends."""
         if not self.job_running():
             return False
-        await self.source.command("log_tail", rank)
-        return True
+        return await self.source.command("log_tail", rank)
 
     def action_detail(self) -> None:
         if self.showing_nodes():
@@ -294,9 +294,10 @@ class DdptopApp(App[str | None]):
             return
 
         async def answered(yes: bool | None) -> None:
-            if yes:
-                await self.source.command("restart")
+            if yes and await self.source.command("restart"):
                 self.notify("restart requested: torchrun restarts the group within --max-restarts")
+            elif yes:
+                self.notify(GONE, severity="warning")
 
         self.push_screen(ConfirmScreen("Restart the whole worker group (kill every rank)?"), answered)
 
@@ -307,9 +308,10 @@ class DdptopApp(App[str | None]):
             return
 
         async def answered(yes: bool | None) -> None:
-            if yes:
-                await self.source.command("kill_rank", rank)
+            if yes and await self.source.command("kill_rank", rank):
                 self.notify(f"rank {rank} killed")
+            elif yes:
+                self.notify(GONE, severity="warning")
 
         self.push_screen(ConfirmScreen(f"Kill rank {rank} (SIGKILL)?"), answered)
 
@@ -321,7 +323,7 @@ class DdptopApp(App[str | None]):
 
         async def chosen(choice: str | None) -> None:
             if choice == "stop":
-                await self.source.command("stop")
+                await self.source.command("stop")  # a supervisor already gone has nothing left to stop
             if choice is not None:
                 await self.source.close()
                 self.exit(choice)

@@ -59,15 +59,21 @@ class LiveSource:
         finally:
             self._ended.set()
 
-    async def command(self, action: str, rank: int | None = None) -> None:
-        """Ask the supervisor to act (stop, restart, kill_rank)."""
+    async def command(self, action: str, rank: int | None = None) -> bool:
+        """Ask the supervisor to act (stop, restart, kill_rank); whether it could be asked.
+        A supervisor that is gone (its job ended while a question was open) cannot: that
+        is an answer, not an error."""
         if self._writer is None or self._writer.is_closing():
-            return
+            return False
         frame: wire.Frame = {"type": "command", "action": action}
         if rank is not None:
             frame["rank"] = rank
-        self._writer.write(wire.encode(frame))
-        await self._writer.drain()
+        try:
+            self._writer.write(wire.encode(frame))
+            await self._writer.drain()
+        except OSError:  # ConnectionResetError and BrokenPipeError among them
+            return False
+        return True
 
     async def close(self) -> None:
         """Leave, after the supervisor has read what was sent: half-close, and wait (briefly)
@@ -119,8 +125,9 @@ class ReplaySource:
             with contextlib.suppress(OSError):
                 snapshot.save(self.run.snapshot_path, state, end_position(self.run.events_path))
 
-    async def command(self, action: str, rank: int | None = None) -> None:
+    async def command(self, action: str, rank: int | None = None) -> bool:
         """A finished run takes no commands."""
+        return False
 
     async def close(self) -> None:
         return None
