@@ -149,6 +149,7 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=200)
     args = parser.parse_args()
     report(args, measure(args))
+    inrank.exit_now()
 
 
 if __name__ == "__main__":
