@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import until
 from synthetic import synthetic_job
+from textual.pilot import Pilot
 from textual.widgets import Log
 
 from ddptop.core import rundir
@@ -216,13 +217,18 @@ async def test_restart_group_asks_first(job):
         assert job.commands == [{"type": "command", "action": "restart"}]
 
 
+async def at_the_quit_question(app: DdptopApp, pilot: Pilot) -> None:
+    """Two ranks' rows drawn, then q: launch's dashboard asks what becomes of the job."""
+    await until(lambda: table(app).row_count == 2, "rows")
+    await pilot.press("q")
+    assert isinstance(app.screen, QuitScreen)
+
+
 async def test_quit_in_launch_can_leave_the_job_running(job):
     job.feed(world=2)
     app = dashboard(job, mode="launch")
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(lambda: table(app).row_count == 2, "rows")
-        await pilot.press("q")
-        assert isinstance(app.screen, QuitScreen)
+        await at_the_quit_question(app, pilot)
         await pilot.press("l")
     await until(lambda: job.hub.viewers.attached == 0, "the dashboard detached")  # its commands, if any, came before
     assert app.return_value == "leave" and job.commands == []
@@ -245,9 +251,7 @@ async def test_stopping_a_job_that_ended_while_the_question_was_open_just_quits(
     job.feed(world=2)
     app = dashboard(job, mode="launch")
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(lambda: table(app).row_count == 2, "rows")
-        await pilot.press("q")
-        assert isinstance(app.screen, QuitScreen)
+        await at_the_quit_question(app, pilot)
         await job.finish()
         await until(lambda: app.source._ended.is_set(), "the supervisor's end of stream")
         await pilot.press("s")
