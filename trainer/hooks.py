@@ -43,7 +43,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from ddptop.trainer import commtimer, flightrecorder, guard, late, patches, threadstate, torchapi
 from ddptop.trainer.gpumemory import MemoryReadings
 from ddptop.trainer.policy import GuardPolicy
-from ddptop.trainer.steps import COMM, FORWARD, VALUES, StepTracker
+from ddptop.trainer.steps import COMM, StepTracker
 
 
 class Probe:
@@ -355,7 +355,6 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
     step at a training one (in train mode, with grad), and at a DDP model's
     first forward registers the comm hook."""
     tracker, unstarted = probe.tracker, probe.unstarted
-    journal, clock = tracker.journal.append, tracker.clock
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -363,14 +362,12 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
             unstarted.discard(id(self))
             _ensure_comm_hook(self, probe)
         tracker.forwards += 1
-        if self.training and torch.is_grad_enabled():  # tracker.forward_begin, inline: it runs every forward
-            tracker.in_step = True
+        if self.training and torch.is_grad_enabled():
             if args and not kwargs and isinstance(first := args[0], torch.Tensor) and (shape := first.shape):  # model(x)
                 tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in _TOKEN_DTYPES else None
-                journal((FORWARD, clock(), shape[0], tokens))
+                tracker.forward_begin(shape[0], tokens)
             else:
-                journal((FORWARD, clock(), _batch_size(args, kwargs), _tokens(args, kwargs)))
-            tracker.phase = "forward"
+                tracker.forward_begin(_batch_size(args, kwargs), _tokens(args, kwargs))
         output = original(self, *args, **kwargs)
         tracker.phase = "backward"
         return output
@@ -502,10 +499,7 @@ def _optimizer_begin(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any
     if not probe.resume_seen:
         probe.resume_seen = True
         _follow_the_scripts_resume(probe, optimizer)
-    tracker = probe.tracker  # tracker.optimizer_begin, inline: it runs every step
-    tracker.phase = "optimizer"
-    if values:
-        tracker.journal.append((VALUES, values))
+    probe.tracker.optimizer_begin(values)
 
 
 RESUMED_FROM = "its optimizer's state (the script's own checkpoint)"

@@ -92,7 +92,7 @@ class StepTracker:
         self.total_steps: int | None = None
         self.journal: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_JOURNAL)
         """What happened on the training thread, in order, for the sender's thread to make
-        records of (build()); the hooks append to it themselves on their hottest paths."""
+        records of (build()); the comm hook's callbacks append their spans to it themselves."""
         self.in_step = False
         """Whether a training forward ran since the last step closed (a backward() before
         one is outside any step, and not the step's loss)."""
@@ -105,8 +105,7 @@ class StepTracker:
         self.dropped = 0
         """Steps lost unbuilt past MAX_JOURNAL, counted as the journal is read."""
         self._emit = emit
-        self.clock = clock
-        """The clock of the steps' times, which the hooks read too when they journal."""
+        self._clock = clock
         self._building = threading.Lock()
         """Held while the journal is read and records are sent: by the sender's thread, or
         by the training thread's event() and flush()."""
@@ -129,9 +128,9 @@ class StepTracker:
         self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
 
     def forward_begin(self, samples: int | None, tokens: int | None = None) -> None:
-        """A training forward begins (hooks.py journals the same itself, inline)."""
+        """A training forward begins."""
         self.in_step = True
-        self.journal.append((FORWARD, self.clock(), samples, tokens))
+        self.journal.append((FORWARD, self._clock(), samples, tokens))
         self.phase = "forward"
 
     def optimizer_begin(self, values: dict[str, Any]) -> None:
@@ -144,7 +143,7 @@ class StepTracker:
         """Close the step; values holds what the hooks measured after it (comm, memory)."""
         self.optimizer_seen = True
         losses, self.losses = self.losses, []
-        self.journal.append((END, self.clock(), self.step, losses, values))
+        self.journal.append((END, self._clock(), self.step, losses, values))
         self.in_step = False
         self.step += 1
         self.phase = "data"
@@ -201,7 +200,7 @@ class StepTracker:
         """Turn the journal's entries so far into steps: entries appended meanwhile wait
         for the next read."""
         journal = self.journal
-        self._wall_offset = time.time() - self.clock()
+        self._wall_offset = time.time() - self._clock()
         if len(journal) == journal.maxlen:  # full: the oldest entries may be lost, the first step read with them
             self._lost = True
         for _ in range(len(journal)):
