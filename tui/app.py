@@ -44,10 +44,10 @@ TICK_S = 0.1
 PLOT_S = 1.0
 MIN_SIZE = (60, 16)
 FIXED_ROWS = 8
-GONE = "the supervisor is gone (its job has ended): nothing was sent"
 """The header (2), the alerts (5) and the footer (1)."""
 CHART_ROWS = 9
 """The fewest rows a row of charts is readable in; the charts' caption takes one more."""
+GONE = "the supervisor is gone (its job has ended): nothing was sent"
 
 
 class DdptopApp(App[str | None]):
@@ -288,16 +288,21 @@ class DdptopApp(App[str | None]):
     def action_logs(self) -> None:
         self._open_detail(logs=True)
 
+    async def ask(self, action: str, rank: int | None, done: str) -> None:
+        """Send a command the user confirmed, and say what became of it."""
+        if await self.source.command(action, rank):
+            self.notify(done)
+        else:
+            self.notify(GONE, severity="warning")
+
     def action_restart_group(self) -> None:
         if not self.job_running():
             self.notify("no running job to restart", severity="warning")
             return
 
         async def answered(yes: bool | None) -> None:
-            if yes and await self.source.command("restart"):
-                self.notify("restart requested: torchrun restarts the group within --max-restarts")
-            elif yes:
-                self.notify(GONE, severity="warning")
+            if yes:
+                await self.ask("restart", None, "restart requested: torchrun restarts the group within --max-restarts")
 
         self.push_screen(ConfirmScreen("Restart the whole worker group (kill every rank)?"), answered)
 
@@ -308,10 +313,8 @@ class DdptopApp(App[str | None]):
             return
 
         async def answered(yes: bool | None) -> None:
-            if yes and await self.source.command("kill_rank", rank):
-                self.notify(f"rank {rank} killed")
-            elif yes:
-                self.notify(GONE, severity="warning")
+            if yes:
+                await self.ask("kill_rank", rank, f"rank {rank} killed")
 
         self.push_screen(ConfirmScreen(f"Kill rank {rank} (SIGKILL)?"), answered)
 
