@@ -594,7 +594,8 @@ def _optimizer_end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any =
 
 def _after_step(probe: Probe) -> dict[str, Any]:
     """What a step's record gets once it is over, applied or skipped by a scaler:
-    on a GPU comm and memory, and on checksum steps the parameters' checksum."""
+    on a GPU comm and memory (and the step's losses summed on the device), and on
+    checksum steps the parameters' checksum."""
     values: dict[str, Any] = {}
     if probe.cuda:
         values.update(probe.memory.get())
