@@ -177,7 +177,7 @@ def floor(args: argparse.Namespace, example: Any, torch_device: Any, norm: bool)
         return hooks.allreduce_buffer(group, world, bucket.buffer()).then(unwrap)
 
     def verdict(optimizer: Any, hook_args: Any, hook_kwargs: Any) -> None:
-        value = torch._foreach_norm(reduced)[0]
+        value = torch.linalg.vector_norm(reduced[0])  # one bucket's norm, the cheapest way there is (guard.norm_of)
         if not value.is_cuda:  # a CPU rank reads it to decide a skip; on CUDA ddptop reads it a step late
             float(value)
 

@@ -34,6 +34,18 @@ def test_grad_norm_matches_torch_and_sees_inf():
     assert grad_norm([]) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_one_bucket_s_norm_is_the_foreach_norm_to_the_bit(dtype):
+    """norm_of takes one CPU tensor's norm directly, for speed; it must be the value _foreach_norm gives."""
+    torch.manual_seed(0)
+    for size in (1, 1000, 85_002, 3_000_001):
+        bucket = (torch.randn(size) * 7).to(dtype)
+        direct, foreach = guard.norm_of([bucket]), torch._foreach_norm([bucket])[0]
+        assert direct.dtype == foreach.dtype and direct.item() == foreach.item()
+    bucket[-1] = float("nan")
+    assert math.isnan(guard.norm_of([bucket]).item())
+
+
 def test_clip_enforces_the_norm_and_leaves_clipped_grads_bitwise_alone():
     model = model_with_grads(scale=1e4)
     grads = [p.grad for p in model.parameters()]
