@@ -23,6 +23,7 @@ process reads and drops.
     python bench/inrank.py --without comm-hook --without guard   # what the rest costs
     python bench/inrank.py --ranks 4 --blocks 100   # the example as `--gpus 4` runs it
     python bench/inrank.py --floor   # beside it, the least the measurements asked for can cost
+    python bench/inrank.py --floor --lines   # and where in the step each job's cost falls
 
 Last, it times the heartbeat's look at the main thread (trainer/where.py)
 from another thread while the instrumented job trains: the one in-rank cost
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import statistics
 import subprocess
@@ -91,6 +93,35 @@ class Job:
             loss.backward()
             self.optimizer.step()
             monitor.step(loss=loss, samples=x.shape[0])
+
+    def run_lines(self, steps: int, took: dict[str, list[float]]) -> None:
+        """run(), with each line's wall time added to took[line]: where a job's
+        cost falls in the step, torch's own time included (--lines)."""
+        from ddptop.trainer import monitor
+
+        clock = time.perf_counter
+        for _ in range(steps):
+            t0 = clock()
+            _, _, (x, y) = next(self.data)
+            x, y = x.to(self.device), y.to(self.device)
+            t1 = clock()
+            output = self.model(x)
+            t2 = clock()
+            loss = self.loss_fn(output, y)
+            self.optimizer.zero_grad(set_to_none=True)
+            t3 = clock()
+            loss.backward()
+            t4 = clock()
+            self.optimizer.step()
+            t5 = clock()
+            monitor.step(loss=loss, samples=x.shape[0])
+            t6 = clock()
+            for line, start, end in zip(LINES, (t0, t1, t2, t3, t4, t5), (t1, t2, t3, t4, t5, t6)):
+                took[line].append(end - start)
+
+
+LINES = ("next batch", "model(x)", "loss, zero_grad", "loss.backward()", "optimizer.step()", "monitor.step()")
+"""The lines of the example's step --lines times, as Job.run_lines splits it."""
 
 
 def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> tuple[Job, Callable[[bool], None]]:
@@ -227,6 +258,8 @@ def measure(args: argparse.Namespace) -> None:
     hooked, bind = instrumented(args, example, torch_device)
     jobs["ddptop"] = hooked
 
+    lines: dict[Job, dict[str, list[float]]] = {job: {line: [] for line in LINES} for job in jobs.values()}
+
     def block(job: Job, steps: int) -> tuple[float, float]:
         bind(job is hooked)
         # ddptop replaces class methods (DDP.forward) and torch.autograd.backward, which every job calls.
@@ -235,13 +268,17 @@ def measure(args: argparse.Namespace) -> None:
             if cuda:
                 torch.cuda.synchronize()
             wall, cpu = time.perf_counter(), time.process_time()
-            job.run(steps)
+            if args.lines:
+                job.run_lines(steps, lines[job])
+            else:
+                job.run(steps)
             if cuda:
                 torch.cuda.synchronize()
         return (time.perf_counter() - wall) / steps * 1e3, (time.process_time() - cpu) / steps * 1e3
 
     for job in jobs.values():
         block(job, 50)
+        lines[job] = {line: [] for line in LINES}
     if args.profile and leader:
         profile(lambda: block(hooked, 2000))
     elif args.profile:
@@ -259,6 +296,8 @@ def measure(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
     if leader:
         report(args, world, times)
+        if args.lines:
+            report_lines({name: lines[job] for name, job in jobs.items()})
         print(
             f"heartbeat's look at the main thread (trainer/where.py), on ddptop's thread once a second: "
             f"median {statistics.median(sampled) * 1e6:.1f} µs a look ({len(sampled)} looks while the job trained), "
@@ -364,6 +403,26 @@ def report(args: argparse.Namespace, world: int, times: dict[str, list[tuple[flo
     print(f"1% of the plain step: {plain[0] * 10:.0f} µs")
 
 
+def report_lines(lines: dict[str, dict[str, list[float]]]) -> None:
+    """Each line's median per job, and each job's difference from the one before it
+    (the floor's from the plain job's, ddptop's from the floor's): what the whole
+    costs line by line, where the in-place timings (bench/inplace.py) leave out
+    what ddptop's code makes torch's own code cost after it. On CUDA these are
+    the host's times, which end as each kernel is queued."""
+    names = list(lines)
+    medians = {name: {line: statistics.median(took) * 1e6 for line, took in lines[name].items()} for name in names}
+
+    def row(label: str, values: dict[str, float]) -> None:
+        cells = [f"{values[names[0]]:>17.1f}"]
+        cells += [f"{values[name]:>9.1f} ({values[name] - values[before]:+5.1f})" for before, name in itertools.pairwise(names)]
+        print(f"{label:<28}" + "".join(cells))
+
+    print(f"{'µs a step, median by line':<28}" + "".join(f"{name[:16]:>17}" for name in names))
+    for line in LINES:
+        row(line, {name: medians[name][line] for name in names})
+    row("sum of the lines", {name: sum(medians[name].values()) for name in names})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--width", type=int, default=256)
@@ -385,6 +444,7 @@ def main() -> None:
         "--floor", action="store_true", help="also run a bare Python comm hook, and one with a grad norm, beside ddptop (see above)"
     )
     parser.add_argument("--ranks", type=int, default=1, help="ranks, under torchrun when more than one")
+    parser.add_argument("--lines", action="store_true", help="also time each line of the step, per job (see report_lines)")
     args = parser.parse_args()
     if args.ranks > 1 and "WORLD_SIZE" not in os.environ:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks)]
