@@ -1,5 +1,7 @@
 """The step tracker as plain Python, with a hand-driven clock."""
 
+import threading
+
 from ddptop.trainer.steps import StepTracker
 
 
@@ -78,6 +80,82 @@ def test_steps_are_built_when_asked_in_order_and_an_event_goes_after_all_but_the
     tracker.explicit(loss=0.5, samples=None, tokens=None)
     tracker.flush()
     assert [(r["type"], r["step"], r.get("loss")) for r in out[3:]] == [("step", 3, None), ("checkpoint", 4, None), ("step", 4, 0.5)]
+
+
+class Loss:
+    """A CPU loss tensor as the tracker sees one, counting where it is read."""
+
+    is_cuda = False
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+        self.read_on: list[str] = []
+
+    def numel(self) -> int:
+        return 1
+
+    def is_floating_point(self) -> bool:
+        return True
+
+    def item(self) -> float:
+        self.read_on.append(threading.current_thread().name)
+        return self.value
+
+
+def backward_step(tracker: StepTracker, clock: Clock, *losses: Loss) -> None:
+    """A step whose script called backward() on losses, as hooks.py hands them over."""
+    clock.now += 0.01
+    tracker.forward_begin(8)
+    tracker.losses += losses
+    tracker.optimizer_begin({})
+    tracker.optimizer_end({})
+
+
+def test_backward_losses_are_read_on_the_training_thread_once_the_next_step_begins():
+    tracker, out, clock = make()
+    first, second, third = Loss(1.0), Loss(0.5), Loss(2.0)
+    backward_step(tracker, clock, first, second)  # gradient accumulation: two backward() calls
+    built = threading.Thread(target=tracker.build, name="sender")
+    built.start()
+    built.join()
+    assert first.read_on == [], "held for a monitor.step() after optimizer.step()"
+    backward_step(tracker, clock, third)
+    built = threading.Thread(target=tracker.build, name="sender")
+    built.start()
+    built.join()
+    assert out[0]["loss"] == 1.5
+    assert first.read_on == second.read_on == ["MainThread"]
+    tracker.flush()  # at exit, on the training thread: the last step's too
+    assert out[1]["loss"] == 2.0 and third.read_on == ["MainThread"]
+
+
+def test_a_loss_monitor_step_gives_leaves_the_backward_losses_unread():
+    tracker, out, clock = make()
+    after, during = Loss(1.0), Loss(3.0)
+    backward_step(tracker, clock, after)
+    tracker.explicit(loss=Loss(0.25), samples=None, tokens=None)  # after optimizer.step(): for step 0
+    clock.now += 0.01
+    tracker.forward_begin(8)
+    tracker.losses.append(during)
+    tracker.explicit(loss=Loss(0.75), samples=None, tokens=None)  # before optimizer.step(): for step 1
+    tracker.optimizer_begin({})
+    tracker.optimizer_end({})
+    tracker.flush()
+    assert [r["loss"] for r in out] == [0.25, 0.75]
+    assert after.read_on == during.read_on == []
+
+
+def test_steps_closed_with_no_forward_between_the_first_keeps_the_losses():
+    """Two optimizers stepped after one backward() (two halves of a model):
+    the losses are the first step's, read as the second closes."""
+    tracker, out, clock = make()
+    loss = Loss(1.0)
+    backward_step(tracker, clock, loss)
+    tracker.optimizer_begin({})
+    tracker.optimizer_end({})
+    assert loss.read_on == ["MainThread"]
+    tracker.flush()
+    assert [(r["step"], r.get("loss")) for r in out] == [(0, 1.0), (1, None)]
 
 
 def test_explicit_values_before_optimizer_step_join_the_step_in_progress():

@@ -79,7 +79,7 @@ class Probe:
         """The ids of the DDP models whose first forward has not run (it registers the comm hook)."""
         self.cuda = False
         """Whether the latest step's gradients were on a GPU (before the first, whether a DDP
-        model is): only then is GPU memory read and the step's losses summed on the device."""
+        model is): only then is GPU memory read."""
         self.groups: dict[int, Any] = {}
         """The process groups of the DDP models, kept to the rank's end (threadstate.py says why)."""
         self.scaled: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
@@ -302,10 +302,9 @@ def _wrap_backward(probe: Probe) -> None:
 
     The wrapper only hands the tensor over: it runs between the backward and
     the optimizer, where every line is paid cold, so the checks and the read
-    wait for the step's close (CUDA: summed on the device, read a step late)
-    or its record (CPU: read on the sender's thread; a loss is not written
-    to after its backward). A loss GradScaler scaled is the exception: it is
-    divided back by its scale at once, while the scale is known.
+    wait for the step's close (late.losses; CUDA: summed on the device, read
+    a step late). A loss GradScaler scaled is the exception: it is divided
+    back by its scale at once, while the scale is known.
     """
     original = torch.autograd.backward
     tracker, tensor_type = probe.tracker, torch.Tensor
@@ -594,13 +593,10 @@ def _optimizer_end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any =
 
 def _after_step(probe: Probe) -> dict[str, Any]:
     """What a step's record gets once it is over, applied or skipped by a scaler:
-    on a GPU comm and memory (and the step's losses summed on the device), and on
-    checksum steps the parameters' checksum."""
+    on a GPU comm and memory, and on checksum steps the parameters' checksum."""
     values: dict[str, Any] = {}
     if probe.cuda:
         values.update(probe.memory.get())
-        if probe.tracker.losses:  # summed on the device now, on the training thread's stream, and read a step late
-            probe.tracker.losses = late.losses(probe.tracker.losses)
         comm = probe.timer.take()  # host spans went to the journal as each all-reduce completed
         if comm is not None:
             values["comm_ms"], values["comm_bytes"] = comm

@@ -92,11 +92,17 @@ def scalar(value: Any) -> float | Late | None:
 
 
 def losses(values: list[Any]) -> Any:
-    """A step's backward() values as its step closes, unread: on a GPU, the loss tensors summed
-    on the device (on the training thread's stream) and on their way to the host, a Late; else
-    the list as it is, read as the record is built (scalar)."""
+    """A closed step's backward() values, on the training thread (steps.LOSS): on a GPU, the
+    loss tensors summed on the device (on its stream) and on their way to the host, a Late; on
+    the CPU their sum, read now (None when none was a loss).
+
+    A CPU step's losses are read on the training thread, not held for the sender's: tensors
+    held for another thread and freed there leave the training thread's next steps slower
+    (their graphs, and memory its allocator gets back on another thread). In the example's
+    step the backward ran 12 to 17 µs slower so, and reading a loss costs 7 µs in place
+    (bench/inrank.py --lines; docs/benchmarks.md)."""
     if not getattr(values[0], "is_cuda", False):
-        return values
+        return _loss_sum(values)
     total: Any = None
     for value in values:
         if is_loss(value):

@@ -27,9 +27,10 @@ order, so a monitor.step() after optimizer.step() adds to the step just
 closed until a training forward is read, and the record of a step is made
 only then (or at the next step's close, or at exit): a rank whose training
 stopped (a long evaluation, a hang) has all its steps but the last sent all
-the same. A loss stays unread until its record is made; values that live on
-the GPU are Late objects, and a record leaves only when all of its values
-can be read without waiting (a step late, usually).
+the same. The one value read on the training thread is a CPU step's loss,
+after the step has closed and only if no monitor.step() gave it (LOSS;
+late.losses says why); values that live on the GPU are Late objects, and a record leaves only when all of its values can be read
+without waiting (a step late, usually).
 No torch here: the tracker is plain Python and tested as such.
 """
 
@@ -64,14 +65,17 @@ GIVEN = 2
 closed if no training forward came since, else for the step in progress; `closes` when
 no torch optimizer marks the steps, so the call ends the step it speaks for (END follows)."""
 END = 3
-"""(END, time, step, losses, values): the step closed; losses is what backward() was
-called on during it (a list, or the sum already on its way from a GPU), values what the
-hooks measured after the optimizer (comm, memory, the learning rate)."""
+"""(END, time, step, values): the step closed; values is what the hooks measured after the
+optimizer (comm, memory, the learning rate)."""
 RESUME = 4
 """(RESUME, step): the script went on from a checkpoint, so steps jump to `step`."""
 COMM = 5
 """(COMM, start, end, buffer): a bucket's all-reduce, on the host clock (appended by the
 all-reduce's callback, on gloo's thread, before the step's END: DDP waits for it)."""
+LOSS = 6
+"""(LOSS, loss): the sum of what backward() was called on during the step closed last (read,
+or on its way from a GPU; None when none was a loss), taken as the next training forward
+begins, or the next step closes, unless monitor.step() gave that step's loss."""
 
 # A closed step's facts, by position in its list (a list, not an object: one is made every step).
 _STEP, _START, _FIRST, _END, _SAMPLES, _TOKENS, _LOSS, _VALUES = range(8)
@@ -96,10 +100,15 @@ class StepTracker:
         self.in_step = False
         """Whether a training forward ran since the last step closed (a backward() before
         one is outside any step, and not the step's loss)."""
-        self.losses: Any = []
+        self.losses: list[Any] = []
         """What backward() was called on in this step, as hooks.py hands it over (tensors, or
-        floats it read already): the step's loss is their sum, read as its record is built.
-        On a GPU the hooks replace the list with its sum as the step closes (late.losses)."""
+        floats it read already): the step's loss is their sum (late.losses), taken on this
+        thread once the step has closed (LOSS)."""
+        self._held: list[Any] | None = None
+        """The losses of the step closed last, until the next training forward or close takes
+        them (a monitor.step() for that step drops them: its loss wins)."""
+        self._loss_given = False
+        """Whether monitor.step() gave a loss for the step in progress: its losses are dropped."""
         self.optimizer_seen = False
         """Whether a torch optimizer has closed a step: until one has, monitor.step() does."""
         self.dropped = 0
@@ -129,6 +138,8 @@ class StepTracker:
 
     def forward_begin(self, samples: int | None, tokens: int | None = None) -> None:
         """A training forward begins."""
+        if self._held is not None:
+            self._take_held()
         self.in_step = True
         self.journal.append((FORWARD, self._clock(), samples, tokens))
         self.phase = "forward"
@@ -140,10 +151,22 @@ class StepTracker:
             self.journal.append((VALUES, values))
 
     def optimizer_end(self, values: dict[str, Any]) -> None:
-        """Close the step; values holds what the hooks measured after it (comm, memory)."""
+        """Close the step; values holds what the hooks measured after it (comm, memory).
+
+        Its losses are held, not read: a monitor.step() after optimizer.step(), the usual
+        place, gives the step's loss itself, and reading one costs the training thread
+        a torch call. What no such call took is read as the next training forward begins.
+        They are read on this thread, not the sender's: a tensor held for another thread
+        and freed there leaves the training thread's next steps slower (late.losses)."""
         self.optimizer_seen = True
-        losses, self.losses = self.losses, []
-        self.journal.append((END, self._clock(), self.step, losses, values))
+        if self._held is not None:  # two steps closed with no forward between (two optimizers)
+            self._take_held()
+        if self._loss_given:
+            self._loss_given = False
+        elif self.losses:
+            self._held = self.losses
+        self.losses = []
+        self.journal.append((END, self._clock(), self.step, values))
         self.in_step = False
         self.step += 1
         self.phase = "data"
@@ -157,8 +180,13 @@ class StepTracker:
 
         They override what the hooks counted (samples from the batch dimension).
         """
-        if getattr(loss, "is_cuda", False):  # its copy to the host starts now, on the training thread's stream
+        if hasattr(loss, "is_cuda"):  # a CPU tensor is read now (late.losses says why); a GPU one's copy to the host starts
             loss = late.scalar(loss)
+        if loss is not None:  # it wins over what backward() was called on, in the step it speaks for
+            if self.in_step or not self.optimizer_seen:
+                self._loss_given = True
+            else:
+                self._held = None
         if self.optimizer_seen:
             self.journal.append((GIVEN, loss, samples, tokens, False))
             return
@@ -180,7 +208,10 @@ class StepTracker:
             self._emit(record)
 
     def flush(self) -> None:
-        """Send everything still held; at exit, when waiting no longer matters."""
+        """Send everything still held; at exit, when waiting no longer matters. On the
+        training thread, which alone takes the held losses."""
+        if self._held is not None:
+            self._take_held()
         with self._building:
             self._read()
             self._seal()
@@ -195,6 +226,11 @@ class StepTracker:
         with self._building:
             self._read()
             self._send_ready()
+
+    def _take_held(self) -> None:
+        """Journal the losses of the step closed last, summed (on the training thread)."""
+        held, self._held = self._held, None
+        self.journal.append((LOSS, late.losses(held) if held else None))
 
     def _read(self) -> None:
         """Turn the journal's entries so far into steps: entries appended meanwhile wait
@@ -221,6 +257,9 @@ class StepTracker:
                 self._close(entry)
             elif kind == COMM:
                 self._spans.append(entry[1:])
+            elif kind == LOSS:
+                if self._finished is not None:
+                    self._finished[_LOSS] = entry[1]
             elif kind == GIVEN:
                 if entry[4] and self._finished is not None:  # it speaks for the step it closes, not the one before
                     self._seal()
@@ -246,7 +285,7 @@ class StepTracker:
             self._values["tokens"] = tokens
 
     def _close(self, entry: tuple[Any, ...]) -> None:
-        _, end, step, losses, values = entry
+        _, end, step, values = entry
         if self._finished is not None:  # a step closed before it with no forward between (two optimizers) is done
             self._seal()
         expected, self._next_step = self._next_step, step + 1
@@ -254,9 +293,7 @@ class StepTracker:
             self.dropped += max(0, step - expected) + 1
             self._lost = False
         else:
-            given = self._given_loss
-            loss = given if given is not None else (losses or None) if type(losses) is list else losses
-            self._finished = [step, self._last_end, self._first, end, self._samples, self._tokens, loss, self._values]
+            self._finished = [step, self._last_end, self._first, end, self._samples, self._tokens, self._given_loss, self._values]
             if self._spans:
                 self._values["comm_ms"], self._values["comm_bytes"] = commtimer.host_comm(self._spans)
             if values:
