@@ -2,6 +2,8 @@
 
 import threading
 
+import pytest
+
 from ddptop.trainer.steps import StepTracker
 
 
@@ -143,6 +145,23 @@ def test_a_loss_monitor_step_gives_leaves_the_backward_losses_unread():
     tracker.flush()
     assert [r["loss"] for r in out] == [0.25, 0.75]
     assert after.read_on == during.read_on == []
+
+
+def test_a_loss_that_is_not_one_number_is_refused_in_the_scripts_call():
+    """Read on the sender's thread, it would have stopped the sender; refused, the tracker goes on."""
+    tracker, out, clock = make()
+
+    class Batch(Loss):
+        def item(self) -> float:
+            raise RuntimeError("a Tensor with 4 elements cannot be converted to Scalar")
+
+    for bad in (Batch(0.0), "low"):
+        with pytest.raises(ValueError, match=r"^monitor.step\(loss=...\) takes a number or a one-element tensor"):
+            tracker.explicit(loss=bad, samples=None, tokens=None)
+    backward_step(tracker, clock, Loss(1.0))
+    tracker.explicit(loss=0.5, samples=None, tokens=None)
+    tracker.flush()
+    assert [r["loss"] for r in out] == [0.5]
 
 
 def test_steps_closed_with_no_forward_between_the_first_keeps_the_losses():

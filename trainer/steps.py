@@ -178,11 +178,15 @@ class StepTracker:
     def explicit(self, loss: Any, samples: int | None, tokens: int | None) -> None:
         """monitor.step(): exact values for the step just finished or in progress.
 
-        They override what the hooks counted (samples from the batch dimension).
+        They override what the hooks counted (samples from the batch dimension). A loss
+        that is not a number or a one-element tensor raises ValueError here, in the
+        script's call, rather than on the sender's thread.
         """
-        if hasattr(loss, "is_cuda"):  # a CPU tensor is read now (late.losses says why); a GPU one's copy to the host starts
-            loss = late.scalar(loss)
         if loss is not None:  # it wins over what backward() was called on, in the step it speaks for
+            try:  # a CPU tensor is read now (late.losses says why); a GPU one's copy to the host starts
+                loss = late.scalar(loss)
+            except (RuntimeError, TypeError, ValueError) as exc:
+                raise ValueError(f"monitor.step(loss=...) takes a number or a one-element tensor ({exc})") from None
             if self.in_step or not self.optimizer_seen:
                 self._loss_given = True
             else:
