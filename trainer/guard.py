@@ -194,7 +194,7 @@ def norm_of(tensors: list[torch.Tensor]) -> torch.Tensor:
     One CPU tensor (a small model's one bucket) goes to linalg.vector_norm
     directly: on the CPU, _foreach_norm takes each tensor's norm with it, so
     the value is the same to the bit, and between torch's kernels the direct
-    call costs about 8 µs less than the foreach op around it (measured in the
+    call costs about 3 µs less than the foreach op around it (measured in the
     example's step: docs/benchmarks.md). On a GPU the foreach op is one fused
     kernel, and several tensors take one call rather than a Python loop.
     """

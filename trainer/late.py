@@ -99,7 +99,7 @@ def losses(values: list[Any]) -> Any:
     A CPU step's losses are read on the training thread, not held for the sender's: tensors
     held for another thread and freed there leave the training thread's next steps slower
     (their graphs, and memory its allocator gets back on another thread). In the example's
-    step the backward ran 12 to 17 µs slower so, and reading a loss costs 7 µs in place
+    step the next backward ran 10 to 17 µs slower so; reading the loss here costs 2 µs
     (bench/inrank.py --lines; docs/benchmarks.md)."""
     if not getattr(values[0], "is_cuda", False):
         return _loss_sum(values)

@@ -29,8 +29,9 @@ only then (or at the next step's close, or at exit): a rank whose training
 stopped (a long evaluation, a hang) has all its steps but the last sent all
 the same. The one value read on the training thread is a CPU step's loss,
 after the step has closed and only if no monitor.step() gave it (LOSS;
-late.losses says why); values that live on the GPU are Late objects, and a record leaves only when all of its values can be read
-without waiting (a step late, usually).
+late.losses says why); values that live on the GPU are Late objects, and a
+record leaves only when all of its values can be read without waiting (a
+step late, usually).
 No torch here: the tracker is plain Python and tested as such.
 """
 
