@@ -147,6 +147,18 @@ def test_a_loss_monitor_step_gives_leaves_the_backward_losses_unread():
     assert after.read_on == during.read_on == []
 
 
+def test_without_an_optimizer_each_step_keeps_its_own_backward_losses():
+    """monitor.step() closes each step and gives no loss: the backward's are the step's."""
+    tracker, out, clock = make()
+    for step in range(3):
+        clock.now += 0.01
+        tracker.forward_begin(8)
+        tracker.losses.append(Loss(float(step)))
+        tracker.explicit(loss=None, samples=8, tokens=None)
+    tracker.flush()
+    assert [(r["step"], r["loss"]) for r in out] == [(0, 0.0), (1, 1.0), (2, 2.0)]
+
+
 def test_a_loss_that_is_not_one_number_is_refused_in_the_scripts_call():
     """Read on the sender's thread, it would have stopped the sender; refused, the tracker goes on."""
     tracker, out, clock = make()
