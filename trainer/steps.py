@@ -140,7 +140,7 @@ class StepTracker:
     def forward_begin(self, samples: int | None, tokens: int | None = None) -> None:
         """A training forward begins."""
         if self._held is not None:
-            self._take_held()
+            self._take_held(self._held)
         self.in_step = True
         self.journal.append((FORWARD, self._clock(), samples, tokens))
         self.phase = "forward"
@@ -161,7 +161,7 @@ class StepTracker:
         and freed there leaves the training thread's next steps slower (late.losses)."""
         self.optimizer_seen = True
         if self._held is not None:  # two steps closed with no forward between (two optimizers)
-            self._take_held()
+            self._take_held(self._held)
         if self._loss_given:
             self._loss_given = False
         elif self.losses:
@@ -216,7 +216,7 @@ class StepTracker:
         """Send everything still held; at exit, when waiting no longer matters. On the
         training thread, which alone takes the held losses."""
         if self._held is not None:
-            self._take_held()
+            self._take_held(self._held)
         with self._building:
             self._read()
             self._seal()
@@ -232,10 +232,10 @@ class StepTracker:
             self._read()
             self._send_ready()
 
-    def _take_held(self) -> None:
-        """Journal the losses of the step closed last, summed (on the training thread)."""
-        held, self._held = self._held, None
-        self.journal.append((LOSS, late.losses(held) if held else None))
+    def _take_held(self, held: list[Any]) -> None:
+        """Journal the held losses of the step closed last, summed (on the training thread)."""
+        self._held = None
+        self.journal.append((LOSS, late.losses(held)))
 
     def _read(self) -> None:
         """Turn the journal's entries so far into steps: entries appended meanwhile wait
@@ -352,7 +352,7 @@ def _record(rank: int, fact: list[Any], wall: float, total_steps: int | None) ->
         record["total_steps"] = total_steps
     record.update(fact[_VALUES])
     if fact[_LOSS] is not None:
-        record["loss"] = late.scalar(fact[_LOSS])
+        record["loss"] = fact[_LOSS]  # taken on the training thread already: a number, or a Late
     return record
 
 
