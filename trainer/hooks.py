@@ -448,8 +448,8 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
     and any annotation must be the real GradBucket class, so the wrapper
     carries none (this module's postponed annotations would be strings).
 
-    The callback is one function, made here, given each bucket's facts as a
-    tuple (functools.partial), not a closure made per bucket: a closure
+    The callback is one function, made here, given each bucket's facts as
+    arguments (functools.partial), not a closure made per bucket: a closure
     costs cells for what it captures, and it kept the GradBucket alive
     until gloo's thread freed it with the callback. In the example's step
     the closure cost the backward about 2 µs more (docs/benchmarks.md).
@@ -462,8 +462,7 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
     cuda, put, partial = reduced.cuda, reduced.put, functools.partial
     begin: Callable[[], Any] = timer.begin if cuda else clock
 
-    def done(facts, fut):
-        step, index, buffer, span = facts
+    def done(step, index, buffer, span, fut):
         if cuda:
             timer.end(span, buffer)
         else:  # the span goes to the step in the journal: the sender's thread makes the step's comm of it
@@ -482,7 +481,7 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
             local.add(buffer)
         count.entered += 1
         count.last = buffer
-        callback = partial(done, (tracker.step, bucket.index(), buffer, begin()))
+        callback = partial(done, tracker.step, bucket.index(), buffer, begin())
         callbacks.append(weakref.ref(callback))
         if default is not None and default.hook is _allreduce_mean:  # then its state is still the process group
             return allreduce_buffer(default.state, default.world, buffer).then(callback)
