@@ -25,9 +25,15 @@ process reads and drops.
     python bench/inrank.py --floor   # beside it, the least the measurements asked for can cost
     python bench/inrank.py --floor --lines   # and where in the step each job's cost falls
 
-Last, it times the heartbeat's look at the main thread (trainer/where.py)
-from another thread while the instrumented job trains: the one in-rank cost
-that is not on the training thread's path but holds the GIL once a second.
+The medians of blocks leave out what happens only now and then, since
+few blocks hold it: the sender's thread building and sending the records
+every flush interval, and the parameter checksum every 100 steps. So the
+bench then reports those apart: the sender thread's CPU time per step
+over a few flush intervals of the instrumented job training alone, and the
+checksum's cost on the job's model (warm). Last, it times the heartbeat's
+look at the main thread (trainer/where.py) from another thread while the
+instrumented job trains: the one in-rank cost that is not on the training
+thread's path but holds the GIL once a second.
 
 With --ranks N it runs itself under torchrun with N ranks on gloo (one GPU
 each on CUDA), all ranks alternating in step, since every step all-reduces.
@@ -124,8 +130,8 @@ LINES = ("next batch", "model(x)", "loss, zero_grad", "loss.backward()", "optimi
 """The lines of the example's step --lines times, as Job.run_lines splits it."""
 
 
-def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> tuple[Job, Callable[[bool], None]]:
-    """ddptop's hooks on a fresh Job; the function turns monitor.step's binding on and off."""
+def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> tuple[Job, Callable[[bool], None], Any]:
+    """ddptop's hooks on a fresh Job; the function turns monitor.step's binding on and off; the job's tracker."""
     from ddptop.trainer import hooks, monitor
     from ddptop.trainer.policy import GuardPolicy
 
@@ -136,7 +142,7 @@ def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> t
     job = Job(args, example, torch_device)
     job.optimizer.register_step_pre_hook(optimizer_hooks["pre"])
     job.optimizer.register_step_post_hook(optimizer_hooks["post"])
-    return job, lambda on: monitor.bind(tracker if on else None)
+    return job, lambda on: monitor.bind(tracker if on else None), tracker
 
 
 def caught_optimizer_hooks() -> dict[str, Any]:
@@ -239,6 +245,8 @@ def measure(args: argparse.Namespace) -> None:
     import train as example
 
     from ddptop.trainer import patches
+    from ddptop.trainer.policy import GuardPolicy
+    from ddptop.trainer.sender import flush_interval
 
     torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
@@ -255,7 +263,7 @@ def measure(args: argparse.Namespace) -> None:
     if args.floor:
         jobs["python comm hook"] = floor(args, example, torch_device, norm=False)
         jobs["+ grad norm"] = floor(args, example, torch_device, norm=True)
-    hooked, bind = instrumented(args, example, torch_device)
+    hooked, bind, tracker = instrumented(args, example, torch_device)
     jobs["ddptop"] = hooked
 
     lines: dict[Job, dict[str, list[float]]] = {job: {line: [] for line in LINES} for job in jobs.values()}
@@ -290,6 +298,9 @@ def measure(args: argparse.Namespace) -> None:
         shift = i % len(order)
         for name, job in order[shift:] + order[:shift]:
             times[name].append(block(job, args.block_steps))
+    bind(True)
+    sender_us = sender_cost(hooked, tracker, args.block_steps)
+    checksum_us = checksum_cost(hooked)
     sampled = heartbeat_samples(lambda: hooked.run(args.block_steps))
     loss_us = zero_code_cost(hooked)
     world = dist.get_world_size()
@@ -298,6 +309,13 @@ def measure(args: argparse.Namespace) -> None:
         report(args, world, times)
         if args.lines:
             report_lines({name: lines[job] for name, job in jobs.items()})
+        every = GuardPolicy().desync_every
+        print(
+            "periodic work, which the medians of blocks leave out (a block seldom holds it): "
+            f"the sender's thread, {sender_us:.1f} µs of its own CPU a step (it builds and sends the records "
+            f"every {flush_interval(1) * 1e3:.0f} ms); "
+            f"the parameter checksum every {every} steps, {checksum_us:.0f} µs warm ({checksum_us / every:.1f} µs a step)"
+        )
         print(
             f"heartbeat's look at the main thread (trainer/where.py), on ddptop's thread once a second: "
             f"median {statistics.median(sampled) * 1e6:.1f} µs a look ({len(sampled)} looks while the job trained), "
@@ -307,6 +325,33 @@ def measure(args: argparse.Namespace) -> None:
             f"zero-code loss, per step on the training thread: {loss_us:.2f} µs to add the loss "
             f"backward() was called on (the wrapper around torch.autograd.backward, less the backward)"
         )
+
+
+def sender_cost(job: Job, tracker: Any, steps: int, flushes: int = 20) -> float:
+    """µs of the sender thread's CPU per instrumented step, over `flushes` flush intervals of the
+    job training alone: what the blocks' medians leave out, since a flush falls in few blocks."""
+    import threading
+
+    from ddptop.trainer.sender import flush_interval
+
+    thread = next(t for t in threading.enumerate() if t.name == "ddptop-sender")
+    assert thread.ident is not None
+    clock = time.pthread_getcpuclockid(thread.ident)
+    first_step, first_cpu = tracker.step, time.clock_gettime(clock)
+    deadline = time.monotonic() + flushes * flush_interval(1)
+    while time.monotonic() < deadline:
+        job.run(steps)
+    return (time.clock_gettime(clock) - first_cpu) / (tracker.step - first_step) * 1e6
+
+
+def checksum_cost(job: Job, calls: int = 200) -> float:
+    """µs a call of the guard's parameter checksum on the job's model, warm, in a loop."""
+    from ddptop.trainer import guard
+
+    start = time.perf_counter()
+    for _ in range(calls):
+        guard.checksum(job.model.parameters())
+    return (time.perf_counter() - start) / calls * 1e6
 
 
 def zero_code_cost(job: Job, calls: int = 100_000) -> float:
