@@ -353,6 +353,26 @@ def test_a_comm_hook_the_script_registers_after_the_first_step_takes_the_default
         model.register_comm_hook(None, doubling_hook)
 
 
+def test_a_step_reduced_by_the_scripts_hook_has_the_norm_of_what_the_hook_returned(records, monkeypatch):
+    """ddptop's own all-reduce reduces the bucket in place and files it as it
+    launches; a script's hook may return another tensor (a compressing hook
+    does), which is what DDP copies into the gradients and what is filed."""
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(model)
+    optimizer.step()
+
+    def doubling_hook(state, bucket):  # type: ignore[no-untyped-def]
+        return _done(bucket.buffer() * 2)  # a new tensor: the bucket itself is left as it was
+
+    model.register_comm_hook(None, doubling_hook)
+    monkeypatch.setattr(guard, "gradients", lambda optimizer: pytest.fail("read the gradients one by one"))
+    for _ in range(2):
+        optimizer.zero_grad()
+        backward(model)
+        step_and_check_the_norm(records, model, optimizer, model.parameters())
+
+
 def _done(tensor: torch.Tensor) -> torch.futures.Future:
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(tensor)

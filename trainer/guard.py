@@ -116,7 +116,9 @@ class ReducedBuckets:
         self._dense = True
 
     def put(self, step: int, index: int, tensor: torch.Tensor) -> None:
-        """A bucket's all-reduce completed (on gloo's thread, or CUDA's launching one)."""
+        """A bucket of `step` reduced: launched, for an all-reduce in place (on the training
+        thread), or completed, for a script's hook (on gloo's thread, or CUDA's launching one);
+        the guard reads it once backward, which waits for every bucket, is over."""
         if step != self.step:
             self._by_index = {}
             self.step = step

@@ -448,11 +448,23 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
     and any annotation must be the real GradBucket class, so the wrapper
     carries none (this module's postponed annotations would be strings).
 
+    The hook launches the all-reduce first and does its own work while
+    the all-reduce runs: at the end of backward the training thread waits
+    for the last bucket's, so what the hook does before the launch, and
+    what the all-reduce's callback does on gloo's thread, the step pays in
+    full. So the callback does only what must wait for the all-reduce to
+    complete (the span's end), and ddptop's own all-reduce, which reduces
+    the bucket in place, has its bucket filed for the guard at the launch;
+    a script's hook may return another tensor, filed as it completes.
+    In the example's step, filing the bucket in the callback cost the
+    backward 6 to 8 µs, and the flight-recorder count, phase and callback
+    made before the launch about 5 (docs/benchmarks.md).
+
     The callback is one function, made here, given each bucket's facts as
     arguments (functools.partial), not a closure made per bucket: a closure
     costs cells for what it captures, and it kept the GradBucket alive
     until gloo's thread freed it with the callback. In the example's step
-    the closure cost the backward about 2 µs more (docs/benchmarks.md).
+    the closure cost the backward about 2 µs more.
     """
 
     tracker, count, callbacks = probe.tracker, flightrecorder.COMM_HOOK, probe.callbacks
@@ -462,7 +474,7 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
     cuda, put, partial = reduced.cuda, reduced.put, functools.partial
     begin: Callable[[], Any] = timer.begin if cuda else clock
 
-    def done(step, index, buffer, span, fut):
+    def completed(buffer, span, fut):
         if cuda:
             timer.end(span, buffer)
         else:  # the span goes to the step in the journal: the sender's thread makes the step's comm of it
@@ -470,22 +482,31 @@ def _timed(hook: Any, probe: Probe, reduced: guard.ReducedBuckets) -> Any:
         count.completed += 1
         keep()
         value = fut.value()
-        tensor = value[0] if isinstance(value, list) else value
-        put(step, index, tensor)  # here, off the training thread on gloo
+        return value[0] if isinstance(value, list) else value
+
+    def completed_by_hook(step, index, buffer, span, fut):
+        tensor = completed(buffer, span, fut)
+        put(step, index, tensor)
         return tensor
 
     def timed_hook(state, bucket):
-        tracker.phase = "comm"
         buffer = bucket.buffer()
         if local is not None:
             local.add(buffer)
+        span = begin()
+        # ddptop's all-reduce while the script has registered no hook of its own (its state is the group)
+        ours = default if default is not None and default.hook is _allreduce_mean else None
+        fut = hook(state, bucket) if ours is None else allreduce_buffer(ours.state, ours.world, buffer)
+        tracker.phase = "comm"
         count.entered += 1
         count.last = buffer
-        callback = partial(done, tracker.step, bucket.index(), buffer, begin())
+        if ours is not None:  # it reduces the bucket in place
+            put(tracker.step, bucket.index(), buffer)
+            callback = partial(completed, buffer, span)
+        else:
+            callback = partial(completed_by_hook, tracker.step, bucket.index(), buffer, span)
         callbacks.append(weakref.ref(callback))
-        if default is not None and default.hook is _allreduce_mean:  # then its state is still the process group
-            return allreduce_buffer(default.state, default.world, buffer).then(callback)
-        return hook(state, bucket).then(callback)
+        return fut.then(callback)
 
     timed_hook.__name__ = getattr(hook, "__name__", "comm_hook")
     timed_hook.__qualname__ = getattr(hook, "__qualname__", timed_hook.__name__)
