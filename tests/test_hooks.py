@@ -39,6 +39,7 @@ class Records(list[dict[str, Any]]):
     """The step records, and the tracker that emitted them."""
 
     tracker: StepTracker
+    policy: GuardPolicy
 
 
 @pytest.fixture
@@ -48,7 +49,8 @@ def records(gloo_world_of_one: None, request: pytest.FixtureRequest) -> Iterator
     torch is as it was: every change goes back through patches.undo()."""
     out = Records()
     tracker = out.tracker = StepTracker(0, emit=out.append)
-    hooks.install(tracker, getattr(request, "param", GuardPolicy()))
+    out.policy = getattr(request, "param", GuardPolicy())
+    hooks.install(tracker, out.policy)
     yield out
     tracker.flush()
     patches.undo()
@@ -146,6 +148,22 @@ def test_each_step_carries_the_learning_rate_it_was_taken_with(records):
         schedule.step()
     records.tracker.flush()
     assert [r["lr"] for r in records if r["type"] == "step"] == [0.1, 0.05, 0.025]
+
+
+@pytest.mark.parametrize("records", [GuardPolicy(desync_every=3), GuardPolicy(desync_every=0)], indirect=True, ids=["every 3", "off"])
+def test_the_parameters_checksum_goes_with_every_nth_step_and_with_none_when_off(records):
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sums = {}
+    for step in range(7):
+        optimizer.zero_grad()
+        backward(model)
+        optimizer.step()
+        sums[step] = guard.checksum(model.parameters())
+    records.tracker.flush()
+    taken = {r["step"]: r["checksum"] for r in records if r["type"] == "step" and "checksum" in r}
+    every = records.policy.desync_every
+    assert taken == ({step: sums[step] for step in (0, 3, 6)} if every else {})
 
 
 def test_accumulated_steps_report_the_norm_of_the_summed_gradients(records):

@@ -596,7 +596,10 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     probe.cuda = cuda = applied[0].is_cuda
     if not probe.skips_now[cuda]:
         return guard.verdict_late(guard.Gradients(applied, shown, shown_scale, solo), local, clip)
-    norm, shown_norm = guard.norms_now(applied, shown, shown_scale)
+    if cuda or len(applied) > 1 or shown is not applied or shown_scale is not None:
+        norm, shown_norm = guard.norms_now(applied, shown, shown_scale)
+    else:  # a small model's one CPU bucket, norm_of's first case without the two calls around it
+        norm = shown_norm = float(torch.linalg.vector_norm(applied[0]))
     if not math.isfinite(norm):
         guard.skip(optimizer)
         return {"nonfinite": True, "local_nonfinite": True if solo else guard.any_nonfinite(local), "skipped": "nan"}
@@ -610,7 +613,8 @@ def _optimizer_end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any =
     if optimizer is not probe.stepping:
         return
     probe.stepping = None
-    values = _after_step(probe)
+    every = probe.policy.desync_every  # a CPU step between checksums has nothing after it: not even the call, run cold
+    values = _after_step(probe) if probe.cuda or (every and probe.tracker.step % every == 0) else {}
     groups = optimizer.param_groups
     if groups and type(lr := groups[0].get("lr")) is float:  # a tensor one (capturable schedules) would need a device read
         values["lr"] = lr
