@@ -57,7 +57,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -262,7 +264,7 @@ def measure(args: argparse.Namespace) -> None:
     jobs = {"plain": Job(args, example, torch_device)}
     if args.floor:
         jobs["python comm hook"] = floor(args, example, torch_device, norm=False)
-        jobs["+ grad norm"] = floor(args, example, torch_device, norm=True)
+        jobs[FLOOR] = floor(args, example, torch_device, norm=True)
     hooked, bind, tracker = instrumented(args, example, torch_device)
     jobs["ddptop"] = hooked
 
@@ -445,7 +447,40 @@ def report(args: argparse.Namespace, world: int, times: dict[str, list[tuple[flo
             f"  wall cost of the same round's blocks, µs: median {statistics.median(paired) * 1e3:.0f}, "
             f"quartiles {quartiles[0] * 1e3:.0f} to {quartiles[2] * 1e3:.0f}"
         )
+    if FLOOR in times:
+        ratio, low, high = cost_ratio(times, "ddptop", FLOOR)
+        print(
+            f"ddptop's wall cost over the floor's ({FLOOR}): {ratio:.2f}x; "
+            f"{low:.2f}x to {high:.2f}x over {RESAMPLES} resamplings of the rounds (5th to 95th percentile)"
+        )
     print(f"1% of the plain step: {plain[0] * 10:.0f} µs")
+
+
+FLOOR = "+ grad norm"
+"""The job that costs what any tool measuring comm time and judging every step's gradients must."""
+
+RESAMPLES = 1000
+
+
+def cost_ratio(times: dict[str, list[tuple[float, float]]], job: str, floor: str) -> tuple[float, float, float]:
+    """job's wall cost over floor's, each its median of blocks less the plain job's, and how
+    far that ratio moves when the rounds are drawn again with replacement (a bootstrap).
+
+    A run's ratio is only as firm as its floor, a few tens of µs read off blocks that
+    vary by a hundred: with a few hundred rounds a run's floor moves by ten µs or more
+    from one run to the next, and the ratio by a third. The interval says how far.
+    """
+    rounds = len(times["plain"])
+
+    def ratio(picked: list[int]) -> float:
+        plain = statistics.median(times["plain"][i][0] for i in picked)
+        cost = statistics.median(times[job][i][0] for i in picked) - plain
+        floor_cost = statistics.median(times[floor][i][0] for i in picked) - plain
+        return cost / floor_cost if floor_cost > 0 else math.inf
+
+    draw = random.Random(0)
+    ratios = sorted(ratio(draw.choices(range(rounds), k=rounds)) for _ in range(RESAMPLES))
+    return ratio(list(range(rounds))), ratios[RESAMPLES // 20], ratios[RESAMPLES - 1 - RESAMPLES // 20]
 
 
 def report_lines(lines: dict[str, dict[str, list[float]]]) -> None:
