@@ -100,6 +100,8 @@ class Supervisor:
         """What explains a failed job, for `ddptop ls`: the verdict that stopped it, else its first crash."""
         self._restarts_held: list[wire.Frame] = []
         """Restarts torchrun's probe holds until the watchdog has judged their failure."""
+        self._rank_notes: set[str] = set()
+        """What ranks noted (rank_note), each said once however many ranks say it."""
         for text in self.outlets.early:  # said already, on stderr: now for the event log too
             self.hub.note(text)
         self.outlets.notify = self._notice
@@ -194,6 +196,11 @@ class Supervisor:
             if self.role.judges:  # one notice in the job's log, however many nodes say it
                 self.hub.note(text)
             self.say(text)
+        elif kind == "rank_note" and record["text"] not in self._rank_notes:
+            self._rank_notes.add(record["text"])  # every rank says it: once in the job's log
+            if self.role.judges:
+                self.hub.note(record["text"])
+            self.say(record["text"])
         if kind == "group_restart":
             # Another node's restart too (its node field is torchrun's group
             # rank, not ours): a probe lets through only its own number's go.

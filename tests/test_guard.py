@@ -19,45 +19,86 @@ def model_with_grads(scale: float = 1.0, seed: int = 0) -> nn.Module:
     return model
 
 
-def grad_norm(grads: list[torch.Tensor]) -> float | None:
-    """The guard's norm of grads, as a step with no buckets and no scaler reads it (none without gradients)."""
-    return guard.norms_now(grads, grads)[0] if grads else None
+def read(values: list[torch.Tensor], **fields: object) -> dict[str, object]:
+    """A pack of per-gradient norms (and what fields say follows them), read as the host reads it."""
+    arrangement = {
+        "norms": len(values),
+        "script_norm": False,
+        "script_scaled": False,
+        "losses": (),
+        "scale": False,
+        "grad_scale": False,
+        "found_inf": False,
+        "checksum": False,
+        "clip": None,
+        "solo": False,
+    }
+    arrangement.update(fields)
+    return guard.layout(*arrangement.values()).fields(guard.pack(values).tolist())
 
 
-def test_grad_norm_matches_torch_and_sees_inf():
+def test_the_norm_read_off_the_pack_is_what_clip_grad_norm_returns_and_sees_inf():
     model = model_with_grads()
     grads = [p.grad for p in model.parameters()]
-    expected = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
-    assert math.isclose(grad_norm(grads), expected, rel_tol=1e-6)
+    expected = float(torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf))
+    assert read(guard.norms(grads))["grad_norm"] == pytest.approx(expected, rel=1e-6)
+    assert float(guard.total(guard.norms(grads))) == expected, "the device's total is clip_grad_norm_'s, to the bit"
     grads[1].view(-1)[0] = float("inf")
-    assert grad_norm(grads) == math.inf
-    assert grad_norm([]) is None
+    assert read(guard.norms(grads)) == {"nonfinite": True, "local_nonfinite": None}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
-def test_one_bucket_s_norm_is_the_foreach_norm_to_the_bit(dtype):
-    """norm_of takes one CPU tensor's norm directly, for speed; it must be the value _foreach_norm gives."""
-    torch.manual_seed(0)
-    for size in (1, 1000, 85_002, 3_000_001):
-        bucket = (torch.randn(size) * 7).to(dtype)
-        direct, foreach = guard.norm_of([bucket]), torch._foreach_norm([bucket])[0]
-        assert direct.dtype == foreach.dtype and direct.item() == foreach.item()
-    bucket[-1] = float("nan")
-    assert math.isnan(guard.norm_of([bucket]).item())
+def test_an_fp16_gradients_norm_is_taken_in_fp32_and_does_not_overflow():
+    big = torch.full((1000,), 60000.0, dtype=torch.float16)
+    assert math.isinf(float(torch._foreach_norm([big])[0]))
+    assert read(guard.norms([big]))["grad_norm"] == pytest.approx(60000.0 * math.sqrt(1000), rel=1e-3)
 
 
-def test_clip_enforces_the_norm_and_leaves_clipped_grads_bitwise_alone():
-    model = model_with_grads(scale=1e4)
+def test_clipping_on_the_device_is_clip_grad_norm_s_and_leaves_gradients_under_the_norm_bitwise_alone():
+    model, twin = model_with_grads(scale=1e4), model_with_grads(scale=1e4)
     grads = [p.grad for p in model.parameters()]
-    assert guard.clip(grads, grad_norm(grads), 1.0)
-    assert grad_norm(grads) <= 1.0 + 1e-6
+    guard.clip_on_device(grads, guard.total(guard.norms(grads)), 1.0)
+    torch.nn.utils.clip_grad_norm_(twin.parameters(), 1.0)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters()))
+    assert read(guard.norms(grads), clip=1.0) == {"grad_norm": pytest.approx(1.0, rel=1e-5), "clipped": False}
 
-    script_clipped = model_with_grads(scale=1e4, seed=1)
-    torch.nn.utils.clip_grad_norm_(script_clipped.parameters(), 1.0)
-    before = [p.grad.clone() for p in script_clipped.parameters()]
-    grads = [p.grad for p in script_clipped.parameters()]
-    assert not guard.clip(grads, grad_norm(grads), 1.0)
-    assert all(torch.equal(a, b) for a, b in zip(before, grads))
+    under = [g.clone() for g in grads]
+    guard.clip_on_device(under, guard.total(guard.norms(under)), 10.0)
+    assert all(torch.equal(a, b) for a, b in zip(under, grads))
+
+
+def test_the_pack_carries_the_losses_unscaled_the_scripts_norm_and_a_scalers_verdict():
+    norms = [torch.tensor(3.0), torch.tensor(4.0)]
+    losses = [torch.tensor(2.0), torch.tensor(1024.0)]
+    values = [*norms, torch.tensor(40.0), *losses, torch.tensor(256.0)]
+    fields = {"norms": 2, "script_norm": True, "script_scaled": True, "losses": (False, True), "scale": True, "clip": 1.0}
+    assert read(values, **fields) == {"loss": 6.0, "grad_norm": 40.0 / 256.0, "clipped": True}, "5 > 1: clipped"
+    grad_scale = read([torch.tensor(512.0), torch.tensor(256.0), torch.tensor(0.0)], grad_scale=True, found_inf=True, norms=1)
+    assert grad_scale == {"grad_norm": 2.0}
+    assert read([torch.tensor(math.inf), torch.tensor(256.0), torch.tensor(1.0)], grad_scale=True, found_inf=True, norms=1) == {
+        "skipped": "scaler"
+    }
+
+
+@pytest.mark.parametrize(("loss", "solo", "local"), [(math.inf, False, True), (1.0, False, False), (1.0, True, True)])
+def test_a_non_finite_step_names_this_rank_by_its_own_loss_or_when_it_trains_alone(loss, solo, local):
+    values = [torch.tensor(math.nan), torch.tensor(loss)]
+    assert read(values, norms=1, losses=(False,), solo=solo) == {"nonfinite": True, "local_nonfinite": local, "loss": loss}
+
+
+def test_a_fused_optimizer_handed_found_inf_skips_the_step_exactly():
+    model = model_with_grads()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    optimizer.step()
+    weights = [p.detach().clone() for p in model.parameters()]
+    state = {k: {n: t.clone() for n, t in v.items()} for k, v in optimizer.state.items()}
+    next(model.parameters()).grad.view(-1)[0] = math.nan
+    norm = guard.total(guard.norms(guard.gradients(optimizer)))
+    optimizer.found_inf = guard.found_inf(norm)
+    optimizer.step()
+    del optimizer.found_inf
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+    for key, values in state.items():
+        assert all(torch.equal(values[n], optimizer.state[key][n]) for n in values)
 
 
 def test_skip_leaves_weights_and_optimizer_state_untouched():
@@ -74,17 +115,7 @@ def test_skip_leaves_weights_and_optimizer_state_untouched():
         assert all(torch.equal(values[n], optimizer.state[key][n]) for n in values)
 
 
-def test_local_check_names_a_non_finite_bucket():
-    check = guard.LocalCheck()
-    check.add(torch.ones(10))
-    assert guard.any_nonfinite(check.take()) is False
-    check.add(torch.ones(10))
-    check.add(torch.tensor([1.0, float("nan")]))
-    assert guard.any_nonfinite(check.take()) is True
-    assert guard.any_nonfinite(check.take()) is None
-
-
-def test_checksum_is_exact_and_order_sensitive():
+def test_checksum_is_exact_order_sensitive_and_read_off_the_pack_alike():
     a, b = torch.randn(100), torch.randn(7, 3).to(torch.bfloat16)
     assert guard.checksum([a, b]) == guard.checksum([a.clone(), b.clone()])
     nudged = a.clone()
@@ -92,59 +123,20 @@ def test_checksum_is_exact_and_order_sensitive():
     assert guard.checksum([nudged, b]) != guard.checksum([a, b])
     assert guard.checksum([b, a]) != guard.checksum([a, b])
     assert 0 <= guard.checksum([a, b]) < 1 << 63
-
-
-def test_the_late_verdict_agrees_with_the_one_taken_now():
-    model = model_with_grads(scale=1e4)
-    grads = [p.grad for p in model.parameters()]
-    norm = grad_norm(grads)
-    expected = [g.clone() for g in grads]
-    guard.clip(expected, norm, 1.0)
-    local = guard.LocalCheck()
-    local.add(torch.ones(3))
-    values = guard.verdict_late(guard.Gradients.of(grads), local.take(), clip_grad=1.0)
-    assert values == {"grad_norm": pytest.approx(norm, rel=1e-6), "clipped": True}
-    assert all(torch.allclose(a, b, rtol=1e-6) for a, b in zip(grads, expected))
-
-    under = [g.clone() for g in grads]
-    assert guard.verdict_late(guard.Gradients.of(under), [], clip_grad=10.0)["clipped"] is False
-    assert all(torch.equal(a, b) for a, b in zip(under, grads)), "gradients under the norm must be left bitwise alone"
-
-
-def test_the_late_verdict_names_a_non_finite_step_and_its_source():
-    grads = [p.grad for p in model_with_grads().parameters()]
-    grads[0].view(-1)[0] = float("nan")
-    local = guard.LocalCheck()
-    local.add(torch.tensor([float("nan")]))
-    assert guard.verdict_late(guard.Gradients.of(grads), local.take(), None) == {"nonfinite": True, "local_nonfinite": True}
-    assert guard.verdict_late(guard.Gradients.of(grads), [torch.ones(())], None) == {"nonfinite": True, "local_nonfinite": False}
-    assert guard.verdict_late(guard.Gradients.of(grads), [], None) == {"nonfinite": True, "local_nonfinite": None}
+    packed = read([torch.tensor(1.0), *guard.checksum_parts([a, b])], checksum=True, norms=1)
+    assert packed["checksum"] == guard.checksum([a, b])
 
 
 @pytest.mark.parametrize(
-    "on_nan, cpu, cuda",
-    [
-        ("auto", True, False),
-        ("skip", True, True),
-        ("restart", True, True),
-        ("stop", True, True),
-        ("warn", False, False),
-    ],
+    "on_nan, skips, waits_on_cuda",
+    [("auto", True, False), ("skip", True, True), ("restart", True, True), ("stop", True, True), ("warn", False, False)],
 )
-def test_only_a_skip_makes_a_rank_wait_for_the_verdict(on_nan, cpu, cuda):
+def test_only_an_asked_for_skip_makes_a_gpu_rank_wait_for_the_verdict(on_nan, skips, waits_on_cuda):
     policy = GuardPolicy(on_nan=on_nan)
-    assert (policy.skips_now(cuda=False), policy.skips_now(cuda=True)) == (cpu, cuda)
+    assert (policy.skips, policy.waits(cuda=False), policy.waits(cuda=True)) == (skips, False, waits_on_cuda)
 
 
 def test_policy_round_trips_through_the_environment():
     policy = GuardPolicy(on_nan="stop", clip_grad=0.5, desync_every=7)
     assert GuardPolicy.from_env(policy.to_env()) == policy
     assert GuardPolicy.from_env({"DDPTOP_ON_NAN": "bogus", "DDPTOP_CLIP_GRAD": "x"}) == GuardPolicy()
-
-
-def test_a_one_rank_group_s_non_finite_gradients_are_its_own_without_local_sums():
-    grads = [torch.tensor([1.0, math.nan])]
-    solo = guard.Gradients(grads, grads, solo=True)
-    assert guard.verdict_late(solo, [], None) == {"nonfinite": True, "local_nonfinite": True}
-    assert solo.local_nonfinite([]) is True
-    assert guard.Gradients.of(grads).local_nonfinite([]) is None, "without DDP, and not alone, nothing is known"

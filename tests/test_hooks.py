@@ -13,7 +13,6 @@ import copy
 import importlib
 import io
 import math
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddptop.trainer import guard, hooks, patches, threadstate, torchapi
+from ddptop.trainer import guard, hooks, patches, torchapi
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.steps import StepTracker
 
@@ -40,6 +39,7 @@ class Records(list[dict[str, Any]]):
 
     tracker: StepTracker
     policy: GuardPolicy
+    probe: hooks.Probe
 
 
 @pytest.fixture
@@ -50,22 +50,23 @@ def records(gloo_world_of_one: None, request: pytest.FixtureRequest) -> Iterator
     out = Records()
     tracker = out.tracker = StepTracker(0, emit=out.append)
     out.policy = getattr(request, "param", GuardPolicy())
-    hooks.install(tracker, out.policy)
+    out.probe = hooks.install(tracker, out.policy)
     yield out
     tracker.flush()
     patches.undo()
 
 
 def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
-    before = {name: getattr(DistributedDataParallel, name) for name in ("__init__", "forward", "register_comm_hook")}
-    originals = (torch.autograd.backward, torch.distributed.init_process_group, torch.nn.DataParallel.forward)
+    before = {name: getattr(DistributedDataParallel, name) for name in ("__init__", "forward", "__setstate__", "register_comm_hook")}
+    originals = (torch.autograd.backward, torch.distributed.init_process_group, torch.nn.DataParallel.forward, torch.nn.utils.clip_grad_norm_)
     hooks.install(StepTracker(0, emit=lambda record: None), GuardPolicy())
     changed = patches.applied()
-    assert "torch.nn.parallel.distributed.DistributedDataParallel.register_comm_hook" in changed and len(changed) == 11, changed
+    assert "torch.nn.utils.clip_grad.clip_grad_norm_" in changed and len(changed) == 13, changed
+    assert not any("comm_hook" in change for change in changed), "DDP keeps its own all-reduce"
     assert torch.autograd.backward is not originals[0]
     patches.undo()
     assert patches.applied() == [] and {name: getattr(DistributedDataParallel, name) for name in before} == before
-    assert (torch.autograd.backward, torch.distributed.init_process_group, torch.nn.DataParallel.forward) == originals
+    assert (torch.autograd.backward, torch.distributed.init_process_group, torch.nn.DataParallel.forward, torch.nn.utils.clip_grad_norm_) == originals
     optimizer_module = importlib.import_module("torch.optim.optimizer")
     assert not optimizer_module._global_optimizer_pre_hooks and not optimizer_module._global_optimizer_post_hooks
 
@@ -115,22 +116,21 @@ def step_and_check_the_norm(records: list[dict[str, Any]], model: nn.Module, opt
     assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
 
 
-def test_the_phase_follows_a_step_through_forward_all_reduce_and_optimizer(records):
+def test_the_phase_follows_a_step_through_forward_backward_and_optimizer_with_ddps_own_all_reduce(records):
     model = ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     tracker = records.tracker
     loss = model(torch.randn(4, 8)).pow(2).sum()
     assert tracker.phase == "backward"
     loss.backward()
-    assert tracker.phase == "comm"
+    assert model._comm_hooks == [] and model.logger._get_ddp_logging_data().strs_map.get("comm_hook", "") == ""
     optimizer.step()
     assert tracker.phase == "data"
 
 
-def test_the_norm_comes_from_the_reduced_buckets_and_is_the_gradients_norm(records, monkeypatch):
+def test_the_norm_is_the_optimizers_gradients_norm_also_of_a_group_added_mid_run(records):
     model = ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    monkeypatch.setattr(guard, "gradients", lambda optimizer: pytest.fail("read the gradients one by one"))
     for _ in range(3):
         optimizer.zero_grad()
         backward(model)
@@ -158,8 +158,8 @@ def test_the_parameters_checksum_goes_with_every_nth_step_and_with_none_when_off
     for step in range(7):
         optimizer.zero_grad()
         backward(model)
+        sums[step] = guard.checksum(model.parameters())  # the parameters as the step finds them
         optimizer.step()
-        sums[step] = guard.checksum(model.parameters())
     records.tracker.flush()
     taken = {r["step"]: r["checksum"] for r in records if r["type"] == "step" and "checksum" in r}
     every = records.policy.desync_every
@@ -175,12 +175,12 @@ def test_accumulated_steps_report_the_norm_of_the_summed_gradients(records):
     step_and_check_the_norm(records, model, optimizer, model.parameters())
 
 
-def test_a_step_without_an_all_reduce_is_not_given_an_earlier_steps_buckets(records):
+def test_a_step_without_an_all_reduce_after_a_scaler_skip_has_its_own_norm(records):
     model = ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu")
     scaler.scale(model(torch.randn(4, 8)).pow(2).sum()).backward()
-    scaler.step(optimizer)  # a scaler's step leaves its buckets unread
+    scaler.step(optimizer)
     optimizer.zero_grad()
     with model.no_sync():
         backward(model, scale=5.0)
@@ -274,7 +274,6 @@ def test_the_norm_is_the_unscaled_one_before_the_scripts_own_clipping_under_a_gr
 
 def test_a_script_that_restores_its_own_optimizer_state_goes_on_from_its_step_count(records, monkeypatch):
     """nanoGPT's ckpt.pt, a Trainer's resume: the optimizer's step count is where the script goes on."""
-    monkeypatch.setattr(guard, "gradients", lambda optimizer: pytest.fail("the buckets of the step were lost"))
     model = ddp_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     saved = {key: value for key, value in optimizer.state_dict().items()}
@@ -292,12 +291,12 @@ def test_a_script_that_restores_its_own_optimizer_state_goes_on_from_its_step_co
     records.tracker.flush()
     steps = [r for r in records if r["type"] == "step"]
     assert [r["step"] for r in steps] == [40, 41]
-    assert [r["grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-6), "the first step's buckets are its own"
+    assert [r["grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-6)
     [resumed] = [r for r in records if r["type"] == "resume"]
     assert resumed["step"] == 39 and resumed["path"] == hooks.RESUMED_FROM
 
 
-def test_a_non_finite_bucket_skips_the_step_and_names_this_rank(records):
+def test_a_non_finite_step_is_skipped_and_this_rank_named_by_its_loss(records):
     model = ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before = [p.detach().clone() for p in model.parameters()]
@@ -306,21 +305,6 @@ def test_a_non_finite_bucket_skips_the_step_and_names_this_rank(records):
     record = last_step(records, model)
     assert record["nonfinite"] and record["local_nonfinite"] and record["skipped"] == "nan"
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
-
-
-def test_every_bucket_callback_keeps_its_threads_python_state(records, monkeypatch):
-    """gloo runs each bucket's callback on one of its C++ threads, which
-    would otherwise make and drop a Python thread state each time (see
-    threadstate.py and its own test)."""
-    kept: list[int] = []
-    monkeypatch.setattr(threadstate, "keep", lambda: kept.append(threading.get_ident()))
-    model = ddp_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(3):
-        optimizer.zero_grad()
-        backward(model)
-        optimizer.step()
-    assert len(kept) == 3
 
 
 def test_a_model_whose_ddp_registers_a_comm_hook_in_its_constructor_is_built(records):
@@ -335,9 +319,9 @@ def test_a_model_whose_ddp_registers_a_comm_hook_in_its_constructor_is_built(rec
     assert model._comm_hooks
 
 
-def test_a_comm_hook_the_script_registers_after_the_first_step_takes_the_defaults_place(records):
-    """Plain DDP lets a script register its hook at any step; under ddptop the
-    model has ddptop's default by then, and DDP's reducer takes one hook."""
+def test_a_comm_hook_the_script_registers_is_ddps_alone_and_the_norm_is_of_what_it_made(records):
+    """ddptop registers no comm hook, so a script's goes in as under plain DDP, at any
+    step, and DDP's checks and its one-hook rule are its own."""
     model = ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     backward(model)
@@ -348,12 +332,8 @@ def test_a_comm_hook_the_script_registers_after_the_first_step_takes_the_default
         calls.append(state)
         return _done(bucket.buffer() * 2)
 
-    def misannotated_hook(state, bucket: int):  # type: ignore[no-untyped-def]
-        return _done(bucket.buffer())
-
-    with pytest.raises(ValueError, match="bucket annotation"):
-        model.register_comm_hook(None, misannotated_hook)  # refused by DDP's checks: a later one still goes in
     model.register_comm_hook("the script's state", doubling_hook)
+    assert model._comm_hooks == [(doubling_hook, "the script's state")]
     optimizer.zero_grad()
     torch.manual_seed(1)
     backward(model)
@@ -364,31 +344,11 @@ def test_a_comm_hook_the_script_registers_after_the_first_step_takes_the_default
         backward(model)
     assert calls == ["the script's state"]
     assert all(torch.equal(d, 2 * p.grad) for d, p in zip(doubled, model.parameters()))
-    assert model._comm_hooks == [(doubling_hook, "the script's state")]
-    optimizer.step()
-    assert last_step(records, model)["comm_bytes"] > 0
+    for p, d in zip(model.parameters(), doubled):
+        p.grad = d
+    step_and_check_the_norm(records, model, optimizer, model.parameters())
     with pytest.raises(RuntimeError, match="can only be called once"):
         model.register_comm_hook(None, doubling_hook)
-
-
-def test_a_step_reduced_by_the_scripts_hook_has_the_norm_of_what_the_hook_returned(records, monkeypatch):
-    """ddptop's own all-reduce reduces the bucket in place and files it as it
-    launches; a script's hook may return another tensor (a compressing hook
-    does), which is what DDP copies into the gradients and what is filed."""
-    model = ddp_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    backward(model)
-    optimizer.step()
-
-    def doubling_hook(state, bucket):  # type: ignore[no-untyped-def]
-        return _done(bucket.buffer() * 2)  # a new tensor: the bucket itself is left as it was
-
-    model.register_comm_hook(None, doubling_hook)
-    monkeypatch.setattr(guard, "gradients", lambda optimizer: pytest.fail("read the gradients one by one"))
-    for _ in range(2):
-        optimizer.zero_grad()
-        backward(model)
-        step_and_check_the_norm(records, model, optimizer, model.parameters())
 
 
 def _done(tensor: torch.Tensor) -> torch.futures.Future:
@@ -398,8 +358,8 @@ def _done(tensor: torch.Tensor) -> torch.futures.Future:
 
 
 def test_a_copy_or_pickle_of_a_model_works_as_under_plain_ddp_and_a_copy_is_measured_too(records):
-    """ddptop's hooks are closures over the rank's probe, which neither copy
-    nor pickle; the script's own hooks must come along."""
+    """Nothing of ddptop's is stored on a model (its probe neither copies nor
+    pickles); the script's own hooks must come along."""
     model = ddp_model()
     model.forwards = 0
     model.register_forward_hook(count_forward)
@@ -413,7 +373,7 @@ def test_a_copy_or_pickle_of_a_model_works_as_under_plain_ddp_and_a_copy_is_meas
     backward(twin)
     twin_optimizer.step()
     assert twin.forwards == 2
-    assert last_step(records, twin)["comm_bytes"] > 0
+    assert [ref() for ref in records.probe.models] == [model, twin]
 
 
 def count_forward(module: nn.Module, args: tuple, output: Any) -> None:
@@ -436,7 +396,7 @@ def test_an_optimizer_stepped_inside_another_is_part_of_its_step(records):
         optimizer.step()
     record = last_step(records, model)
     assert [r["step"] for r in records if r["type"] == "step"] == [0, 1, 2]
-    assert record["grad_norm"] == pytest.approx(expected, rel=1e-6) and record["comm_bytes"] > 0
+    assert record["grad_norm"] == pytest.approx(expected, rel=1e-6)
 
 
 class TokenModel(nn.Module):

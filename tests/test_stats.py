@@ -3,7 +3,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddptop.core.model.stats import RollingWindow, StepPoint, bus_bandwidth, percentile
-from ddptop.trainer.commtimer import union_ms
 
 
 def test_percentile_nearest_rank():
@@ -12,49 +11,6 @@ def test_percentile_nearest_rank():
     assert percentile(values, 95) == 95
     assert percentile(values, 100) == 100
     assert percentile([], 50) is None
-
-
-def test_union_of_overlapping_intervals():
-    assert union_ms([(0, 2), (1, 3), (5, 6)]) == 4
-    assert union_ms([]) == 0
-
-
-@given(st.lists(st.tuples(st.floats(0, 1e3), st.floats(0, 1e3)).map(lambda t: (min(t), max(t))), max_size=20))
-def test_union_is_at_most_the_sum_and_at_least_the_longest(intervals):
-    total = union_ms(intervals)
-    assert total <= sum(e - s for s, e in intervals) + 1e-6
-    assert total >= max((e - s for s, e in intervals), default=0) - 1e-6
-
-
-def test_a_steps_comm_is_its_buckets_union_and_their_sizes_however_many_threads_end_them():
-    """The hook begins a span on the training thread; gloo's threads end them, in any
-    order, each journaling its span; the step's record has their union and sizes."""
-    import threading
-
-    import torch
-
-    from ddptop.trainer.commtimer import clock
-    from ddptop.trainer.steps import COMM, StepTracker
-
-    records: list = []
-    tracker = StepTracker(0, emit=records.append)
-    tracker.forward_begin(4)
-    buffers = [torch.zeros(n) for n in (10, 20, 30)]
-    spans = [clock() for _ in buffers]
-    enders = [
-        threading.Thread(target=lambda start=start, buffer=buffer: tracker.journal.append((COMM, start, clock(), buffer)))
-        for start, buffer in zip(spans, buffers)
-    ]
-    for ender in reversed(enders):
-        ender.start()
-        ender.join()
-    tracker.optimizer_end({})
-    tracker.forward_begin(4)
-    tracker.optimizer_end({})
-    tracker.flush()
-    first, second = records
-    assert first["comm_bytes"] == 60 * 4 and 0.0 <= first["comm_ms"] < 1000.0
-    assert "comm_ms" not in second, "the next step starts empty"
 
 
 def test_bus_bandwidth_follows_nccl_tests():

@@ -7,8 +7,16 @@ TORCH_NCCL_TRACE_BUFFER_SIZE, is deprecated; earlier ones read only that.
 Its status per group is what torch's own flight-recorder analysis matches
 ranks by: the last collective each rank enqueued and completed, with the
 op and sizes of its entries. A rank whose last enqueued collective is
-behind the others' never entered the one they wait in. Without a recorder,
-ddptop's own comm hook counts DDP's gradient all-reduces (CommHookCount).
+behind the others' never entered the one they wait in.
+
+There are two recorders, and a group's entries are in one of them:
+ProcessGroupNCCL records into NCCL's own, which only `_dump_nccl_trace`
+reads; gloo (torch 2.8 and later) into the generic one, `_dump_fr_trace`.
+Both are read, and each group is taken from the dump that holds it. NCCL
+marks an entry completed as its watchdog sees the work finish, while the
+status's last_completed_collective stays -1 unless timing is on
+(TORCH_NCCL_ENABLE_TIMING): so a group's last completed collective is the
+later of the status's and its entries' marked "completed".
 
 Read on the sender thread, and only once the rank has sat on one step for
 READ_AFTER_S: the status dump takes the recorder's lock for tens of
@@ -45,69 +53,58 @@ READ_AFTER_S = 5.0
 _DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1, "Bool": 1}
 
 
-class CommHookCount:
-    """DDP's gradient all-reduces as ddptop's own comm hook counts them (hooks.py): the
-    collectives a rank without a flight recorder (torch before 2.8 on gloo, or the recorder
-    turned off) can still report. Written by the training thread and gloo's, read by the sender."""
-
-    def __init__(self) -> None:
-        self.entered = 0
-        self.completed = 0
-        self.last: Any = None
-        """The buffer of the bucket entered last: its size is read only when it is reported."""
-
-
-COMM_HOOK = CommHookCount()
-
-
 def collectives() -> list[dict[str, Any]] | None:
     """Per process group this rank is in, the last collective it entered and completed
-    (records.Collective); None when nothing counts them."""
+    (records.Collective); None when no recorder holds any."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     from ddptop.trainer import torchapi  # torch.distributed is loaded, so torch is
 
-    recorded = _recorded(torchapi.flight_recorder_dump())
-    if recorded:
-        return recorded
-    if COMM_HOOK.entered == 0:
-        return None
-    hook = COMM_HOOK
-    return [
-        {
-            "group": "ddp",
-            "name": "DDP's gradient all-reduces",
-            "enqueued": hook.entered,
-            "completed": hook.completed,
-            "op": "all_reduce",
-            "bytes": 0 if hook.last is None else int(hook.last.nbytes),
-        }
-    ]
+    groups: dict[str, dict[str, Any]] = {}
+    for dump in torchapi.flight_recorder_dumps():
+        for found in recorded(_load(dump)):
+            if found["enqueued"] > groups.get(found["group"], {}).get("enqueued", 0):
+                groups[found["group"]] = found
+    return list(groups.values()) or None
 
 
-def _recorded(dump: Callable[..., bytes] | None) -> list[dict[str, Any]] | None:
-    """The recorder's status of every group, with the op and size of each group's last entered collective."""
-    if dump is None:
-        return None
+def _load(dump: Callable[..., bytes]) -> dict[str, Any]:
     try:
-        trace = pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+        trace: dict[str, Any] = pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+    except Exception:  # noqa: BLE001 - a recorder that is off or cannot dump: the verdict goes without it
+        return {}
+    return trace
+
+
+def recorded(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """A dump's status of every group that entered a collective, with the op and size of
+    each group's last entered collective; [] for a layout it cannot read."""
+    try:
         last: dict[str, dict[str, Any]] = {}
+        done: dict[str, int] = {}
         for entry in trace.get("entries", ()):
-            if not entry.get("is_p2p"):
-                last[str(entry["pg_id"])] = entry  # entries are in the order they were made
+            if entry.get("is_p2p"):
+                continue
+            group = str(entry["pg_id"])
+            last[group] = entry  # entries are in the order they were made
+            if entry.get("state") == "completed":
+                done[group] = max(done.get(group, 0), int(entry["collective_seq_id"]))
         groups = []
-        for group, status in trace["pg_status"].items():
+        for group, status in trace.get("pg_status", {}).items():
+            enqueued = int(status["last_enqueued_collective"])
+            if enqueued <= 0:
+                continue
             entry = last.get(group, {})
-            found = {"group": group, "name": _name(group, entry), "enqueued": int(status["last_enqueued_collective"])}
-            found["completed"] = max(0, int(status["last_completed_collective"]))
-            if entry and entry.get("collective_seq_id") == found["enqueued"]:
+            found = {"group": group, "name": _name(group, entry), "enqueued": enqueued}
+            found["completed"] = max(0, int(status["last_completed_collective"]), done.get(group, 0))
+            if entry and entry.get("collective_seq_id") == enqueued:
                 found["op"] = str(entry.get("profiling_name", "")).split(":")[-1]
                 found["bytes"] = _nbytes(entry)
             groups.append(found)
         return groups
-    except Exception:  # noqa: BLE001 - no recorder, an older layout: the verdict goes without it
-        return None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return []
 
 
 def _name(group: str, entry: dict[str, Any]) -> str:

@@ -1,46 +1,43 @@
 """The watchdog's in-rank half: the NaN/Inf guard, enforced clipping, checksums.
 
-Called from the optimizer step hooks (hooks.py), so the script needs no
-change. Before the optimizer applies a step:
+Called from the optimizer step pre-hook (hooks.py), so the script needs no
+change. Before the optimizer applies a step, on every step:
 
-- the global gradient norm is taken, every step: it is the pre-clip norm
-  the dashboard shows, the NaN/Inf test, and the clipping factor in one pass.
-  Where DDP's all-reduced buckets hold exactly the optimizer's gradients
-  (ReducedBuckets), it is taken over the buckets, a few flat tensors. They
-  are also the gradients as the all-reduce left them, before anything the
-  script did to them after backward: its own clip_grad_norm_, a GradScaler's
-  unscale_. So the norm shown is theirs, divided by the scale a GradScaler
-  multiplied the loss by (Gradients): the unscaled pre-clip norm, whatever
-  the script clips, scales or forgets to unscale.
-  After DDP's all-reduce every rank holds the same gradients, so a
-  non-finite value on any rank is non-finite on all of them: every rank
-  reaches the same verdict at the same step with no collective of its own;
-- a non-finite step is skipped, where the policy asks (see below), by
-  setting the gradients to None, which every torch optimizer treats as
-  "leave this parameter and its state be";
-- with a clip norm set, gradients over it are scaled down as
-  torch.nn.utils.clip_grad_norm_ does. Gradients the script already
-  clipped to that norm are under it, and are left bitwise alone.
+- each gradient's norm is taken in one fused kernel (_foreach_norm, what
+  clip_grad_norm_ itself calls). The global norm of them is the pre-clip
+  grad norm the dashboard shows, the NaN/Inf test and the clipping factor;
+- those norms go to the host in one small tensor (the pack) with what else
+  the step must tell: the losses backward() was called on, the scale a
+  GradScaler multiplied them by, the norm the script's own clip_grad_norm_
+  returned, a fused optimizer's found_inf, and on checksum steps the
+  parameters' checksum. One copy, into a slot of a pinned ring, read a
+  step or more late on the sender's thread (late.py); on the CPU it is
+  read at once, which costs no wait;
+- a non-finite step is skipped where the policy asks: on the CPU by
+  setting the gradients to None (every torch optimizer then leaves the
+  parameter and its state be), read now; on a GPU, for an optimizer that
+  takes a found_inf tensor (torch's fused Adam, AdamW and SGD, to which
+  GradScaler hands its own), by handing it one, computed on the device,
+  so the step is skipped exactly with no wait. Other optimizers on a GPU
+  skip only under `--on-nan skip` (or restart, stop), which reads the
+  verdict on the host before the step: a wait for the backward pass;
+- with a clip norm set, the gradients are scaled down on the device as
+  clip_grad_norm_ does, by min(1, max_norm / (norm + 1e-6)): a product
+  with 1.0 leaves gradients under the norm bitwise alone.
 
-Only the pre-all-reduce bucket sums (LocalCheck) say which rank's own
-gradients were bad. Every `desync_every` steps a checksum of the parameters
-goes with the step record; the supervisor compares ranks.
-
-Skipping needs the verdict on the host before the optimizer runs, which on
-CUDA means waiting for the backward pass: the CPU can no longer run ahead
-(into the next batch's loading) while the GPU works, 31% of the example
-job's step on an H100 at width 8192 (README, Benchmarks). So on CUDA ranks
-the default policy does not skip: the verdict, the norm and clipping stay
-on the device and are read a step late (verdict_late); `--on-nan skip` asks
-for the skip and its synchronisation.
-Bucket sums and checksums stay on the device until read late.
+After DDP's all-reduce every rank holds the same gradients, so a
+non-finite value on any rank is non-finite on all of them: every rank
+reaches the same verdict at the same step with no collective of its own.
+Which rank it came from is what each rank's own loss says (packed anyway);
+gradients that overflow in backward from a finite loss name no rank.
+Every `desync_every` steps a checksum of the parameters as the step found
+them goes with the step record; the supervisor compares ranks.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -50,213 +47,176 @@ from ddptop.trainer import late, torchapi
 CLIP_EPS = 1e-6
 """Added to the norm before dividing, as clip_grad_norm_ does."""
 
-LOCAL_SUMS_MAX = 4096
-"""Bucket sums kept between two optimizer steps; a script that never steps a
-torch optimizer must not grow them without bound."""
-
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _MOD = 1 << 63
+_HALF = 1 << 32
 
 
-class LocalCheck:
-    """This rank's gradient buckets as they were before the all-reduce.
+class Layout(NamedTuple):
+    """Where each value sits in a step's pack, and how the host reads them (`fields`).
 
-    A sum is non-finite exactly when some element is (inf - inf is nan), and
-    one sum per bucket is the cheapest pass there is. On CUDA the sums are
-    queued kernels, read only when the guard trips.
+    Made once per arrangement and kept (layout()), not per step: a step's
+    pack has the same layout as the last one's but for a change of model,
+    scaler or policy."""
+
+    norms: int
+    """Per-gradient norms first (or the one global norm, when the device needed it; none for
+    a step whose optimizer never ran)."""
+    script_norm: bool
+    """Then the norm the script's own clip_grad_norm_ returned this step."""
+    script_scaled: bool
+    """Whether that norm was of gradients a GradScaler had not unscaled yet."""
+    losses: tuple[bool, ...]
+    """Then each backward() value, and whether it was scaled by the GradScaler's scale."""
+    scale: bool
+    """Then the scale a GradScaler multiplied this step's loss by."""
+    grad_scale: bool
+    """Then the scale a fused optimizer is handed with still-scaled gradients (GradScaler.step)."""
+    found_inf: bool
+    """Then a GradScaler's found_inf for a fused optimizer: 1 means the scaler skips the step."""
+    checksum: bool
+    """Last, the checksum's high and low 32 bits."""
+    clip: float | None
+    solo: bool
+    """A one-rank group: a non-finite gradient is this rank's own."""
+
+    def fields(self, values: list[float]) -> dict[str, Any]:
+        """The step record's values, read off the pack on the host."""
+        at = self.norms
+        norm = math.sqrt(math.fsum(v * v for v in values[:at])) if at > 1 else abs(values[0]) if at else None
+        script = values[at] if self.script_norm else None
+        at += self.script_norm
+        losses = values[at : at + len(self.losses)]
+        at += len(self.losses)
+        scale = values[at] if self.scale else 1.0
+        at += self.scale
+        grad_scale = values[at] if self.grad_scale else 1.0
+        at += self.grad_scale
+        out: dict[str, Any] = {}
+        if self.found_inf and values[at] == 1.0:
+            out["skipped"] = "scaler"
+        at += self.found_inf
+        if self.checksum:
+            out["checksum"] = (int(values[at]) * _HALF + int(values[at + 1])) % _MOD
+        if self.losses:
+            out["loss"] = sum(v / scale if scaled else v for v, scaled in zip(losses, self.losses))
+        if "skipped" in out or norm is None:  # a step a scaler skipped, or one with no gradients: its losses
+            return out
+        if not math.isfinite(norm):
+            bad_loss = any(not math.isfinite(v) for v in losses)
+            out["nonfinite"] = True
+            out["local_nonfinite"] = True if self.solo or bad_loss else (False if losses else None)
+            return out
+        unscaled = norm / grad_scale
+        if script is not None:
+            out["grad_norm"] = script / scale if self.script_scaled else script
+        else:
+            out["grad_norm"] = unscaled
+        if self.clip is not None:
+            out["clipped"] = unscaled > self.clip
+        return out
+
+
+_LAYOUTS: dict[tuple[Any, ...], Layout] = {}
+
+
+def layout(*fields: Any) -> Layout:
+    """The Layout of these fields, made once."""
+    known = _LAYOUTS.get(fields)
+    if known is None:
+        known = _LAYOUTS[fields] = Layout(*fields)
+    return known
+
+
+class Verdict(NamedTuple):
+    """What the pre-hook learnt: the record's values (read, or one Late under FIELDS), and
+    whether the step is non-finite as read now (only when read now)."""
+
+    values: dict[str, Any]
+    nonfinite: bool
+
+
+FIELDS = "fields"
+"""The key of a step's Late values: a dict the step record takes its fields from once read."""
+
+
+def norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each gradient's L2 norm, unread, in one fused kernel per device and dtype. fp16
+    gradients' norms are taken in fp32: a large fp16 tensor's norm overflows to inf."""
+    if grads[0].dtype is torch.float16 and torchapi.FOREACH_NORM_DTYPE:
+        return list(torchapi.foreach_norm(grads, 2, dtype=torch.float32))
+    return list(torchapi.foreach_norm(grads))
+
+
+def total(per_tensor: list[torch.Tensor]) -> torch.Tensor:
+    """The global L2 norm of per-tensor norms, on the device, unread (as clip_grad_norm_ takes it)."""
+    if len(per_tensor) == 1:
+        return per_tensor[0]
+    return torch.linalg.vector_norm(torch.stack(per_tensor))
+
+
+def clip_on_device(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
+    """Scale grads by min(1, max_norm / (norm + eps)) on the device, as clip_grad_norm_ does."""
+    factor = torch.clamp(max_norm / (norm + CLIP_EPS), max=1.0)
+    torchapi.foreach_mul_(grads, factor)
+
+
+def found_inf(norm: torch.Tensor) -> torch.Tensor:
+    """1.0 where norm is not finite, else 0.0: what a fused optimizer takes to skip a step."""
+    return torch.isfinite(norm).logical_not().float()
+
+
+def checksum_parts(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """The parameters' checksum (checksum()) as two float64 tensors, its high and low 32 bits,
+    exact in a float pack, unread."""
+    sums = [t.detach().view(_INT_VIEW[t.element_size()]).sum(dtype=torch.int64) for t in tensors]
+    device = sums[0].device
+    stacked = torch.stack([s.to(device) for s in sums])
+    weights = torch.arange(1, len(sums) + 1, device=device, dtype=torch.int64)
+    summed = (stacked * weights).sum()
+    return [torch.bitwise_right_shift(summed, 32).double(), torch.bitwise_and(summed, _HALF - 1).double()]
+
+
+def checksum(tensors: Iterable[torch.Tensor]) -> int | None:
+    """An exact fingerprint of tensors' bits, equal on ranks whose tensors are, read now.
+
+    Each tensor's bits are summed as integers (exact, so the order of the
+    reduction cannot matter) and the sums weighted by position, so two
+    swapped tensors do not cancel out. A two's complement sum split into
+    high (signed) and low 32 bits gives back the same number mod 2^63.
     """
-
-    def __init__(self) -> None:
-        self._sums: deque[Any] = deque(maxlen=LOCAL_SUMS_MAX)
-
-    def add(self, buffer: torch.Tensor) -> None:
-        self._sums.append(torch.sum(buffer, dtype=torch.float32))
-
-    def take(self) -> list[Any]:
-        """This step's sums; the next step starts empty."""
-        if not self._sums:
-            return []
-        sums = list(self._sums)
-        self._sums.clear()
-        return sums
-
-
-class ReducedBuckets:
-    """One DDP model's gradient buckets as its latest all-reduce left them.
-
-    DDP copies each all-reduced bucket into its parameters' .grad, so when an
-    optimizer owns exactly the model's trainable parameters, the buckets'
-    norm is the gradients' norm, taken over a few flat tensors instead of one
-    per parameter: on the example model (one bucket, six parameters) that
-    takes about 40% off the guard's cost. Buckets are kept per step: a bucket reduced
-    again in the same step (another backward without no_sync) is the same
-    tensor with the latest values, and a step without an all-reduce (under
-    no_sync) has none.
-
-    A step's buckets are held until the next step's first all-reduce: they
-    are DDP's own tensors, so holding them costs no memory.
-
-    With gradient_as_bucket_view=True the gradients are views of the buckets
-    (`views`): whatever the script does to its gradients after backward
-    (unscale_, its own clipping) it does to the buckets too.
-    """
-
-    def __init__(self, params: Iterable[torch.Tensor], views: bool = False, solo: bool = False, cuda: bool = False) -> None:
-        self.params = frozenset(id(p) for p in params)
-        self.views = views
-        self.solo = solo
-        """A one-rank group: the rank's own buckets need no LocalCheck (Gradients.solo)."""
-        self.cuda = cuda
-        """Whether the model, and so each of its buckets, is on a GPU: its comm is timed with CUDA events."""
-        self.step: int | None = None
-        """The step whose all-reduces filled `latest`."""
-        self.latest: list[torch.Tensor] = []
-        """That step's buckets when all are dense, for the guard (an attribute the hook reads, not a call)."""
-        self._by_index: dict[int, torch.Tensor] = {}
-        self._dense = True
-
-    def put(self, step: int, index: int, tensor: torch.Tensor) -> None:
-        """A bucket of `step` reduced: launched, for an all-reduce in place (on the training
-        thread), or completed, for a script's hook (on gloo's thread, or CUDA's launching one);
-        the guard reads it once backward, which waits for every bucket, is over."""
-        if step != self.step:
-            self._by_index = {}
-            self.step = step
-        self._by_index[index] = tensor
-        if tensor.layout != torch.strided:  # a model's buckets keep their layout
-            self._dense = False
-        self.latest = list(self._by_index.values()) if self._dense else []
-
-    def held(self) -> list[torch.Tensor]:
-        """The latest step's buckets, whatever their layout."""
-        return list(self._by_index.values())
-
-
-class Gradients(NamedTuple):
-    """What the guard reads at a step: `applied`, the tensors whose norm is the
-    NaN/Inf test and the clipping factor (the optimizer's gradients, or the
-    buckets that equal them); and `shown`, whose norm divided by `scale` is the
-    pre-clip norm the dashboard shows. They are one list unless clipping is
-    enforced: then the optimizer's gradients, which the script may have
-    clipped already, are clipped, and the buckets say what came before.
-
-    A NamedTuple rather than a frozen dataclass: one is built every step, and
-    a frozen dataclass's __init__ costs several times a tuple's."""
-
-    applied: list[torch.Tensor]
-    shown: list[torch.Tensor]
-    scale: torch.Tensor | None = None
-    """What a GradScaler multiplied the loss by, when `shown` holds gradients of the scaled loss."""
-    solo: bool = False
-    """Whether the buckets came from a one-rank group: the all-reduce changed
-    nothing, so the rank's own gradients are the reduced ones and a non-finite
-    verdict is this rank's own without a LocalCheck."""
-
-    @classmethod
-    def of(cls, grads: list[torch.Tensor]) -> Gradients:
-        """Gradients whose own norm is both the test and the one shown."""
-        return cls(grads, grads)
-
-    def shown_norm(self, applied_norm: torch.Tensor) -> torch.Tensor:
-        """The unscaled pre-clip norm, unread, given the norm of `applied`; taken before clipping."""
-        norm = applied_norm if self.shown is self.applied else norm_of(self.shown)
-        if self.scale is None:
-            return norm
-        return norm.float() / self.scale.to(norm.device).float().reshape(())
-
-    def local_nonfinite(self, sums: list[Any]) -> bool | None:
-        """Whether this rank's own gradients held a NaN/Inf, at a step whose reduced ones did."""
-        return True if self.solo else any_nonfinite(sums)
-
-
-def any_nonfinite(sums: list[Any]) -> bool | None:
-    """Whether this rank's own gradients held a NaN/Inf; None when unknown (no DDP)."""
-    if not sums:
+    tensors = list(tensors)
+    if not tensors:
         return None
-    return not all(math.isfinite(float(s)) for s in sums)
+    high, low = (float(part) for part in checksum_parts(tensors))
+    return (int(high) * _HALF + int(low)) % _MOD
+
+
+def pack(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The step's values in one tensor, on the first part's device (a part elsewhere is moved)."""
+    try:
+        return torch.stack(parts)
+    except RuntimeError:  # parts on two devices (a model split over GPUs), or of shapes (1,) and ()
+        device = parts[0].device
+        return torch.stack([p.detach().to(device).reshape(()) for p in parts])
+
+
+def send(packed: torch.Tensor, fields: Callable[[list[float]], dict[str, Any]]) -> Verdict:
+    """The pack's values for the record: read now on the CPU, else one Late read off the ring."""
+    if packed.is_cuda:
+        return Verdict({FIELDS: late.RING.send(packed, fields)}, False)
+    values = fields(packed.tolist())
+    return Verdict(values, bool(values.get("nonfinite")))
+
+
+def read_now(packed: torch.Tensor, fields: Callable[[list[float]], dict[str, Any]]) -> Verdict:
+    """The pack read on the host now, whatever its device: `--on-nan skip` on a GPU waits here."""
+    values = fields(packed.tolist())
+    return Verdict(values, bool(values.get("nonfinite")))
 
 
 def gradients(optimizer: Any) -> list[torch.Tensor]:
     return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-
-
-def norms_now(applied: list[torch.Tensor], shown: list[torch.Tensor], scale: torch.Tensor | None = None) -> tuple[float, float]:
-    """(the global L2 norm of applied, the shown pre-clip norm: shown's, over scale), read on the host;
-    inf or nan when the gradients are not finite. Takes lists, not Gradients: called every step."""
-    norm = norm_of(applied)
-    read = float(norm)
-    if shown is applied and scale is None:
-        return read, read  # the common case: one read
-    return read, float(Gradients(applied, shown, scale).shown_norm(norm))
-
-
-def norm_of(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The global L2 norm of tensors, unread, on the first one's device.
-
-    One CPU tensor (a small model's one bucket) goes to linalg.vector_norm
-    directly: on the CPU, _foreach_norm takes each tensor's norm with it, so
-    the value is the same to the bit, and between torch's kernels the direct
-    call costs about 3 µs less than the foreach op around it (measured in the
-    example's step: docs/benchmarks.md). On a GPU the foreach op is one fused
-    kernel, and several tensors take one call rather than a Python loop.
-    hooks._guard takes the first case inline for the usual CPU step (two
-    calls fewer between torch's kernels): a change here goes there too.
-    """
-    if len(tensors) == 1 and not tensors[0].is_cuda:
-        return torch.linalg.vector_norm(tensors[0])
-    return _total(torchapi.foreach_norm(tensors))
-
-
-def _total(norms: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The L2 norm of per-tensor norms, on the first one's device, unread."""
-    if len(norms) == 1:
-        return norms[0]
-    device = norms[0].device
-    return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
-
-
-def verdict_late(grads: Gradients, local_sums: list[Any], clip_grad: float | None) -> dict[str, Any]:
-    """The guard's record values without reading anything on the host now.
-
-    For a step nobody waits on (policy.GuardPolicy.skips_now): the norm, the
-    non-finite flags and the clip flag travel to the host together and are
-    read a step late on CUDA (at once on the CPU). Clipping runs on the
-    device as clip_grad_norm_ does: scaled by min(1, max_norm / norm), which
-    leaves gradients under the norm bitwise alone (a product with 1.0).
-    """
-    norm = norm_of(grads.applied)
-    device = norm.device
-    parts = [norm.float(), grads.shown_norm(norm).float()]
-    if clip_grad is not None:
-        factor = torch.clamp(clip_grad / (norm + CLIP_EPS), max=1.0)
-        for group in _by_device(grads.applied).values():
-            torchapi.foreach_mul_(group, factor.to(group[0].device))
-    if local_sums:
-        parts.append(torch.stack([s.to(device) for s in local_sums]).sum())  # non-finite if any sum is
-    verdict = torch.stack(parts)
-
-    def fields(v: list[float]) -> dict[str, Any]:
-        if not math.isfinite(v[0]):
-            local = True if grads.solo else not math.isfinite(v[2]) if len(v) > 2 else None
-            return {"nonfinite": True, "local_nonfinite": local}
-        return {"grad_norm": v[1], "clipped": None if clip_grad is None else v[0] > clip_grad}
-
-    if not verdict.is_cuda:
-        return fields(verdict.tolist())
-    read = late.Derived(late.LateTensor(verdict), fields)
-    keys = ("grad_norm", "clipped", "nonfinite", "local_nonfinite")
-    return {key: late.Derived(read, _field(key)) for key in keys}
-
-
-def _field(key: str) -> Callable[[dict[str, Any]], Any]:
-    return lambda values: values.get(key)
-
-
-def _by_device(tensors: list[torch.Tensor]) -> dict[torch.device, list[torch.Tensor]]:
-    groups: dict[torch.device, list[torch.Tensor]] = {}
-    for tensor in tensors:
-        groups.setdefault(tensor.device, []).append(tensor)
-    return groups
 
 
 def skip(optimizer: Any) -> None:
@@ -264,28 +224,3 @@ def skip(optimizer: Any) -> None:
     for group in optimizer.param_groups:
         for param in group["params"]:
             param.grad = None
-
-
-def clip(grads: list[torch.Tensor], norm: float, max_norm: float) -> bool:
-    """Scale grads down to max_norm when over it; whether it did."""
-    if norm <= max_norm:
-        return False
-    torchapi.foreach_mul_(grads, max_norm / (norm + CLIP_EPS))
-    return True
-
-
-def checksum(tensors: Iterable[torch.Tensor]) -> int | late.Late | None:
-    """An exact fingerprint of tensors' bits, equal on ranks whose tensors are.
-
-    Each tensor's bits are summed as integers (exact, so the order of the
-    reduction cannot matter) and the sums weighted by position, so two
-    swapped tensors do not cancel out.
-    """
-    sums = [t.detach().view(_INT_VIEW[t.element_size()]).sum(dtype=torch.int64) for t in tensors]
-    if not sums:
-        return None
-    if not sums[0].is_cuda:
-        return sum((i + 1) * int(s) for i, s in enumerate(sums)) % _MOD
-    stacked = torch.stack([s.to(sums[0].device) for s in sums])
-    weights = torch.arange(1, len(sums) + 1, device=stacked.device, dtype=torch.int64)
-    return late.Derived(late.LateTensor((stacked * weights).sum()), lambda total: total % _MOD)

@@ -1,10 +1,20 @@
-"""Values that live on the GPU, read a step late so nothing synchronises.
+"""Values that live on the GPU, read a step or more late so nothing synchronises.
 
 Reading a CUDA tensor on the host (`.item()`, `float()`) waits for every
 kernel queued before it: one such read per step would serialise the host
-and the device. Instead, a value is copied to pinned host memory
-asynchronously with an event behind it, and read once the event has
-passed, usually by the next step. On the CPU the value is read at once.
+and the device. Instead a step's values travel in one small tensor (the
+guard's pack, guard.py), copied asynchronously into a slot of a pinned
+ring with the slot's own event recorded behind it; the sender's thread
+reads the slot once its event has passed, usually a step later. On the CPU
+the value is read at once: there is no device to wait for.
+
+The ring's pinned buffers and events are made once per shape and dtype, at
+the first value of that shape, and reused: allocating pinned memory can
+wait for the device (cudaHostAlloc), and creating an event every step is a
+host call every step. A slot is reused RING_SLOTS values later; a value
+still unread by then (a device that runs that far behind the host, or a
+reader that has gone) is lost, never misread: each slot carries the
+number of the value it holds, and a read checks it before and after.
 
 Nothing here imports torch at module level: this is only reached from hooks
 that run after the script imported torch itself.
@@ -12,6 +22,7 @@ that run after the script imported torch itself.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -25,82 +36,108 @@ class Late(Protocol):
     def get(self) -> Any: ...
 
 
-_PINNED: dict[tuple[Any, Any], list[Any]] = {}
-"""Pinned host buffers by (shape, dtype), free for the next late value.
-Allocating pinned memory can wait for the device (cudaHostAlloc), so a
-rank allocates a handful once and reuses them every step."""
+RING_SLOTS = 16
+"""Values of one shape in flight at most: far more than a step's lag behind the host."""
 
 
-class LateTensor:
-    """A small CUDA tensor on its way to the host, in its own dtype (a float
-    loss, an integer checksum, the guard's verdict); read as a number, or as
-    a list for more than one element."""
+class _Slot:
+    __slots__ = ("event", "host", "holds")
 
-    def __init__(self, tensor: Any) -> None:
+    def __init__(self, host: Any, event: Any) -> None:
+        self.host = host
+        self.event = event
+        self.holds = -1
+        """The number of the value copied in last."""
+
+
+class PinnedRing:
+    """Pinned host buffers, each with a CUDA event, made once per (shape, dtype) and reused in turn."""
+
+    def __init__(self, slots: int = RING_SLOTS) -> None:
+        self._slots = slots
+        self._rings: dict[tuple[Any, Any], tuple[list[_Slot], itertools.count[int]]] = {}
+        self._numbers = itertools.count()
+
+    def send(self, tensor: Any, decode: Callable[[list[Any]], Any] = lambda values: values) -> RingRead:
+        """Start tensor's copy to the host; the Late reads it, flattened to a list, through decode."""
+        key = (tensor.shape, tensor.dtype)
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = (self._make(tensor), itertools.count())
+        slots, turn = ring
+        slot = slots[next(turn) % self._slots]
+        number = next(self._numbers)
+        slot.holds = number  # before the copy is queued: a read that sees the old number read the old value
+        slot.host.copy_(tensor, non_blocking=True)
+        slot.event.record()
+        return RingRead(slot, number, decode)
+
+    def _make(self, tensor: Any) -> list[_Slot]:
         import torch
 
-        free = _PINNED.get((tensor.shape, tensor.dtype))
-        self._host = free.pop() if free else torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-        self._host.copy_(tensor.detach(), non_blocking=True)
-        self._event = torch.cuda.Event()
-        self._event.record()
+        return [_Slot(torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True), torch.cuda.Event()) for _ in range(self._slots)]
+
+
+class RingRead:
+    """One value in a ring's slot: ready once the slot's event has passed; None once the slot was reused."""
+
+    __slots__ = ("_decode", "_number", "_slot", "_value")
+
+    def __init__(self, slot: _Slot, number: int, decode: Callable[[list[Any]], Any]) -> None:
+        self._slot: _Slot | None = slot
+        self._number = number
+        self._decode = decode
         self._value: Any = None
 
     def ready(self) -> bool:
-        return self._host is None or bool(self._event.query())
+        slot = self._slot
+        return slot is None or slot.holds != self._number or bool(slot.event.query())
 
     def get(self) -> Any:
-        """The value, waiting for the copy if it has not passed (only at exit)."""
-        if self._host is not None:
-            self._event.synchronize()
-            self._value = self._host.tolist()
-            _PINNED.setdefault((self._host.shape, self._host.dtype), []).append(self._host)
-            self._host = None
+        """The value, waiting for the copy if it has not passed (only at exit, or when forced)."""
+        slot = self._slot
+        if slot is None:
+            return self._value
+        self._slot = None
+        if slot.holds != self._number:
+            return None
+        slot.event.synchronize()
+        values = slot.host.reshape(-1).tolist()
+        if slot.holds != self._number:  # reused while it was read: what was read may be the next value's
+            return None
+        self._value = self._decode(values)
         return self._value
 
 
-class Derived:
-    """A value computed, once readable, from another late value: several
-    fields can share one copy to the host. Computed once, however often read."""
-
-    def __init__(self, source: Late, read: Callable[[Any], Any]) -> None:
-        self._source: Late | None = source
-        self._read = read
-        self._value: Any = None
-
-    def ready(self) -> bool:
-        return self._source is None or self._source.ready()
-
-    def get(self) -> Any:
-        if self._source is not None:
-            self._value = self._read(self._source.get())
-            self._source = None
-        return self._value
+RING = PinnedRing()
+"""The rank's ring: every late value of the rank goes through it."""
 
 
 def scalar(value: Any) -> float | Late | None:
-    """A float now (CPU tensors, Python numbers, a list of losses) or a Late (CUDA tensors, and Late values as they are)."""
+    """A float now (CPU tensors, Python numbers) or a Late (CUDA tensors, and Late values as they are)."""
     if value is None or type(value) is float:
         return value
-    if type(value) is list:
-        return _loss_sum(value)
     if hasattr(value, "is_cuda"):
         if value.is_cuda:
-            return LateTensor(value.detach().reshape(()))
+            return RING.send(value.detach().reshape(1), _first)
         return float(value.item())  # a loss still needs its graph: item() reads it without a copy or a warning
     return value if is_late(value) else float(value)
 
 
+def _first(values: list[Any]) -> Any:
+    return values[0]
+
+
 def losses(values: list[Any]) -> Any:
-    """A closed step's backward() values, on the training thread (steps.LOSS): on a GPU, the
-    loss tensors summed on the device (on its stream) and on their way to the host, a Late; on
-    the CPU their sum, read now (None when none was a loss).
+    """A closed step's backward() values that the guard did not pack (a step a GradScaler
+    skipped, a step no optimizer closed): on a GPU, summed on the device and on their way
+    to the host, a Late; on the CPU their sum, read now (None when none was a loss).
 
     A CPU step's losses are read on the training thread, not held for the sender's: tensors
     held for another thread and freed there leave the training thread's next steps slower
-    (their graphs, and memory its allocator gets back on another thread). In the example's
-    step the next backward ran 10 to 17 µs slower so; reading the loss here costs 2 µs
-    (bench/inrank.py --lines; docs/benchmarks.md)."""
+    (their graphs, and memory its allocator gets back on another thread). A loss marked
+    as scaled (hooks.py) goes as it is: without an optimizer step there is no scale to undo."""
+    values = [value[0] if type(value) is tuple else value for value in values]
     if not getattr(values[0], "is_cuda", False):
         return _loss_sum(values)
     total: Any = None
@@ -108,7 +145,7 @@ def losses(values: list[Any]) -> Any:
         if is_loss(value):
             value = value.detach().float().reshape(()) if hasattr(value, "detach") else value
             total = value if total is None else total + value
-    return None if total is None else LateTensor(total) if getattr(total, "is_cuda", False) else float(total)
+    return None if total is None else scalar(total) if getattr(total, "is_cuda", False) else float(total)
 
 
 def _loss_sum(values: list[Any]) -> float | None:

@@ -17,8 +17,10 @@ OnNan = Literal["auto", "skip", "restart", "stop", "warn"]
 ON_NAN: tuple[OnNan, ...] = get_args(OnNan)
 """What a non-finite step gets. skip, restart and stop skip it in the ranks
 first (then restart the group, stop the job); warn applies it. auto (the
-default) skips it where that is free, on CPU ranks, and applies it on CUDA
-ranks, where skipping needs a synchronisation every step (see guard.py)."""
+default) skips it wherever that costs no wait: on CPU ranks, and on GPU
+ranks whose optimizer takes a found_inf tensor (torch's fused Adam, AdamW,
+SGD); with any other optimizer on a GPU it is applied, and seen a step
+late (see guard.py)."""
 
 OnDesync = Literal["warn", "restart", "stop"]
 ON_DESYNC: tuple[OnDesync, ...] = get_args(OnDesync)
@@ -43,11 +45,15 @@ class GuardPolicy:
     clip_grad: float | None = None
     desync_every: int = DESYNC_EVERY
 
-    def skips_now(self, cuda: bool) -> bool:
-        """Whether a rank reads the NaN verdict before the optimizer runs, to skip the step."""
-        if self.on_nan == "auto":
-            return not cuda
+    @property
+    def skips(self) -> bool:
+        """Whether a rank skips a non-finite step where it can without waiting."""
         return self.on_nan != "warn"
+
+    def waits(self, cuda: bool) -> bool:
+        """Whether a GPU rank whose optimizer cannot skip on the device reads the verdict on
+        the host before the step, to skip it: a wait for the backward pass every step."""
+        return cuda and self.on_nan in ("skip", "restart", "stop")
 
     def to_env(self) -> dict[str, str]:
         env = {_ENV["on_nan"]: self.on_nan, _ENV["desync_every"]: str(self.desync_every)}

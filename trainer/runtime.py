@@ -24,6 +24,7 @@ from ddptop.core import wire
 from ddptop.trainer import flightrecorder, importwatch, monitor, where
 from ddptop.trainer.policy import STACK_SIGNAL, STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.procstat import stat_fields
+from ddptop.trainer.sampled import Sampled
 from ddptop.trainer.sender import Sender
 from ddptop.trainer.steps import StepTracker
 
@@ -169,7 +170,8 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
             record["collectives"] = seq
         return record
 
-    sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat, collect=tracker.build)
+    sampled = Sampled()
+    sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat, collect=lambda: tracker.build(sampled.read()))
     report = report_uncaught(sender.put, tracker.rank)
     monitor.bind(tracker)
     sender.start()
@@ -179,7 +181,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
         try:
             from ddptop.trainer import hooks
 
-            hooks.install(tracker, GuardPolicy.from_env())
+            hooks.install(tracker, GuardPolicy.from_env(), sampled)
         except Exception as exc:  # noqa: BLE001 - never break the user's `import torch`
             print(f"ddptop: rank {tracker.rank}: instrumentation off: {exc}", file=sys.stderr)
 

@@ -27,11 +27,13 @@ order, so a monitor.step() after optimizer.step() adds to the step just
 closed until a training forward is read, and the record of a step is made
 only then (or at the next step's close, or at exit): a rank whose training
 stopped (a long evaluation, a hang) has all its steps but the last sent all
-the same. The one value read on the training thread is a CPU step's loss,
-after the step has closed and only if no monitor.step() gave it (LOSS;
-late.losses says why); values that live on the GPU are Late objects, and a
-record leaves only when all of its values can be read without waiting (a
-step late, usually).
+the same. The values the guard packs (the grad norm, the losses; guard.py) are
+read on the training thread on the CPU, where that waits for nothing, and
+on a GPU are one Late value (FIELDS) that the record takes its fields from
+once read: a record leaves only when all of its values can be read without
+waiting (a step late, usually). What the sender's thread samples about once
+a second (sampled.py: DDP's comm timings, GPU memory) goes with the next
+record it makes.
 No torch here: the tracker is plain Python and tested as such.
 """
 
@@ -44,7 +46,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ddptop.core import wire
-from ddptop.trainer import commtimer, late
+from ddptop.trainer import late
+from ddptop.trainer.guard import FIELDS
 
 MAX_WAITING = 8
 """Records whose GPU values are not readable yet; past that the oldest goes
@@ -70,13 +73,14 @@ END = 3
 optimizer (comm, memory, the learning rate)."""
 RESUME = 4
 """(RESUME, step): the script went on from a checkpoint, so steps jump to `step`."""
-COMM = 5
-"""(COMM, start, end, buffer): a bucket's all-reduce, on the host clock (appended by the
-all-reduce's callback, on gloo's thread, before the step's END: DDP waits for it)."""
-LOSS = 6
-"""(LOSS, loss): the sum of what backward() was called on during the step closed last (read,
-or on its way from a GPU; None when none was a loss), taken as the next training forward
-begins, or the next step closes, unless monitor.step() gave that step's loss."""
+LOSS = 5
+"""(LOSS, loss): the sum of what backward() was called on during the step closed last, where
+the guard did not pack it (a step no torch optimizer closed): read, or on its way from a
+GPU; None when none was a loss. Taken as the next training forward begins, or the next
+step closes, unless monitor.step() gave that step's loss."""
+
+STEPS_KEPT = 256
+"""Closed steps whose wall-clock span is kept, to name the step a sampled reading measured."""
 
 # A closed step's facts, by position in its list (a list, not an object: one is made every step).
 _STEP, _START, _FIRST, _END, _SAMPLES, _TOKENS, _LOSS, _VALUES = range(8)
@@ -102,9 +106,13 @@ class StepTracker:
         """Whether a training forward ran since the last step closed (a backward() before
         one is outside any step, and not the step's loss)."""
         self.losses: list[Any] = []
-        """What backward() was called on in this step, as hooks.py hands it over (tensors, or
-        floats it read already): the step's loss is their sum (late.losses), taken on this
-        thread once the step has closed (LOSS)."""
+        """What backward() was called on in this step, as hooks.py hands it over (detached
+        tensors; a tuple (tensor, True) for one a GradScaler scaled): the guard packs them,
+        or, in a step no optimizer closes, their sum is taken once the step has closed (LOSS)."""
+        self.loss_ids: list[int] = []
+        """The ids of the script's own tensors behind `losses` (the unscaled one for a scaled
+        loss), kept until the next step's first forward: a monitor.step(loss=) of the step's
+        one loss tensor needs no copy of its own."""
         self._held: list[Any] | None = None
         """The losses of the step closed last, until the next training forward or close takes
         them (a monitor.step() for that step drops them: its loss wins)."""
@@ -126,7 +134,6 @@ class StepTracker:
         self._tokens = 0
         self._given_loss: Any = None
         self._values: dict[str, Any] = {}
-        self._spans: list[tuple[Any, ...]] = []
         self._finished: list[Any] | None = None
         """The facts of the step read closed last, while a monitor.step() may still add to them."""
         self._wall_offset = 0.0
@@ -136,11 +143,17 @@ class StepTracker:
         self._lost = False
         """Whether the journal was found full: the step read next may have lost entries."""
         self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
+        self._sampled: dict[str, Any] = {}
+        """What the sender sampled that no record has taken yet (sampled.py)."""
+        self._spans: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=STEPS_KEPT)
+        """(step, start, end) of the steps closed last, on the clock: where a sampled reading falls."""
 
     def forward_begin(self, samples: int | None, tokens: int | None = None) -> None:
         """A training forward begins."""
         if self._held is not None:
             self._take_held(self._held)
+        if not self.in_step:
+            self.loss_ids = []
         self.in_step = True
         self.journal.append((FORWARD, self._clock(), samples, tokens))
         self.phase = "forward"
@@ -183,6 +196,8 @@ class StepTracker:
         that is not a number or a one-element tensor raises ValueError here, in the
         script's call, rather than on the sender's thread.
         """
+        if loss is not None and getattr(loss, "is_cuda", False) and self.loss_ids == [id(loss)]:
+            loss = None  # the step's one backward() loss: the guard's pack carries it already
         if loss is not None:  # it wins over what backward() was called on, in the step it speaks for
             try:  # a CPU tensor is read now (late.losses says why); a GPU one's copy to the host starts
                 loss = late.scalar(loss)
@@ -224,11 +239,14 @@ class StepTracker:
             for record, lates in waiting:
                 self._emit(_resolve(record, lates, wait=True))
 
-    def build(self) -> None:
+    def build(self, sampled: dict[str, Any] | None = None) -> None:
         """Read the journal, make the records of the steps nothing adds to any more, and
         send those whose values can be read without waiting: on the sender's thread,
-        before each batch."""
+        before each batch. sampled: what the sender read since (sampled.py), for the
+        next record made."""
         with self._building:
+            if sampled:
+                self._sampled.update(sampled)
             self._read()
             self._send_ready()
 
@@ -260,8 +278,6 @@ class StepTracker:
                 self._values.update(entry[1])
             elif kind == END:
                 self._close(entry)
-            elif kind == COMM:
-                self._spans.append(entry[1:])
             elif kind == LOSS:
                 if self._finished is not None:
                     self._finished[_LOSS] = entry[1]
@@ -299,12 +315,11 @@ class StepTracker:
             self._lost = False
         else:
             self._finished = [step, self._last_end, self._first, end, self._samples, self._tokens, self._given_loss, self._values]
-            if self._spans:
-                self._values["comm_ms"], self._values["comm_bytes"] = commtimer.host_comm(self._spans)
             if values:
                 self._values.update(values)
+            begun = self._last_end if self._last_end is not None else self._first
+            self._spans.append((step, end if begun is None else begun, end))
         self._values = {}
-        self._spans = []
         self._samples = self._tokens = 0
         self._given_loss = self._first = None
         self._last_end = end
@@ -315,11 +330,25 @@ class StepTracker:
         if fact is None:
             return
         record = _record(self.rank, fact, self._wall_offset + fact[_END], self.total_steps)
+        if self._sampled:
+            self._take_sampled(record)
         if not self._waiting and late.PLAIN.issuperset(map(type, record.values())):  # None is not: it leaves its field out
             self._emit(record)  # the CPU case: every value a number already
         else:
             self._waiting.append(_split(record))
             self._send_ready()
+
+    def _take_sampled(self, record: wire.Frame) -> None:
+        """The record takes what was sampled since the last one; a comm reading says
+        which step it measured (comm_step), found by its wall time among the steps kept."""
+        sampled, self._sampled = self._sampled, {}
+        wall = sampled.pop("comm_wall", None)
+        if wall is not None:
+            at = wall - self._wall_offset
+            step = next((s for s, start, end in reversed(self._spans) if start <= at <= end), None)
+            if step is not None:
+                sampled["comm_step"] = step
+        record.update(sampled)
 
     def _send_ready(self) -> None:
         while self._waiting:
@@ -369,10 +398,16 @@ def _split(record: wire.Frame) -> tuple[wire.Frame, dict[str, late.Late]]:
 
 def _resolve(record: wire.Frame, lates: dict[str, late.Late], wait: bool) -> wire.Frame:
     """The record with its Late values read; those not ready, or read as None,
-    are left out (unless wait: then every one is read)."""
+    are left out (unless wait: then every one is read). FIELDS reads as a dict of
+    fields, which add to the record without replacing what it has (monitor.step's loss)."""
     for key, value in lates.items():
         if wait or value.ready():
             got = value.get()
-            if got is not None:
+            if got is None:
+                continue
+            if key == FIELDS:
+                for name, field in got.items():
+                    record.setdefault(name, field)
+            else:
                 record[key] = got
     return record

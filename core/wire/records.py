@@ -41,8 +41,9 @@ STEP_VALUES: tuple[StepValue, ...] = (
     StepValue("data_ms", float, "window", "waiting for data: from the previous step's end to this one's first forward"),
     StepValue("samples", int, "window", "the forward inputs' batch dimension, summed over the step's forwards"),
     StepValue("tokens", int, "window", "elements of the forwards' token ids (a 2-D integer input)"),
-    StepValue("comm_ms", float, "window", "the union of the step's gradient all-reduce intervals"),
-    StepValue("comm_bytes", int, "window", "bytes the step's gradient buckets all-reduced"),
+    StepValue("comm_ms", float, "window", "sampled: DDP's gradient all-reduces, from the first bucket's launch to the last's end (comm_step)"),
+    StepValue("comm_overlap_ms", float, "window", "sampled: how much of comm_ms ran beside the backward's compute (comm_step)"),
+    StepValue("comm_bytes", int, "window", "sampled: bytes DDP's gradient buckets all-reduce in a step (comm_step)"),
     StepValue("loss", float, "latest", "what backward() was called on, summed over the step, or what monitor.step() said"),
     StepValue("grad_norm", float, "latest", "the global gradient norm before clipping, unscaled"),
     StepValue("lr", float, "latest", "the learning rate of the optimizer's first parameter group, as the step used it"),
@@ -64,10 +65,15 @@ class Step(TypedDict):
     wall: float
     step_ms: float
     total_steps: NotRequired[int]
+    comm_step: NotRequired[int]
+    """The step the sampled comm values measured (trainer/sampled.py): DDP times its
+    iterations 1-10 and every 100th, and a record carries a sampling once, when the
+    rank has read it (about once a second), so this is the record's step or an earlier one."""
     nonfinite: NotRequired[bool]
     """The in-rank watchdog (trainer/guard.py): the reduced gradients held a NaN/Inf."""
     local_nonfinite: NotRequired[bool]
-    """This rank's own gradients did, before the all-reduce."""
+    """It came from this rank: its own loss was non-finite (or it trains alone). False: its
+    loss was finite; absent: it had none to tell."""
     skipped: NotRequired[str]
     """"nan": the guard skipped the step; "scaler": a GradScaler did."""
     clipped: NotRequired[bool]
@@ -112,6 +118,15 @@ class Heartbeat(TypedDict):
     completed there, from torch's flight recorder, else from ddptop's own comm hook (DDP's
     all-reduces only); only from a rank that has sat on one step a while (trainer/flightrecorder.py)."""
     dropped: int
+
+
+class RankNote(TypedDict):
+    """What a rank's instrumentation wants the user to know, once (how a NaN step is handled on its optimizer)."""
+
+    type: Literal["rank_note"]
+    rank: int
+    wall: float
+    text: str
 
 
 class Phase(TypedDict):
@@ -478,6 +493,7 @@ RECORDS: dict[str, type] = {
     "rank_hello": RankHello,
     "heartbeat": Heartbeat,
     "phase": Phase,
+    "rank_note": RankNote,
     "agent_hello": AgentHello,
     "agent_phase": AgentPhase,
     "agent_note": AgentNote,

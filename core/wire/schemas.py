@@ -56,7 +56,7 @@ COMMANDS = frozenset(typing.get_args(records.CommandAction))
 """Actions a viewer may request: stop the job, restart the group, kill one rank
 (and, from the aggregator to a node, collect stacks)."""
 
-RANK_RECORD_TYPES = frozenset({"step", "heartbeat", "exception", "checkpoint", "resume", "phase"})
+RANK_RECORD_TYPES = frozenset({"step", "heartbeat", "exception", "checkpoint", "resume", "phase", "rank_note"})
 """What a batch from a rank may carry."""
 
 AGENT_RECORD_TYPES = frozenset({"worker_failure", "group_restart", "agent_phase", "agent_note"})

@@ -1,0 +1,116 @@
+"""What a rank reads about once a second on the sender's thread: DDP's own comm timings and GPU memory.
+
+Comm time is not measured by ddptop on the training thread. DDP's reducer
+already times its iterations 1 to 10 and then every 100th (its runtime
+logging sample rate), in C++, with CPU timestamps or CUDA events it made
+once: the backward's compute, its all-reduces from the first bucket's
+launch to the last one's completion, and their overlap. It publishes them
+at the next iteration's forward, and `_get_ddp_logging_data()` copies them
+out under the reducer's lock with the GIL released, so another thread can
+read them. The sender's thread reads them once a second; a reading it has
+not seen goes with the next step record, which says the step it measured
+(`comm_step`: the step whose span holds the sampled iteration's forward,
+by the wall clock DDP stamps it with).
+
+GPU memory is the CUDA caching allocator's counters for the rank's device,
+read here rather than on the training thread: the allocator builds its
+whole statistics dictionary for every read.
+
+Nothing here imports torch at module level: models are handed in by
+hooks.py, and torch is reached through them.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+READ_EVERY_S = 1.0
+
+NS = 1e-9
+
+
+class Sampled:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, every: float = READ_EVERY_S) -> None:
+        self._models: list[weakref.ref[Any]] = []
+        """The DDP models, weakly; appended by the training thread, copied by the reader."""
+        self._seen: dict[int, int] = {}
+        """Per model (by id), the DDP iteration read last."""
+        self.device: int | None = None
+        """The CUDA device whose allocator is read: the first CUDA DDP model's."""
+        self._clock = clock
+        self._every = every
+        self._next = 0.0
+
+    def add_model(self, model: Any) -> None:
+        """A DDP model, on the training thread (hooks.py)."""
+        self._models.append(weakref.ref(model))
+        if self.device is None:
+            param = next(iter(model.module.parameters()), None)
+            if param is not None and param.is_cuda:
+                self.device = param.device.index
+
+    def read(self) -> dict[str, Any]:
+        """What is new since the last read, at most once every `every` seconds: the sampled comm
+        figures (comm_ms, comm_overlap_ms, comm_bytes, comm_wall: the sampled iteration's forward,
+        in Unix seconds) and the allocator's memory. {} between reads."""
+        now = self._clock()
+        if now < self._next:
+            return {}
+        self._next = now + self._every
+        values = memory(self.device) if self.device is not None else {}
+        values.update(self._comm())
+        return values
+
+    def _comm(self) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for ref in list(self._models):
+            model = ref()
+            if model is None:
+                continue
+            data = ddp_logging_data(model)
+            iteration = data.get("iteration", 0)
+            if not iteration or self._seen.get(id(model)) == iteration or not data.get("backward_comm_time"):
+                continue
+            self._seen[id(model)] = iteration
+            figures = comm_figures(data)
+            if found:  # two DDP models stepped in this second: their all-reduces add up
+                for key in ("comm_ms", "comm_overlap_ms", "comm_bytes"):
+                    figures[key] += found[key]
+            found = figures
+        return found
+
+
+def ddp_logging_data(model: Any) -> dict[str, Any]:
+    """DDP's logging data for a model ({} when it has none: a model not yet run, an older torch)."""
+    try:
+        data: dict[str, Any] = model._get_ddp_logging_data()
+    except (AttributeError, RuntimeError, AssertionError):
+        return {}
+    return data
+
+
+def comm_figures(data: dict[str, Any]) -> dict[str, Any]:
+    """One sampled iteration's comm figures, from DDP's logging data."""
+    sizes = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "")
+    return {
+        "comm_ms": data["backward_comm_time"] / 1e6,
+        "comm_overlap_ms": data.get("backward_compute_comm_overlap_time", 0) / 1e6,
+        "comm_bytes": sum(int(size) for size in sizes.split(",") if size.strip()),
+        "comm_wall": data.get("forward_compute_time_start", 0) * NS,
+    }
+
+
+def memory(device: int) -> dict[str, int]:
+    """The allocator's allocated, reserved and peak bytes on device; {} before CUDA is used."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return {}
+    stats = torch.cuda.memory_stats_as_nested_dict(device)
+    if not stats:
+        return {}
+    allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
+    return {"mem_alloc": allocated["current"], "mem_reserved": reserved["current"], "mem_peak": allocated["peak"]}
