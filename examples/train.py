@@ -111,6 +111,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
     parser.add_argument("--width", type=int, default=256, help="hidden width of the MLP")
     parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument(
+        "--optimizer",
+        choices=("sgd", "adamw-fused"),
+        default="sgd",
+        help="SGD with momentum, or torch's fused AdamW (on a GPU ddptop skips a NaN step on the device for it)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--samples", type=int, default=8192, help="size of the synthetic dataset")
     parser.add_argument("--checkpoint-dir", type=Path, help="checkpoint here, and resume from here when restarted")
@@ -223,7 +229,10 @@ def main() -> None:
     # a resumed run's first step would round differently. Not re-laying them
     # out (a side effect of find_unused_parameters) keeps resumes bitwise.
     model = DistributedDataParallel(make_model(args.width).to(device), find_unused_parameters=args.checkpoint_dir is not None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.optimizer == "sgd":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=True)
     loss_fn = nn.CrossEntropyLoss()
     monitor.configure(total_steps=args.steps)
     attempt = monitor.attempt()

@@ -57,6 +57,8 @@ class NvmlReader:
         self._warn = warn
         self._unsupported: set[str] = set()
         self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(gpu_count(nvml))]
+        self.uuids = {_uuid(self._read("uuid", nvml.nvmlDeviceGetUUID, handle)): index for index, handle in enumerate(self._handles)}
+        """GPU index by UUID, as a rank tells its GPU (records.Heartbeat gpu_uuid)."""
 
     def _read(self, field: str, call: Callable[..., Any], *args: Any) -> Any:
         """call(*args), or None once NVML has said this driver cannot read field."""
@@ -90,14 +92,47 @@ class NvmlReader:
             )
         return out
 
-    def process_memory(self) -> dict[int, tuple[int, int | None]]:
-        """pid -> (GPU index, bytes used) for every compute process NVML sees."""
-        found: dict[int, tuple[int, int | None]] = {}
+    def process_memory(self) -> dict[int, list[tuple[int, int | None]]]:
+        """GPU index -> (pid, bytes used) of every compute process NVML sees on it."""
+        found: dict[int, list[tuple[int, int | None]]] = {}
         for index, handle in enumerate(self._handles):
             procs = self._read("processes", self._nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
-            for proc in procs:
-                found[int(proc.pid)] = (index, proc.usedGpuMemory)
+            found[index] = [(int(proc.pid), proc.usedGpuMemory) for proc in procs]
         return found
+
+
+def _uuid(value: Any) -> str:
+    """NVML's "GPU-xxxxxxxx-..." (bytes from older bindings), as ranks write it."""
+    return (value.decode() if isinstance(value, bytes) else str(value or "")).lower()
+
+
+def rank_gpu_memory(
+    on_gpus: dict[int, list[tuple[int, int | None]]], rank_pids: dict[int, int], rank_gpus: dict[int, int]
+) -> dict[int, tuple[int, int | None]]:
+    """rank -> (GPU index, bytes used) of its process as NVML lists it.
+
+    By pid first. In a container NVML lists the host's pids, which match none of
+    the ranks': then a rank that told its GPU (rank_gpus: rank -> index) takes the
+    one process on that GPU that is no other rank's, when it is the only such rank
+    there; where two ranks share a GPU, or strangers use it, nothing is guessed.
+    """
+    found: dict[int, tuple[int, int | None]] = {}
+    by_pid = {pid: rank for rank, pid in rank_pids.items()}
+    strangers: dict[int, list[int | None]] = {}
+    for index, procs in on_gpus.items():
+        for pid, used in procs:
+            if pid in by_pid:
+                found[by_pid[pid]] = (index, used)
+            else:
+                strangers.setdefault(index, []).append(used)
+    unmatched: dict[int, list[int]] = {}
+    for rank, index in rank_gpus.items():
+        if rank not in found and rank in rank_pids:
+            unmatched.setdefault(index, []).append(rank)
+    for index, ranks in unmatched.items():
+        if len(ranks) == 1 and len(strangers.get(index, [])) == 1:
+            found[ranks[0]] = (index, strangers[index][0])
+    return found
 
 
 class Sampler:
@@ -109,9 +144,14 @@ class Sampler:
     def has_gpus(self) -> bool:
         return self._reader is not None
 
-    def sample(self, rank_pids: dict[int, int]) -> wire.Frame:
-        """One reading of every rank process and GPU, as a "sample" record."""
-        gpu_procs = self._reader.process_memory() if self._reader else {}
+    def sample(self, rank_pids: dict[int, int], rank_gpus: dict[int, str] | None = None) -> wire.Frame:
+        """One reading of every rank process and GPU, as a "sample" record; rank_gpus: the GPU
+        UUID each rank told, to find its memory where NVML's pids are not the ranks'."""
+        gpu_procs: dict[int, tuple[int, int | None]] = {}
+        if self._reader is not None:
+            uuids = self._reader.uuids
+            indices = {rank: uuids[_uuid(uuid)] for rank, uuid in (rank_gpus or {}).items() if _uuid(uuid) in uuids}
+            gpu_procs = rank_gpu_memory(self._reader.process_memory(), rank_pids, indices)
         procs = []
         for rank, pid in rank_pids.items():
             entry: dict[str, Any] = {"rank": rank, "pid": pid}
@@ -125,8 +165,8 @@ class Sampler:
                             entry["rss"] = proc.memory_info().rss
                 except psutil.Error:
                     self._procs.pop(pid, None)
-            if pid in gpu_procs:
-                entry["gpu"], entry["gpu_mem"] = gpu_procs[pid]
+            if rank in gpu_procs:
+                entry["gpu"], entry["gpu_mem"] = gpu_procs[rank]
             procs.append(entry)
         gpus = self._reader.gpus() if self._reader else []
         return {"type": "sample", "wall": time.time(), "procs": procs, "gpus": gpus}

@@ -378,8 +378,10 @@ class Supervisor:
 
     async def _sample(self) -> None:
         """This node's rank processes and GPUs (another node's ranks are sampled there)."""
-        pids = {rank: state.pid for rank, state in self.state.ranks.items() if state.pid and self.role.owner(rank) is None}
-        record = await asyncio.to_thread(self.sampler.sample, pids)
+        ours = {rank: state for rank, state in self.state.ranks.items() if state.pid and self.role.owner(rank) is None}
+        pids = {rank: state.pid for rank, state in ours.items()}
+        gpus = {rank: state.gpu_uuid for rank, state in ours.items() if state.gpu_uuid}
+        record = await asyncio.to_thread(self.sampler.sample, pids, gpus)
         self.record({**record, "node": self.cluster.node})
 
     def _start_exporter(self, host: str, port: int) -> None:

@@ -53,6 +53,9 @@ class FakeNvml:
     def nvmlDeviceGetName(self, handle) -> str:
         return "NVIDIA H100 80GB HBM3"
 
+    def nvmlDeviceGetUUID(self, handle) -> str:
+        return f"GPU-0000000{handle.index}-1111-2222-3333-444444444444"
+
     def nvmlDeviceGetUtilizationRates(self, handle) -> SimpleNamespace:
         return SimpleNamespace(gpu=50 + handle.index, memory=10)
 

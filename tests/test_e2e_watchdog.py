@@ -13,6 +13,7 @@ import pytest
 from conftest import DDPTOP, EXAMPLE, SCRIPTS, recorded
 
 from ddptop.core import rundir
+from ddptop.supervisor.watching.rules import nan
 
 pytestmark = pytest.mark.slow
 
@@ -79,12 +80,15 @@ def test_nan_inf_explosion_and_desync_on_four_ranks(ddptop_home, tmp_path):
     steps = job.steps()
     assert sorted(steps) == [0, 1, 2, 3] and all(sorted(rows) == list(range(80)) for rows in steps.values())
 
-    # NaN/Inf: the same step skipped on every rank, the source rank named.
+    # NaN/Inf: the same step skipped on every rank; the rank whose own loss was NaN named, and
+    # gradients poisoned in backward from a finite loss said to be so (no rank's loss was bad).
     skipped = {(rank, n) for rank, rows in steps.items() for n, r in rows.items() if r.get("skipped")}
     assert skipped == {(rank, n) for rank in range(4) for n in (15, 30)}
     nan_alerts = sorted((a["step"], a["ranks"]) for a in job.alerts("nan"))
-    assert nan_alerts == [(15, [1]), (30, [2])]
-    assert "ALERT nan: non-finite loss or gradients at step 15: rank 1's own gradients" in job.proc.stderr
+    assert nan_alerts == [(15, [1]), (30, [])]
+    source = nan.OWN_LOSS.format(ranks="rank 1")
+    assert "ALERT nan: " + nan.ALERT.format(step=15, source=source, handling=nan.SKIPPED_ALL) in job.proc.stderr
+    assert nan.ALERT.format(step=30, source=nan.FINITE_LOSSES, handling=nan.SKIPPED_ALL) in job.proc.stderr
     assert "final-params-finite true" in job.proc.stdout
     assert all(math.isfinite(r["loss"]) for rows in steps.values() for n, r in rows.items() if n not in (15, 30))
 
@@ -212,7 +216,7 @@ def test_scaler_skips_are_not_nan_faults(ddptop_home, tmp_path):
     assert all(sorted(rows) == list(range(20)) for rows in steps.values())
     skipped = {(rank, n, r.get("skipped")) for rank, rows in steps.items() for n, r in rows.items() if r.get("skipped")}
     assert skipped == {(rank, n, "scaler") for rank in (0, 1) for n in (5, 11)}
-    assert all(rows[n]["comm_ms"] > 0 for rows in steps.values() for n in (5, 11))  # the skipped steps did communicate
+    assert all(0 < rows[n]["loss"] < 10 for rows in steps.values() for n in (5, 11))  # the skipped steps' own losses, unscaled
     assert job.alerts() == []
 
 

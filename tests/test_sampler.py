@@ -41,6 +41,18 @@ def test_gpu_readings_and_per_process_memory():
     assert record["procs"][0]["gpu"] == 1 and record["procs"][0]["gpu_mem"] == 3 * 2**30
 
 
+def test_in_a_container_a_rank_finds_its_gpu_memory_by_the_gpu_it_told():
+    """NVML lists the host's pids, which a container's ranks do not have: a rank that told
+    its GPU takes the one process there that is no other rank's; a shared GPU is not guessed."""
+    me, other = os.getpid(), os.getppid()
+    nvml = FakeNvml(gpus=2, processes={0: [(900001, 5 * 2**30)], 1: [(900002, 1 * 2**30), (900003, 2 * 2**30)]})
+    gpu = "GPU-0000000{}-1111-2222-3333-444444444444"
+    record = Sampler(nvml).sample({0: me, 1: other}, {0: gpu.format(0).upper(), 1: gpu.format(1)})
+    by_rank = {p["rank"]: p for p in record["procs"]}
+    assert (by_rank[0]["gpu"], by_rank[0]["gpu_mem"]) == (0, 5 * 2**30)
+    assert "gpu_mem" not in by_rank[1], "two strangers on rank 1's GPU: which is it is not known"
+
+
 def test_an_unsupported_field_reads_none_and_is_reported_once():
     warnings: list[str] = []
     sampler = Sampler(FakeNvml(gpus=2, no_power=True), warn=warnings.append)

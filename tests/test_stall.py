@@ -16,6 +16,10 @@ from ddptop.supervisor.watching.stuck import Standing, describe, in_collectives
 
 
 def beat(rank: int, step_in_progress: int, phase: str, **extra: object) -> dict:
+    """A heartbeat; phase "all-reduce" is a rank in DDP's all-reduce at the end of its backward,
+    as its flight recorder tells it (the step's collective entered, not completed)."""
+    if phase == "all-reduce":
+        phase, extra = "backward", {"collectives": [told(step_in_progress + 1, step_in_progress)], **extra}
     return {"type": "heartbeat", "rank": rank, "wall": 0.0, "phase": phase, "step": step_in_progress, "dropped": 0, **extra}
 
 
@@ -51,7 +55,7 @@ def test_a_rank_stuck_in_its_data_while_the_others_wait_is_named_within_the_wind
         feed(
             dog,
             state,
-            beat(rank, 30, "comm", where="train.py:51 in train_step", stack=["train.py:60 in <module>", "train.py:51 in train_step"]),
+            beat(rank, 30, "all-reduce", where="train.py:51 in train_step", stack=["train.py:60 in <module>", "train.py:51 in train_step"]),
         )
     # Rank 3 finished step 30 (record held until its next forward) and sits in its loader.
     feed(dog, state, beat(3, 31, "data", where="data.py:43 in batches", stack=["train.py:58 in <module>", "data.py:43 in batches"]))
@@ -60,14 +64,15 @@ def test_a_rank_stuck_in_its_data_while_the_others_wait_is_named_within_the_wind
     for _ in range(int(window) - 1):
         clock.now += 1.0
         for rank in range(4):  # heartbeats go on; nothing moves
-            feed(dog, state, beat(rank, 30 if rank < 3 else 31, "comm" if rank < 3 else "data"))
+            feed(dog, state, beat(rank, 30, "all-reduce") if rank < 3 else beat(rank, 31, "data", collectives=[told(30, 30)]))
         assert [v for v in dog.tick() if v.kind != "straggler"] == []
     clock.now += 1.1
     [v] = dog.tick()
     assert v.kind == "stall" and v.action == "none" and v.ranks == [3] and v.stacks == [0, 1, 2, 3]
     assert v.text == (
         "no step for 15 s: ranks 0,1,2 wait in all-reduce at train.py:51 in train_step, after step 29; "
-        "rank 3 stuck 15 s in data at data.py:43 in batches, after step 30"
+        "rank 3 stuck 15 s in data at data.py:43 in batches, after step 30; "
+        "default group: ranks 0,1,2 in all_reduce #31 (25.0 MiB); rank 3 never entered it, its last: all_reduce #30"
     )
     assert v.details["window_s"] == window
     clock.now += 5
@@ -92,14 +97,14 @@ def test_a_rank_that_evaluates_while_the_others_wait_is_a_pause_not_a_stall_or_a
     dog, state, clock = make(world=4, policy=WatchPolicy(hang_timeout=30))
     stepping(4, 100, clock, dog, state)
     for rank in range(1, 4):
-        feed(dog, state, beat(rank, 100, "comm", stack=["train.py:51 in train_step"]))
+        feed(dog, state, beat(rank, 100, "all-reduce", stack=["train.py:51 in train_step"]))
     verdicts = []
     for second in range(45):  # rank 0 evaluates for 45 s: forwards advance, its stack moves
         clock.now += 1.0
         where = "train.py:120 in evaluate"
         feed(dog, state, beat(0, 100, "data", where=where, forwards=1000 + second, stack=[f"model.py:{10 + second % 7} in forward"]))
         for rank in range(1, 4):
-            feed(dog, state, beat(rank, 100, "comm"))
+            feed(dog, state, beat(rank, 100, "all-reduce"))
         verdicts += dog.tick()
     [note] = verdicts
     assert note.notice and note.kind == "pause" and note.record()["type"] == "notice"

@@ -8,6 +8,7 @@ import pytest
 from ddptop.core.model.job import JobState
 from ddptop.supervisor.watching.failures import crash_excerpt, last_error_line, script_frame
 from ddptop.supervisor.watching.policy import Started, WatchPolicy
+from ddptop.supervisor.watching.rules import nan
 from ddptop.supervisor.watching.rules.hang import STARTUP_GRACE_S
 from ddptop.supervisor.watching.rules.per_step import GATHER_S
 from ddptop.supervisor.watching.watchdog import Watchdog
@@ -64,7 +65,7 @@ def test_nan_verdict_waits_for_every_rank_and_names_the_source():
             assert verdicts == []
     [v] = verdicts
     assert (v.kind, v.step, v.ranks, v.action) == ("nan", 15, [2], "none")
-    assert "rank 2's own gradients" in v.text and "skipped on all ranks" in v.text
+    assert nan.OWN_LOSS.format(ranks="rank 2") in v.text and nan.SKIPPED_ALL in v.text
 
 
 @pytest.mark.parametrize("policy, action", [("stop", "stop"), ("restart", "restart"), ("warn", "none")])
@@ -79,7 +80,7 @@ def test_a_nan_step_that_cuda_ranks_applied_says_so_and_how_to_skip_it():
     verdicts = [v for rank in (0, 1) for v in feed(dog, state, step(rank, 8, nonfinite=True, local_nonfinite=rank == 0))]
     [v] = verdicts
     assert (v.action, v.ranks) == ("none", [0])
-    assert "applied" in v.text and "--on-nan skip" in v.text and "skipped on all" not in v.text
+    assert nan.APPLIED_LATE in v.text and "--on-nan skip" in v.text and nan.SKIPPED not in v.text
 
 
 def test_nan_verdict_goes_without_a_silent_rank_after_the_gather_time():
@@ -87,7 +88,7 @@ def test_nan_verdict_goes_without_a_silent_rank_after_the_gather_time():
     assert feed(dog, state, step(0, 4, nonfinite=True, local_nonfinite=False)) == []
     clock.now += GATHER_S + 0.1
     [v] = dog.tick()
-    assert v.ranks == [] and "no rank's own gradients" in v.text
+    assert v.ranks == [] and nan.FINITE_LOSSES in v.text
 
 
 def test_desync_names_the_minority_once_per_divergence():
@@ -112,24 +113,29 @@ def test_equal_checksums_raise_nothing():
     assert [v for r in range(4) for v in feed(dog, state, step(r, 0, checksum=5))] == []
 
 
+def waiting(rank: int, step: int, entered: bool = True) -> dict:
+    """A heartbeat from a rank in its backward, its flight recorder telling that it entered
+    the step's all-reduce (#step + 1) and has not completed it, or never entered it."""
+    collective = {"group": "0", "name": "default group", "enqueued": step + entered, "completed": step, "op": "all_reduce"}
+    return {"type": "heartbeat", "rank": rank, "wall": 0.0, "phase": "backward", "step": step, "dropped": 0, "collectives": [collective]}
+
+
 def test_hang_groups_ranks_by_phase_and_asks_for_stacks():
     dog, state, clock = make(WatchPolicy(hang_timeout=10))
     for rank in range(4):
         feed(dog, state, step(rank, 19))
-        phase = "backward" if rank == 2 else "comm"
-        feed(dog, state, {"type": "heartbeat", "rank": rank, "wall": 0.0, "phase": phase, "step": 20, "dropped": 0})
+        feed(dog, state, waiting(rank, 20, entered=rank != 2))
     clock.now += 9.9
     assert dog.tick() == []
     for rank in range(4):
-        feed(
-            dog,
-            state,
-            {"type": "heartbeat", "rank": rank, "wall": 0.0, "phase": "backward" if rank == 2 else "comm", "step": 20, "dropped": 0},
-        )
+        feed(dog, state, waiting(rank, 20, entered=rank != 2))
     clock.now += 0.2
     [v] = dog.tick()
     assert v.kind == "hang" and v.action == "restart" and v.stacks == [0, 1, 2, 3]
-    assert v.text == "no step for 10 s: ranks 0,1,3 wait in all-reduce, after step 19; rank 2 stuck 10 s in backward, after step 19"
+    assert v.text == (
+        "no step for 10 s: ranks 0,1,3 wait in all-reduce, after step 19; rank 2 stuck 10 s in backward, after step 19; "
+        "default group: ranks 0,1,3 in all_reduce #21; rank 2 never entered it, its last: all_reduce #20"
+    )
     assert dog.tick() == []  # one alert per hang
 
 
@@ -142,7 +148,7 @@ def test_hang_names_a_rank_whose_last_step_came_a_moment_after_the_others():
     clock.now += 4
     feed(dog, state, step(0, 6))  # rank 0 is not stuck: it still steps
     for rank in range(3):
-        feed(dog, state, {"type": "heartbeat", "rank": rank, "wall": 0.0, "phase": "comm", "step": 6, "dropped": 0})
+        feed(dog, state, waiting(rank, 6))
     clock.now += 3.1
     [v] = dog.tick()
     assert v.ranks == [1, 2] and "ranks 1,2 wait in all-reduce" in v.text

@@ -131,15 +131,33 @@ def test_a_headless_job_then_its_replay_in_the_dashboard(venv: Path, outside: di
     assert json.loads((run_dir / "meta.json").read_text())["state"] == "finished"
     export = subprocess.run([str(venv / "bin" / "ddptop"), "export", str(run_dir)], env=outside, capture_output=True, text=True, check=True)
     steps = [r for line in export.stdout.splitlines() if (r := json.loads(line))["type"] == "step"]
-    # Zero-code instrumentation from the installed bootstrap: both ranks, every step, timed comm.
+    # Zero-code instrumentation from the installed bootstrap: both ranks, every step, DDP's sampled comm time.
     assert {(r["rank"], r["step"]) for r in steps} == {(rank, step) for rank in (0, 1) for step in range(20)}
-    assert all(r.get("comm_ms") is not None for r in steps)
+    assert any(r.get("comm_ms") is not None for r in steps)
 
     replay = subprocess.run(
         [str(venv / "bin" / "python"), "-c", REPLAY, str(run_dir)], cwd=tmp_path, env=outside, capture_output=True, text=True, timeout=120
     )
     assert replay.returncode == 0, replay.stderr
     assert "rows 2 exit 0" in replay.stdout and "train.py" in replay.stdout, replay.stdout
+
+
+def test_launch_works_from_inside_the_checkout(venv: Path, outside: dict[str, str], tmp_path: Path) -> None:
+    """A user who clones ddptop and `pip install .`s it runs it from the clone: Python puts the
+    working folder first for `python -m`, where the checkout's ddptop/ folder would stand in
+    for the installed package in what ddptop starts (torchrun's probe, the template)."""
+    run_dir = tmp_path / "run"
+    job = subprocess.run(
+        [str(venv / "bin" / "ddptop"), "launch", "--headless", str(SCRIPTS / "plain_ddp.py"), "--gpus", "2", "--run-dir", str(run_dir), "--steps", "5"],
+        cwd=REPO,
+        env=outside,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert json.loads((run_dir / "meta.json").read_text())["state"] == "finished"
+    assert "ALERT" not in job.stderr, job.stderr
 
 
 def test_without_torch_launch_says_so_in_one_line(venv: Path, outside: dict[str, str], tmp_path: Path) -> None:

@@ -62,10 +62,9 @@ def collectives() -> list[dict[str, Any]] | None:
     from ddptop.trainer import torchapi  # torch.distributed is loaded, so torch is
 
     groups: dict[str, dict[str, Any]] = {}
-    for dump in torchapi.flight_recorder_dumps():
+    for dump in torchapi.flight_recorder_dumps():  # NCCL's first: a group it holds is an NCCL group
         for found in recorded(_load(dump)):
-            if found["enqueued"] > groups.get(found["group"], {}).get("enqueued", 0):
-                groups[found["group"]] = found
+            groups.setdefault(found["group"], found)
     return list(groups.values()) or None
 
 

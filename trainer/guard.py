@@ -79,6 +79,8 @@ class Layout(NamedTuple):
     clip: float | None
     solo: bool
     """A one-rank group: a non-finite gradient is this rank's own."""
+    skipped_on_device: bool = False
+    """ddptop handed the optimizer a found_inf of its own: a non-finite step was skipped."""
 
     def fields(self, values: list[float]) -> dict[str, Any]:
         """The step record's values, read off the pack on the host."""
@@ -106,6 +108,8 @@ class Layout(NamedTuple):
             bad_loss = any(not math.isfinite(v) for v in losses)
             out["nonfinite"] = True
             out["local_nonfinite"] = True if self.solo or bad_loss else (False if losses else None)
+            if self.skipped_on_device:
+                out["skipped"] = "nan"
             return out
         unscaled = norm / grad_scale
         if script is not None:
@@ -134,10 +138,6 @@ class Verdict(NamedTuple):
 
     values: dict[str, Any]
     nonfinite: bool
-
-
-FIELDS = "fields"
-"""The key of a step's Late values: a dict the step record takes its fields from once read."""
 
 
 def norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -204,7 +204,7 @@ def pack(parts: list[torch.Tensor]) -> torch.Tensor:
 def send(packed: torch.Tensor, fields: Callable[[list[float]], dict[str, Any]]) -> Verdict:
     """The pack's values for the record: read now on the CPU, else one Late read off the ring."""
     if packed.is_cuda:
-        return Verdict({FIELDS: late.RING.send(packed, fields)}, False)
+        return Verdict({late.FIELDS: late.RING.send(packed, fields)}, False)
     values = fields(packed.tolist())
     return Verdict(values, bool(values.get("nonfinite")))
 

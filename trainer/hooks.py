@@ -400,7 +400,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         parts += guard.checksum_parts(probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]])
     fields = guard.layout(
         len(norms), script is not None, bool(script and script[1]), marks, has_scale,
-        grad_scale is not None, scaler_inf is not None, bool(checksum), clip, probe.world == 1,
+        grad_scale is not None, scaler_inf is not None, bool(checksum), clip, probe.world == 1, on_device,
     ).fields  # fmt: skip
     packed = guard.pack(parts)
     if not cuda or (policy.waits(cuda) and not on_device and scaler_inf is None):

@@ -162,6 +162,9 @@ def is_loss(value: Any) -> bool:
     return bool(value.numel() == 1 and value.is_floating_point())
 
 
+FIELDS = "fields"
+"""The key of a step's Late values that read as a dict: the step record takes its fields from it."""
+
 PLAIN = frozenset((int, float, bool, str))
 """The types of a record value that is read already."""
 

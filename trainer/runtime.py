@@ -143,6 +143,8 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
     on_step = (tracker.step, time.monotonic())
     """The step in progress, and since when: a rank that sits on one reads the flight recorder."""
 
+    sampled = Sampled()
+
     def heartbeat() -> wire.Frame:
         nonlocal last_stack, on_step
         record: wire.Frame = {
@@ -164,13 +166,14 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
             if now.stack != last_stack:
                 record["stack"] = list(now.stack)
                 last_stack = now.stack
+        if (uuid := sampled.gpu_uuid()) is not None:
+            record["gpu_uuid"] = uuid
         if tracker.step != on_step[0]:
             on_step = (tracker.step, time.monotonic())
         elif time.monotonic() - on_step[1] >= flightrecorder.READ_AFTER_S and (seq := flightrecorder.collectives()) is not None:
             record["collectives"] = seq
         return record
 
-    sampled = Sampled()
     sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat, collect=lambda: tracker.build(sampled.read()))
     report = report_uncaught(sender.put, tracker.rank)
     monitor.bind(tracker)

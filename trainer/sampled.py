@@ -41,6 +41,7 @@ class Sampled:
         """Per model (by id), the DDP iteration read last."""
         self.device: int | None = None
         """The CUDA device whose allocator is read: the first CUDA DDP model's."""
+        self._uuid: str | None = None
         self._clock = clock
         self._every = every
         self._next = 0.0
@@ -64,6 +65,13 @@ class Sampled:
         values = memory(self.device) if self.device is not None else {}
         values.update(self._comm())
         return values
+
+    def gpu_uuid(self) -> str | None:
+        """The UUID of the rank's GPU as NVML writes it ("GPU-..."), once it has one; on the sender's thread."""
+        if self._uuid is None and self.device is not None:
+            torch = sys.modules["torch"]
+            self._uuid = f"GPU-{torch.cuda.get_device_properties(self.device).uuid}"
+        return self._uuid
 
     def _comm(self) -> dict[str, Any]:
         found: dict[str, Any] = {}

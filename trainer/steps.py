@@ -47,7 +47,6 @@ from typing import Any
 
 from ddptop.core import wire
 from ddptop.trainer import late
-from ddptop.trainer.guard import FIELDS
 
 MAX_WAITING = 8
 """Records whose GPU values are not readable yet; past that the oldest goes
@@ -405,7 +404,7 @@ def _resolve(record: wire.Frame, lates: dict[str, late.Late], wait: bool) -> wir
             got = value.get()
             if got is None:
                 continue
-            if key == FIELDS:
+            if key == late.FIELDS:
                 for name, field in got.items():
                     record.setdefault(name, field)
             else:

@@ -47,7 +47,7 @@ def flight_recorder_dumps() -> list[Callable[..., bytes]]:
     collectives, and any backend's that records there) and NCCL's own, which
     ProcessGroupNCCL records into and only `_dump_nccl_trace` reads."""
     c10d = getattr(torch._C, "_distributed_c10d", None)
-    names = ("_dump_fr_trace", "_dump_nccl_trace")
+    names = ("_dump_nccl_trace", "_dump_fr_trace")
     return [dump for name in names if (dump := getattr(c10d, name, None)) is not None]
 
 

@@ -124,6 +124,8 @@ class JobState:
             state.live_stack = record["stack"]
         state.dropped = record["dropped"]
         state.last_wall = max(state.last_wall, record["wall"])
+        if record.get("gpu_uuid"):
+            state.gpu_uuid = record["gpu_uuid"]
 
     def _on_sample(self, record: wire.Frame) -> None:
         """One node's readings. Its GPUs first, so each of its ranks takes its GPU's new reading

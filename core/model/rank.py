@@ -49,6 +49,8 @@ class RankState:
     gpu_reading: GpuState | None = None
     """That GPU's last NVML reading, shared with the job's view of the GPU."""
     gpu_mem: int | None = None
+    gpu_uuid: str | None = None
+    """Its GPU's UUID as it told (records.Heartbeat): how its GPU memory is found in a container."""
     steps_seen: int = 0
     nan_skips: int = 0
     scaler_skips: int = 0

@@ -113,6 +113,10 @@ class Heartbeat(TypedDict):
     """The step in progress: the rank has finished every step before it."""
     forwards: NotRequired[int]
     """The DDP model's forwards so far, evaluation's included."""
+    gpu_uuid: NotRequired[str]
+    """The UUID of the GPU the rank trains on ("GPU-..." as NVML writes it), once it uses one:
+    NVML lists a container's processes by the host's pids, so the supervisor finds the rank's
+    GPU memory by its GPU (supervisor/sampler.py)."""
     collectives: NotRequired[list[Any]]
     """Collective, one per process group the rank is in: the last collective it entered and
     completed there, from torch's flight recorder, else from ddptop's own comm hook (DDP's

@@ -3,7 +3,8 @@
 "ranks 0,1,2 wait in all-reduce at train.py:51 in train_step, after step 199;
 rank 3 stuck 25 s in data at data.py:43 in batches, after step 199; rank 4 sent
 nothing for 40 s". A rank waits when it is inside a collective (a
-torch.distributed call on its stack, or DDP's all-reduce in its backward):
+torch.distributed call on its stack, or one its flight recorder says it entered
+and has not completed: DDP's all-reduce in its backward):
 the others it waits for are the ones to look at, so they are named by how
 long they have sat still (their stack unchanged, no forward) and where.
 """
@@ -48,8 +49,9 @@ def standing(rank: int, state: JobState, seen: Liveness) -> Standing:
     phase = rank_state.phase if rank_state else "startup"
     where = rank_state.where if rank_state else None
     done = seen.done.get(rank, -1)
-    if inside is not None or phase == "comm":
-        return Standing(True, (inside or "all_reduce").replace("_", "-"), where, done)
+    entered = next((c for c in seen.collectives.get(rank, ()) if c["enqueued"] > c["completed"]), None)
+    if inside is not None or entered is not None:
+        return Standing(True, (inside or (entered or {}).get("op") or "collective").replace("_", "-"), where, done)
     return Standing(False, phase, where, done)
 
 

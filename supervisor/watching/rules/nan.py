@@ -1,8 +1,14 @@
 """NaN/Inf: a step whose loss or gradients were non-finite on some rank.
 
-Each rank's guard (trainer/guard.py) checks the global grad norm before
-the optimizer steps, and its own gradients before the all-reduce, which is
-what names the rank a bad value came from.
+Each rank's guard (trainer/guard.py) checks the global grad norm before the
+optimizer steps. After DDP's all-reduce a non-finite gradient is on every
+rank, so which rank it came from is what each rank's own loss says: a rank
+whose loss was non-finite is named. Gradients that overflow in backward
+from a finite loss name no rank (only a comm hook on every bucket could,
+at a cost every step that ddptop does not pay).
+
+The words a user reads are constants here, so the tests that look for them
+use the same ones.
 """
 
 from __future__ import annotations
@@ -16,6 +22,17 @@ from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.per_step import PerStepRule
 from ddptop.supervisor.watching.verdict import Verdict, ranks_text
 
+ALERT = "non-finite loss or gradients at step {step}: {source}; {handling}"
+OWN_LOSS = "{ranks}'s own loss was non-finite"
+ALONE = "the loss or gradients were non-finite"
+UNKNOWN = "the gradients were non-finite"
+FINITE_LOSSES = "every rank's loss was finite: the gradients went non-finite in backward or the all-reduce"
+SKIPPED = "step skipped"
+SKIPPED_ALL = "step skipped on all ranks"
+APPLIED_LATE = "applied: a GPU rank whose optimizer takes no found_inf reads this check a step late (--on-nan skip skips such steps)"
+APPLIED_ANYWAY = "applied anyway (--on-nan {policy})"
+THEN = {"restart": "; restarting the group", "stop": "; stopping the job"}
+
 
 class NanRule(PerStepRule):
     def __init__(self, policy: WatchPolicy, state: JobState, liveness: Liveness) -> None:
@@ -23,24 +40,28 @@ class NanRule(PerStepRule):
         self.policy = policy
 
     def value(self, record: wire.Frame) -> Any:
-        """(its own gradients were non-finite, it skipped the step), for a non-finite step."""
+        """(its own loss was non-finite, it skipped the step), for a non-finite step."""
         if not record.get("nonfinite"):
             return None
         return record.get("local_nonfinite"), record.get("skipped") == "nan"
 
     def judge(self, step: int, values: dict[int, tuple[bool | None, bool]]) -> Verdict:
         named = sorted(r for r, (bad, _) in values.items() if bad)
-        if named:
-            source = f"{ranks_text(named)}'s own gradients were"
-        elif all(bad is None for bad, _ in values.values()):  # no DDP: one process, nothing all-reduced
-            source = "the gradients were"
+        alone = self.state.world_size == 1
+        if alone:
+            source = ALONE
+        elif named:
+            source = OWN_LOSS.format(ranks=ranks_text(named))
+        elif all(bad is None for bad, _ in values.values()):
+            source = UNKNOWN
         else:
-            source = "no rank's own gradients were seen as"
-        then = {"restart": "; restarting the group", "stop": "; stopping the job"}.get(self.policy.on_nan, "")
+            source = FINITE_LOSSES
+        then = THEN.get(self.policy.on_nan, "")
         if all(skipped for _, skipped in values.values()):
-            handling = ("step skipped on all ranks" if self.state.world_size > 1 else "step skipped") + then
+            handling = (SKIPPED if alone else SKIPPED_ALL) + then
         elif self.policy.on_nan == "auto":
-            handling = "applied: CUDA ranks read this check a step late instead of waiting for it (--on-nan skip skips such steps)"
+            handling = APPLIED_LATE
         else:
-            handling = f"applied anyway (--on-nan {self.policy.on_nan})" + then
-        return Verdict("nan", f"non-finite loss or gradients at step {step}: {source} non-finite; {handling}", ranks=named, step=step)
+            handling = APPLIED_ANYWAY.format(policy=self.policy.on_nan) + then
+        text = ALERT.format(step=step, source=source, handling=handling)
+        return Verdict("nan", text, ranks=named, step=step)
