@@ -20,9 +20,9 @@ process reads and drops.
 
     python bench/inrank.py --width 256 --batch-size 32 --blocks 300
     python bench/inrank.py --width 8192 --batch-size 1024 --profile
-    python bench/inrank.py --without comm-hook --without guard   # what the rest costs
+    python bench/inrank.py --without guard   # what the rest costs
     python bench/inrank.py --ranks 4 --blocks 100   # the example as `--gpus 4` runs it
-    python bench/inrank.py --floor   # beside it, the least the measurements asked for can cost
+    python bench/inrank.py --floor   # beside it, what any NaN guard must pay
     python bench/inrank.py --floor --lines   # and where in the step each job's cost falls
 
 The medians of blocks leave out what happens only now and then, since
@@ -43,13 +43,22 @@ The instrumented job gets ddptop's optimizer hooks on its own optimizer
 costs the same), and monitor.step() is bound to ddptop only during its
 blocks. It uses CUDA (NCCL) when torch sees a GPU, gloo otherwise.
 
---floor adds two more jobs to the rotation, built before ddptop's hooks so
-that none of ddptop's code touches them: one with the barest Python comm
-hook torch accepts, one that also reads the reduced bucket's norm on the
-host before each optimizer step. Comm time from a DDP comm hook and a grad
-norm with a NaN/Inf verdict on every step are what ddptop is asked to
-measure; these two jobs cost what any tool that measures them must, so
-ddptop's cost can be read against them in the same run.
+--floor adds one more job to the rotation, built before ddptop's hooks so
+that none of ddptop's code touches it: a plain DDP step plus one fused
+grad norm (torch's _foreach_norm and the norm of the norms, as
+clip_grad_norm_ takes it) before each optimizer step, read late: on a GPU
+copied into a pinned buffer made once, with an event made once, and read
+at the next step once the event has passed; on the CPU read at once. A
+NaN/Inf verdict on every step is what ddptop is asked for; this job costs
+what any guard that gives one must, so ddptop's cost can be read against
+it in the same run.
+
+Last it counts what a GPU pays for even where a CPU's clock cannot see it:
+ddptop's Python calls on the training thread (sys.setprofile: calls whose
+code is in ddptop's folders) and its torch ops (a TorchDispatchMode, the
+instrumented job's ops less the plain job's), per step, over steady steps
+of a DDP MLP of 8 layers with AdamW, its gradients in 2 and then in 8
+buckets: what grows with the buckets is paid per bucket.
 """
 
 from __future__ import annotations
@@ -132,19 +141,22 @@ LINES = ("next batch", "model(x)", "loss, zero_grad", "loss.backward()", "optimi
 """The lines of the example's step --lines times, as Job.run_lines splits it."""
 
 
-def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> tuple[Job, Callable[[bool], None], Any]:
-    """ddptop's hooks on a fresh Job; the function turns monitor.step's binding on and off; the job's tracker."""
+def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> tuple[Job, Callable[[bool], None], Any, dict[str, Any]]:
+    """ddptop's hooks on a fresh Job; the function turns monitor.step's binding on and off; the job's
+    tracker; ddptop's optimizer hooks, to register on another instrumented optimizer."""
     from ddptop.trainer import hooks, monitor
     from ddptop.trainer.policy import GuardPolicy
+    from ddptop.trainer.sampled import Sampled
 
     without(args.without)
     optimizer_hooks = caught_optimizer_hooks()
-    tracker = sending_tracker()
-    hooks.install(tracker, GuardPolicy(on_nan=args.on_nan))
+    sampled = Sampled()
+    tracker = sending_tracker(sampled)
+    hooks.install(tracker, GuardPolicy(on_nan=args.on_nan), sampled)
     job = Job(args, example, torch_device)
     job.optimizer.register_step_pre_hook(optimizer_hooks["pre"])
     job.optimizer.register_step_post_hook(optimizer_hooks["post"])
-    return job, lambda on: monitor.bind(tracker if on else None), tracker
+    return job, lambda on: monitor.bind(tracker if on else None), tracker, optimizer_hooks
 
 
 def caught_optimizer_hooks() -> dict[str, Any]:
@@ -159,8 +171,9 @@ def caught_optimizer_hooks() -> dict[str, Any]:
     return caught
 
 
-def sending_tracker() -> Any:
-    """A StepTracker whose records a real Sender builds and sends, as in a rank, to a socket drained here."""
+def sending_tracker(sampled: Any) -> Any:
+    """A StepTracker whose records a real Sender builds and sends, as in a rank (with what it samples
+    once a second), to a socket drained here."""
     import socket
     import tempfile
     import threading
@@ -182,62 +195,112 @@ def sending_tracker() -> Any:
     sender: Sender
     tracker = StepTracker(0, emit=lambda record: sender.put(record))
     hello = {"type": "rank_hello", "rank": 0, "world_size": 1}
-    sender = Sender(f"unix:{path}", hello, lambda: {"type": "heartbeat", "rank": 0, "wall": time.time()}, collect=tracker.build)
+    heartbeat = lambda: {"type": "heartbeat", "rank": 0, "wall": time.time()}  # noqa: E731
+    sender = Sender(f"unix:{path}", hello, heartbeat, collect=lambda: tracker.build(sampled.read()))
     sender.start()
     return tracker
 
 
-def floor(args: argparse.Namespace, example: Any, torch_device: Any, norm: bool) -> Job:
-    """A Job with only what a comm-hook measurement (and, with norm, a grad
-    norm verdict) cannot do without; register before ddptop's hooks go in.
-
-    The hook is ddptop's default all-reduce (DDP's arithmetic) without its
-    timing or checks, and unwraps the value in the one Python callback torch
-    requires: DDP takes only a future whose value is a Python object from a
-    Python hook (torch 2.13 asserts "expected the hook result is a PyObject"
-    for c10d's own tensor list), and gloo runs that callback on its own
-    thread, kept in a thread state as ddptop keeps it.
-    """
+def floor(args: argparse.Namespace, example: Any, torch_device: Any) -> Job:
+    """A Job with what any NaN/Inf guard cannot do without: one fused grad norm a step,
+    read late (see above); register before ddptop's hooks go in."""
     import torch
 
-    from ddptop.trainer import hooks, threadstate
-
     job = Job(args, example, torch_device)
-    group = job.model.process_group
-    world = group.size()
-    reduced: list[Any] = []
-
-    def unwrap(fut: Any) -> Any:
-        threadstate.keep()
-        reduced[:] = fut.value()
-        return reduced[0]
-
-    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks the parameter's name and annotation
-        return hooks.allreduce_buffer(group, world, bucket.buffer()).then(unwrap)
+    cuda = torch_device.type == "cuda"
+    host = torch.empty((), pin_memory=cuda)
+    event = torch.cuda.Event() if cuda else None
+    read: list[float] = []
 
     def verdict(optimizer: Any, hook_args: Any, hook_kwargs: Any) -> None:
-        value = torch.linalg.vector_norm(reduced[0])  # one bucket's norm, the cheapest way there is (guard.norm_of)
-        if not value.is_cuda:  # a CPU rank reads it to decide a skip; on CUDA ddptop reads it a step late
-            float(value)
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        if event is None:
+            read.append(float(norm))
+            return
+        if read and event.query():  # last step's, once its copy has passed
+            read.append(float(host))
+        host.copy_(norm, non_blocking=True)
+        event.record()
+        read.append(0.0)
 
-    job.model.register_comm_hook(None, hook)
-    if norm:
-        job.optimizer.register_step_pre_hook(verdict)
+    job.optimizer.register_step_pre_hook(verdict)
     return job
 
 
 def without(parts: list[str]) -> None:
     """Leave parts of ddptop's instrumentation out, to attribute its cost:
-    `comm-hook` keeps DDP's own C++ all-reduce (no comm time, bytes or
-    pre-all-reduce check), `guard` skips the NaN/Inf guard (no grad norm)."""
-    import torch.distributed as dist
-
+    `guard` skips the NaN/Inf guard (no grad norm, no packed loss)."""
     from ddptop.trainer import hooks
 
-    if "comm-hook" in parts:
-        hooks._ensure_comm_hook = lambda model, probe: model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     if "guard" in parts:
         hooks._guard = lambda probe, optimizer: {}
+
+
+def counts(optimizer_hooks: dict[str, Any], torch_device: Any, steps: int = 100) -> dict[int, tuple[float, float]]:
+    """By buckets (2, 8): ddptop's Python calls and torch ops a step on the training thread (see above)."""
+    import torch
+    from torch import nn
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ddptop.core.places import is_ddptop
+    from ddptop.trainer import patches
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    width, layers = 256, 8
+    layer_bytes = (width * width + width) * 4
+    found: dict[int, tuple[float, float]] = {}
+    for buckets in (2, 8):
+
+        def make(hooked: bool, buckets: int = buckets) -> tuple[Any, Any]:
+            torch.manual_seed(0)
+            module = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).to(torch_device)
+            with contextlib.nullcontext() if hooked else patches.suspended():
+                model = torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=layer_bytes * (layers // buckets) / 2**20 * 0.999)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            if hooked:
+                optimizer.register_step_pre_hook(optimizer_hooks["pre"])
+                optimizer.register_step_post_hook(optimizer_hooks["post"])
+            return model, optimizer
+
+        def run(model: Any, optimizer: Any, n: int, hooked: bool) -> None:
+            x = torch.randn(32, width, device=torch_device)
+            with contextlib.nullcontext() if hooked else patches.suspended():
+                for _ in range(n):
+                    optimizer.zero_grad(set_to_none=True)
+                    model(x).pow(2).mean().backward()
+                    optimizer.step()
+
+        calls = 0
+
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            nonlocal calls
+            if event == "call" and is_ddptop(frame.f_code.co_filename):
+                calls += 1
+
+        ops = {}
+        for hooked in (False, True):
+            model, optimizer = make(hooked)
+            run(model, optimizer, 20, hooked)  # steady: buckets rebuilt, DDP's sampled iterations 1-10 past
+            with Ops() as counted:
+                run(model, optimizer, steps, hooked)
+            ops[hooked] = counted.count / steps
+            if hooked:
+                sys.setprofile(profile)
+                run(model, optimizer, steps, hooked)
+                sys.setprofile(None)
+            sizes = str(model._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
+            assert len(sizes.split(",")) == buckets, sizes
+        found[buckets] = (calls / steps, ops[True] - ops[False])
+    return found
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -263,9 +326,8 @@ def measure(args: argparse.Namespace) -> None:
     leader = dist.get_rank() == 0
     jobs = {"plain": Job(args, example, torch_device)}
     if args.floor:
-        jobs["python comm hook"] = floor(args, example, torch_device, norm=False)
-        jobs[FLOOR] = floor(args, example, torch_device, norm=True)
-    hooked, bind, tracker = instrumented(args, example, torch_device)
+        jobs[FLOOR] = floor(args, example, torch_device)
+    hooked, bind, tracker, optimizer_hooks = instrumented(args, example, torch_device)
     jobs["ddptop"] = hooked
 
     lines: dict[Job, dict[str, list[float]]] = {job: {line: [] for line in LINES} for job in jobs.values()}
@@ -304,7 +366,8 @@ def measure(args: argparse.Namespace) -> None:
     sender_us = sender_cost(hooked, tracker, args.block_steps)
     checksum_us = checksum_cost(hooked)
     sampled = heartbeat_samples(lambda: hooked.run(args.block_steps))
-    loss_us = zero_code_cost(hooked)
+    counted = counts(optimizer_hooks, torch_device) if world_of_one() else {}
+    loss_us = zero_code_cost(hooked)  # last: its stand-in backward stays among patches.py's replacements
     world = dist.get_world_size()
     dist.destroy_process_group()
     if leader:
@@ -327,6 +390,24 @@ def measure(args: argparse.Namespace) -> None:
             f"zero-code loss, per step on the training thread: {loss_us:.2f} µs to add the loss "
             f"backward() was called on (the wrapper around torch.autograd.backward, less the backward)"
         )
+        if counted:
+            report_counts(counted)
+
+
+def world_of_one() -> bool:
+    import torch.distributed as dist
+
+    return bool(dist.get_world_size() == 1)
+
+
+def report_counts(counted: dict[int, tuple[float, float]]) -> None:
+    (few, (calls_few, ops_few)), (many, (calls_many, ops_many)) = sorted(counted.items())
+    per_bucket = ((calls_many - calls_few) / (many - few), (ops_many - ops_few) / (many - few))
+    print(
+        "ddptop on the training thread, a step of a DDP MLP (8 layers, AdamW), 100 steady steps: "
+        f"{few} buckets {calls_few:.1f} Python calls into ddptop and {ops_few:.1f} torch ops; "
+        f"{many} buckets {calls_many:.1f} calls, {ops_many:.1f} ops; per bucket {per_bucket[0]:.2f} calls, {per_bucket[1]:.2f} ops"
+    )
 
 
 def sender_cost(job: Job, tracker: Any, steps: int, flushes: int = 20) -> float:
@@ -457,8 +538,8 @@ def report(args: argparse.Namespace, world: int, times: dict[str, list[tuple[flo
     print(f"1% of the plain step: {plain[0] * 10:.0f} µs")
 
 
-FLOOR = "+ grad norm"
-"""The job that costs what any tool measuring comm time and judging every step's gradients must."""
+FLOOR = "+ fused norm, late"
+"""The job that costs what any guard judging every step's gradients must."""
 
 RESAMPLES = 1000
 
@@ -517,12 +598,12 @@ def main() -> None:
         "--without",
         action="append",
         default=[],
-        choices=("comm-hook", "guard"),
+        choices=("guard",),
         help="leave this part of ddptop's instrumentation out (repeatable), to attribute its cost",
     )
     parser.add_argument("--profile", action="store_true", help="first print where the instrumented loop spends its time")
     parser.add_argument(
-        "--floor", action="store_true", help="also run a bare Python comm hook, and one with a grad norm, beside ddptop (see above)"
+        "--floor", action="store_true", help="also run a plain DDP step with one fused grad norm read late beside ddptop (see above)"
     )
     parser.add_argument("--ranks", type=int, default=1, help="ranks, under torchrun when more than one")
     parser.add_argument("--lines", action="store_true", help="also time each line of the step, per job (see report_lines)")
@@ -531,18 +612,6 @@ def main() -> None:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks)]
         sys.exit(subprocess.run([*torchrun, __file__, *sys.argv[1:]]).returncode)
     measure(args)
-    exit_now()
-
-
-def exit_now() -> None:
-    """Leave without the interpreter's finalization. The floor jobs' comm hook callbacks
-    are not ddptop's, so nothing waits for gloo's threads to let go of them as ddptop does
-    for its own (trainer/threadstate.py), and one let go of while the interpreter
-    finalizes aborts the process ("terminate called without an active exception", seen
-    once in eight runs)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -65,11 +65,11 @@ def test_a_late_value_is_not_ready_while_the_gpu_is_busy_and_exact_once_it_is():
 class Job:
     """A DDP model on NCCL under ddptop's hooks, as in a rank; its records, read as the sender reads them."""
 
-    def __init__(self, optimizer: str, policy: GuardPolicy = GuardPolicy(), scaler: bool = False) -> None:
+    def __init__(self, optimizer: str, scaler: bool = False) -> None:
         self.records: list[dict[str, Any]] = []
         self.tracker = StepTracker(0, emit=self.records.append)
         self.sampled = Sampled(every=0.0)
-        self.probe = hooks.install(self.tracker, policy, self.sampled)
+        self.probe = hooks.install(self.tracker, GuardPolicy(), self.sampled)
         torch.manual_seed(0)
         self.model = DistributedDataParallel(nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 16)).cuda(), device_ids=[0])
         params = self.model.parameters()
@@ -120,8 +120,10 @@ def test_a_steady_instrumented_step_never_synchronises_and_reports_the_right_val
     torch.cuda.synchronize()
     rows = job.finish()
     assert [r["step"] for r in rows] == list(range(42))
-    expected = [float(n) for n in job.expected]
-    assert [r["grad_norm"] for r in rows] == pytest.approx(expected, rel=1e-4), "the unscaled pre-clip norm clip_grad_norm_ gives"
+    normed = [(r["grad_norm"], float(n)) for r, n in zip(rows, job.expected) if r.get("skipped") != "scaler"]
+    assert len(normed) >= 40, rows
+    shown, expected = zip(*normed)
+    assert shown == pytest.approx(expected, rel=1e-4), "the unscaled pre-clip norm clip_grad_norm_ gives"
     assert all(math.isfinite(r["loss"]) and r["loss"] > 0 for r in rows)
     sampled = [r for r in rows if "comm_ms" in r]
     assert sampled and all(r["comm_ms"] > 0 and r["comm_bytes"] == (256 * 512 + 512 + 512 * 16 + 16) * 4 for r in sampled), sampled
@@ -193,41 +195,41 @@ def test_nvml_reads_this_gpu_and_this_process_memory():
         release_nvml(nvml)
 
 
-def nccl_job(tmp_path, *args: str) -> tuple[list[dict], list[dict], str]:
+def nccl_job(tmp_path, steps: int, *args: str) -> tuple[list[dict], list[dict], str]:
     run_path = tmp_path / "run"
     result = run_ddptop(
-        "launch", "--headless", "--run-dir", str(run_path), "--desync-every", "50", str(EXAMPLE), "--gpus", "1", "--steps", "200", *args,
+        "launch", "--headless", "--run-dir", str(run_path), "--desync-every", "50", str(EXAMPLE), "--gpus", "1", "--steps", str(steps), *args,
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "on gloo" not in result.stderr
     records = list(rundir.read_events(rundir.RunDir(run_path)))
     rows = [r for r in records if r["type"] == "step"]
-    assert [r["step"] for r in rows] == list(range(200))
+    assert [r["step"] for r in rows] == list(range(steps))
     return records, rows, result.stderr
 
 
 @pytest.mark.slow
 def test_an_nccl_job_reports_comm_memory_and_gpu_samples_and_an_sgd_nan_a_step_late(ddptop_home, tmp_path):
-    records, rows, stderr = nccl_job(tmp_path, "--inject", "nan@195:0")
+    records, rows, stderr = nccl_job(tmp_path, 3000, "--inject", "nan@2995:0")  # seconds of steps: samples see the rank
     sampled = [r for r in rows if "comm_ms" in r]
     assert sampled and all(r["comm_ms"] > 0 and r["comm_bytes"] > 0 and r["comm_step"] <= r["step"] for r in sampled)
-    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows[:195])
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows[:2995])
     memory = [r for r in rows if "mem_alloc" in r]
     assert memory and all(0 < r["mem_alloc"] <= r["mem_reserved"] and r["mem_peak"] >= r["mem_alloc"] for r in memory)
-    assert [r["step"] for r in rows if "checksum" in r] == [0, 50, 100, 150]
+    assert [r["step"] for r in rows if "checksum" in r] == list(range(0, 3000, 50))
     samples = [r for r in records if r["type"] == "sample" and r["gpus"]]
     assert samples and all(g["mem_total"] > 0 for s in samples for g in s["gpus"])
     assert any(p.get("gpu_mem", 0) > 0 for s in samples for p in s["procs"]), "no sample read the rank's own GPU memory"
-    assert rows[195]["nonfinite"] is True and "skipped" not in rows[195]
+    assert rows[2995]["nonfinite"] is True and "skipped" not in rows[2995]
     assert nan.APPLIED_LATE in stderr and "takes no found_inf tensor" in stderr
-    print(f"last finite step: {rows[194]}\nlast sample with the rank's memory: {[s for s in samples if s['procs'][0].get('gpu_mem')][-1]}")
+    print(f"last finite step: {rows[2994]}\nlast sample with the rank's memory: {[s for s in samples if s['procs'][0].get('gpu_mem')][-1]}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", [("--optimizer", "adamw-fused"), ("--on-nan", "skip")], ids=["fused, on the device", "--on-nan skip"])
 def test_a_nan_step_is_skipped_on_cuda(ddptop_home, tmp_path, how):
-    _, rows, stderr = nccl_job(tmp_path, *how, "--inject", "nan@100:0")
+    _, rows, stderr = nccl_job(tmp_path, 200, *how, "--inject", "nan@100:0")
     assert rows[100]["skipped"] == "nan" and rows[100]["nonfinite"] is True
     assert all(math.isfinite(r["loss"]) for r in rows[101:]), "a skipped NaN step must leave the weights finite"
     assert nan.ALERT.format(step=100, source=nan.ALONE, handling=nan.SKIPPED) in stderr

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import os
 import re
-import statistics
 import signal
 import socket
+import statistics
 import struct
 import subprocess
 import sys

@@ -34,7 +34,7 @@ def read(values: list[torch.Tensor], **fields: object) -> dict[str, object]:
         "solo": False,
     }
     arrangement.update(fields)
-    return guard.layout(*arrangement.values()).fields(guard.pack(values).tolist())
+    return guard.Layout(*arrangement.values()).fields(guard.pack(values).tolist())
 
 
 def test_the_norm_read_off_the_pack_is_what_clip_grad_norm_returns_and_sees_inf():
@@ -92,7 +92,7 @@ def test_a_fused_optimizer_handed_found_inf_skips_the_step_exactly():
     weights = [p.detach().clone() for p in model.parameters()]
     state = {k: {n: t.clone() for n, t in v.items()} for k, v in optimizer.state.items()}
     next(model.parameters()).grad.view(-1)[0] = math.nan
-    norm = guard.total(guard.norms(guard.gradients(optimizer)))
+    norm = guard.total(guard.norms([p.grad for p in model.parameters()]))
     optimizer.found_inf = guard.found_inf(norm)
     optimizer.step()
     del optimizer.found_inf

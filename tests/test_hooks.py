@@ -58,7 +58,12 @@ def records(gloo_world_of_one: None, request: pytest.FixtureRequest) -> Iterator
 
 def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     before = {name: getattr(DistributedDataParallel, name) for name in ("__init__", "forward", "__setstate__", "register_comm_hook")}
-    originals = (torch.autograd.backward, torch.distributed.init_process_group, torch.nn.DataParallel.forward, torch.nn.utils.clip_grad_norm_)
+    originals = (
+        torch.autograd.backward,
+        torch.distributed.init_process_group,
+        torch.nn.DataParallel.forward,
+        torch.nn.utils.clip_grad_norm_,
+    )
     hooks.install(StepTracker(0, emit=lambda record: None), GuardPolicy())
     changed = patches.applied()
     assert "torch.nn.utils.clip_grad.clip_grad_norm_" in changed and len(changed) == 13, changed
@@ -66,7 +71,12 @@ def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     assert torch.autograd.backward is not originals[0]
     patches.undo()
     assert patches.applied() == [] and {name: getattr(DistributedDataParallel, name) for name in before} == before
-    assert (torch.autograd.backward, torch.distributed.init_process_group, torch.nn.DataParallel.forward, torch.nn.utils.clip_grad_norm_) == originals
+    assert (
+        torch.autograd.backward,
+        torch.distributed.init_process_group,
+        torch.nn.DataParallel.forward,
+        torch.nn.utils.clip_grad_norm_,
+    ) == originals
     optimizer_module = importlib.import_module("torch.optim.optimizer")
     assert not optimizer_module._global_optimizer_pre_hooks and not optimizer_module._global_optimizer_post_hooks
 

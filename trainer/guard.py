@@ -37,12 +37,13 @@ them goes with the step record; the supervisor compares ranks.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+import operator
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import torch
 
-from ddptop.trainer import late, torchapi
+from ddptop.trainer import torchapi
 
 CLIP_EPS = 1e-6
 """Added to the norm before dividing, as clip_grad_norm_ does."""
@@ -55,7 +56,7 @@ _HALF = 1 << 32
 class Layout(NamedTuple):
     """Where each value sits in a step's pack, and how the host reads them (`fields`).
 
-    Made once per arrangement and kept (layout()), not per step: a step's
+    Made once per arrangement and kept (hooks._FIELDS), not per step: a step's
     pack has the same layout as the last one's but for a change of model,
     scaler or policy."""
 
@@ -83,9 +84,11 @@ class Layout(NamedTuple):
     """ddptop handed the optimizer a found_inf of its own: a non-finite step was skipped."""
 
     def fields(self, values: list[float]) -> dict[str, Any]:
-        """The step record's values, read off the pack on the host."""
+        """The step record's values, read off the pack on the host. No comprehension or
+        generator: on a CPU rank this runs on the training thread, where each is a call."""
         at = self.norms
-        norm = math.sqrt(math.fsum(v * v for v in values[:at])) if at > 1 else abs(values[0]) if at else None
+        norms = values[:at]
+        norm = math.sqrt(math.fsum(map(operator.mul, norms, norms))) if at > 1 else abs(values[0]) if at else None
         script = values[at] if self.script_norm else None
         at += self.script_norm
         losses = values[at : at + len(self.losses)]
@@ -101,11 +104,14 @@ class Layout(NamedTuple):
         if self.checksum:
             out["checksum"] = (int(values[at]) * _HALF + int(values[at + 1])) % _MOD
         if self.losses:
-            out["loss"] = sum(v / scale if scaled else v for v, scaled in zip(losses, self.losses))
+            loss = 0.0
+            for value, scaled in zip(losses, self.losses):
+                loss += value / scale if scaled else value
+            out["loss"] = loss
         if "skipped" in out or norm is None:  # a step a scaler skipped, or one with no gradients: its losses
             return out
         if not math.isfinite(norm):
-            bad_loss = any(not math.isfinite(v) for v in losses)
+            bad_loss = not all(map(math.isfinite, losses))
             out["nonfinite"] = True
             out["local_nonfinite"] = True if self.solo or bad_loss else (False if losses else None)
             if self.skipped_on_device:
@@ -119,25 +125,6 @@ class Layout(NamedTuple):
         if self.clip is not None:
             out["clipped"] = unscaled > self.clip
         return out
-
-
-_LAYOUTS: dict[tuple[Any, ...], Layout] = {}
-
-
-def layout(*fields: Any) -> Layout:
-    """The Layout of these fields, made once."""
-    known = _LAYOUTS.get(fields)
-    if known is None:
-        known = _LAYOUTS[fields] = Layout(*fields)
-    return known
-
-
-class Verdict(NamedTuple):
-    """What the pre-hook learnt: the record's values (read, or one Late under FIELDS), and
-    whether the step is non-finite as read now (only when read now)."""
-
-    values: dict[str, Any]
-    nonfinite: bool
 
 
 def norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -193,30 +180,13 @@ def checksum(tensors: Iterable[torch.Tensor]) -> int | None:
 
 
 def pack(parts: list[torch.Tensor]) -> torch.Tensor:
-    """The step's values in one tensor, on the first part's device (a part elsewhere is moved)."""
+    """The step's values in one tensor, on the first part's device (a part elsewhere is moved).
+    Under no grad mode: the losses among them still have their graphs."""
     try:
         return torch.stack(parts)
     except RuntimeError:  # parts on two devices (a model split over GPUs), or of shapes (1,) and ()
         device = parts[0].device
         return torch.stack([p.detach().to(device).reshape(()) for p in parts])
-
-
-def send(packed: torch.Tensor, fields: Callable[[list[float]], dict[str, Any]]) -> Verdict:
-    """The pack's values for the record: read now on the CPU, else one Late read off the ring."""
-    if packed.is_cuda:
-        return Verdict({late.FIELDS: late.RING.send(packed, fields)}, False)
-    values = fields(packed.tolist())
-    return Verdict(values, bool(values.get("nonfinite")))
-
-
-def read_now(packed: torch.Tensor, fields: Callable[[list[float]], dict[str, Any]]) -> Verdict:
-    """The pack read on the host now, whatever its device: `--on-nan skip` on a GPU waits here."""
-    values = fields(packed.tolist())
-    return Verdict(values, bool(values.get("nonfinite")))
-
-
-def gradients(optimizer: Any) -> list[torch.Tensor]:
-    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
 def skip(optimizer: Any) -> None:

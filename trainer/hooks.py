@@ -54,6 +54,8 @@ class Probe:
     def __init__(self, tracker: StepTracker, policy: GuardPolicy, sampled: Sampled | None = None) -> None:
         self.tracker = tracker
         self.policy = policy
+        self.skips = policy.skips
+        """policy.skips, read once: an attribute costs the step no call."""
         self.sampled = sampled if sampled is not None else Sampled()
         self.models: list[weakref.ref[Any]] = []
         """The DDP models, weakly: their parameters are what the checksum covers."""
@@ -76,6 +78,8 @@ class Probe:
         """The optimizer ddptop handed a found_inf to for the step running (taken back after it)."""
         self.cuda = False
         """Whether the latest step's gradients were on a GPU."""
+        self.scaled_at: list[int] = []
+        """Which of the step's losses (tracker.losses, by position) a GradScaler scaled."""
         self.scaled: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         """Tensors a GradScaler scaled, by id, with the id of the tensor they were scaled from
         (the latest SCALED_KEPT kept): the loss that goes to backward() is read unscaled, and
@@ -237,10 +241,10 @@ def _wrap_backward(probe: Probe) -> None:
     to it. A backward on a non-scalar (with a gradient), integer or complex
     tensor records nothing for it. monitor.step(loss=...) wins.
 
-    The wrapper only hands the tensor over, detached (its graph is not the
-    step's to keep): it is read with the guard's pack (guard.py), a step late
-    on a GPU. A loss a GradScaler scaled goes with a mark, and the pack
-    carries the scale to divide it by.
+    The wrapper only hands the tensor over: it is read with the guard's pack
+    (guard.py), a step late on a GPU. A loss a GradScaler scaled is marked
+    (Probe.scaled_at), and the pack carries the scale to divide it by. The
+    usual backward, one scalar loss and no scaler, costs one call and no op.
     """
     original = torch.autograd.backward
     tracker, tensor_type = probe.tracker, torch.Tensor
@@ -251,28 +255,30 @@ def _wrap_backward(probe: Probe) -> None:
         if not one:
             tensors = tuple(tensors)  # the original takes any iterable: read it once, for both
         result = original(tensors, *args, **kwargs)
-        if tracker.in_step:
-            for tensor in (tensors,) if one else tensors:
-                if isinstance(tensor, tensor_type) and late.is_loss(tensor):
-                    _hand_over(probe, tensor)
+        if not tracker.in_step:
+            return result
+        if one and not probe.scaled and not tensors.dim() and tensors.is_floating_point():
+            tracker.losses.append(tensors)
+            tracker.loss_ids.append(id(tensors))
+            return result
+        for tensor in (tensors,) if one else tensors:
+            if isinstance(tensor, tensor_type) and late.is_loss(tensor):
+                _hand_over(probe, tensor)
         return result
 
     patches.replace(torch.autograd, "backward", backward)
 
 
 def _hand_over(probe: Probe, tensor: torch.Tensor) -> None:
-    """One loss to the step: detached, as a 0-d tensor, marked if a GradScaler scaled it."""
+    """One loss to the step, as a 0-d tensor, marked if a GradScaler scaled it."""
     tracker = probe.tracker
-    value = tensor.detach()
-    if value.dim():
-        value = value.reshape(())
     known = probe.scaled.get(id(tensor)) if probe.scaled else None
     if known is not None and known[0]() is tensor:
-        tracker.losses.append((value, True))
+        probe.scaled_at.append(len(tracker.losses))
         tracker.loss_ids.append(known[1])
     else:
-        tracker.losses.append(value)
         tracker.loss_ids.append(id(tensor))
+    tracker.losses.append(tensor.reshape(()) if tensor.dim() else tensor)
 
 
 def _wrap_data_parallel(probe: Probe) -> None:
@@ -361,57 +367,74 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     """
     tracker, policy = probe.tracker, probe.policy
     scale, probe.scale = probe.scale, None
-    script, probe.script_norm, probe.clips = probe.script_norm, None, 0
-    losses, tracker.losses = tracker.losses, []
-    grads = guard.gradients(optimizer)
+    script = probe.script_norm
+    if probe.clips:
+        probe.script_norm, probe.clips = None, 0
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if not grads:  # no parameter has a gradient this step: nothing to check or clip, only its losses
-        tracker.losses, probe.scale = losses, scale
+        probe.scale = scale
         return _losses_only(probe)
-    probe.cuda = cuda = grads[0].is_cuda
+    losses, tracker.losses = tracker.losses, []
+    first = grads[0]
+    probe.cuda = cuda = first.is_cuda
     if cuda and probe.sampled.device is None:
-        probe.sampled.device = grads[0].device.index
+        probe.sampled.device = first.device.index
     grad_scale = getattr(optimizer, "grad_scale", None)  # a fused optimizer under GradScaler.step: still scaled
     scaler_inf = getattr(optimizer, "found_inf", None)
     clip = policy.clip_grad
-    on_device = cuda and policy.skips and scaler_inf is None and getattr(optimizer, "_step_supports_amp_scaling", False)
-    norms = guard.norms(grads)
+    on_device = cuda and probe.skips and scaler_inf is None and getattr(optimizer, "_step_supports_amp_scaling", False)
+    parts = guard.norms(grads)
     if clip is not None or on_device:
-        norm = guard.total(norms)
-        norms = [norm]
-        scaled_norm = norm if grad_scale is None else norm / grad_scale
+        norm = guard.total(parts)
+        parts = [norm]
         if clip is not None:
-            guard.clip_on_device(grads, scaled_norm, clip)
+            guard.clip_on_device(grads, norm if grad_scale is None else norm / grad_scale, clip)
         if on_device:
             optimizer.found_inf = guard.found_inf(norm)
             probe.found_inf_set = optimizer
-    parts = [*norms, script[0]] if script is not None else [*norms]
-    marks = tuple(type(value) is tuple for value in losses)
-    if marks:
-        parts += [value[0] if mark else value for value, mark in zip(losses, marks)]
-    has_scale = scale is not None and (any(marks) or bool(script and script[1]))
-    if has_scale:
+    norms = len(parts)
+    if script is not None:
+        parts.append(script[0])
+    marks = (False,) * len(losses)
+    if probe.scaled_at:
+        marks = tuple(i in probe.scaled_at for i in range(len(losses)))
+        probe.scaled_at = []
+    parts += losses
+    has_scale = False
+    if scale is not None and (True in marks or bool(script and script[1])):
         parts.append(scale)
+        has_scale = True
     if grad_scale is not None:
         parts.append(grad_scale)
     if scaler_inf is not None:
         parts.append(scaler_inf)
-    checksum = policy.desync_every and tracker.step % policy.desync_every == 0
+    checksum = bool(policy.desync_every) and tracker.step % policy.desync_every == 0
     if checksum:
         parts += guard.checksum_parts(probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]])
-    fields = guard.layout(
-        len(norms), script is not None, bool(script and script[1]), marks, has_scale,
-        grad_scale is not None, scaler_inf is not None, bool(checksum), clip, probe.world == 1, on_device,
-    ).fields  # fmt: skip
+    arrangement = (norms, script is not None, bool(script and script[1]), marks, has_scale, grad_scale is not None,
+                   scaler_inf is not None, checksum, clip, probe.world == 1, on_device)  # fmt: skip
+    fields = _FIELDS.get(arrangement)
+    if fields is None:
+        fields = _FIELDS[arrangement] = guard.Layout(*arrangement).fields
+    grad_mode = torch.is_grad_enabled()
+    if grad_mode:  # the losses still have their graphs: the pack needs none
+        torchapi.set_grad_enabled(False)
     packed = guard.pack(parts)
+    if grad_mode:
+        torchapi.set_grad_enabled(True)
     if not cuda or (policy.waits(cuda) and not on_device and scaler_inf is None):
-        verdict = guard.read_now(packed, fields)
-        if verdict.nonfinite and policy.skips:
+        values: dict[str, Any] = fields(packed.tolist())
+        if probe.skips and values.get("nonfinite"):
             guard.skip(optimizer)
-            verdict.values["skipped"] = "nan"
-        return verdict.values
+            values["skipped"] = "nan"
+        return values
     if policy.on_nan == "auto" and not on_device and scaler_inf is None:
         probe.tell_once("late", NAN_APPLIED_NOTICE.format(name=type(optimizer).__name__))
-    return guard.send(packed, fields).values
+    return {late.FIELDS: late.RING.send(packed, fields)}
+
+
+_FIELDS: dict[tuple[Any, ...], Any] = {}
+"""Each arrangement's Layout.fields, looked up without a call: the usual step has the last one's."""
 
 
 NAN_APPLIED_NOTICE = (
@@ -421,19 +444,22 @@ NAN_APPLIED_NOTICE = (
 
 
 def _losses_only(probe: Probe) -> dict[str, Any]:
-    """The values of a step a GradScaler skipped (its optimizer never ran): the losses, unscaled."""
+    """The values of a step with no gradients (a GradScaler skipped its optimizer): the losses, unscaled."""
     tracker = probe.tracker
     losses, tracker.losses = tracker.losses, []
     scale, probe.scale = probe.scale, None
     probe.script_norm, probe.clips = None, 0
+    marks = tuple(i in probe.scaled_at for i in range(len(losses)))
+    probe.scaled_at = []
     if not losses:
         return {}
-    marks = tuple(type(value) is tuple for value in losses)
-    parts = [value[0] if mark else value for value, mark in zip(losses, marks)]
-    if scale is not None and any(marks):
+    parts = [loss.detach() for loss in losses]
+    has_scale = scale is not None and True in marks
+    if has_scale:
         parts.append(scale)
-    fields = guard.layout(0, False, False, marks, scale is not None and any(marks), False, False, False, None, probe.world == 1).fields
-    return guard.send(guard.pack(parts), fields).values
+    fields = guard.Layout(0, False, False, marks, has_scale, False, False, False, None, probe.world == 1).fields
+    packed = guard.pack(parts)
+    return {late.FIELDS: late.RING.send(packed, fields)} if packed.is_cuda else fields(packed.tolist())
 
 
 def _optimizer_end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:

@@ -41,7 +41,7 @@ RING_SLOTS = 16
 
 
 class _Slot:
-    __slots__ = ("event", "host", "holds")
+    __slots__ = ("event", "holds", "host")
 
     def __init__(self, host: Any, event: Any) -> None:
         self.host = host

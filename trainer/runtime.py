@@ -192,7 +192,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
 
     def at_exit() -> None:
         tracker.phase = "exit"
-        tracker.flush()
+        tracker.flush(sampled.read(now=True))
         sender.close(EXIT_FLUSH_S)
 
     atexit.register(at_exit)

@@ -54,14 +54,14 @@ class Sampled:
             if param is not None and param.is_cuda:
                 self.device = param.device.index
 
-    def read(self) -> dict[str, Any]:
-        """What is new since the last read, at most once every `every` seconds: the sampled comm
+    def read(self, now: bool = False) -> dict[str, Any]:
+        """What is new since the last read, at most once every `every` seconds (or now: at the
+        rank's exit, so that a job shorter than that has its figures too): the sampled comm
         figures (comm_ms, comm_overlap_ms, comm_bytes, comm_wall: the sampled iteration's forward,
         in Unix seconds) and the allocator's memory. {} between reads."""
-        now = self._clock()
-        if now < self._next:
+        if not now and self._clock() < self._next:
             return {}
-        self._next = now + self._every
+        self._next = self._clock() + self._every
         values = memory(self.device) if self.device is not None else {}
         values.update(self._comm())
         return values

@@ -195,8 +195,8 @@ class StepTracker:
         that is not a number or a one-element tensor raises ValueError here, in the
         script's call, rather than on the sender's thread.
         """
-        if loss is not None and getattr(loss, "is_cuda", False) and self.loss_ids == [id(loss)]:
-            loss = None  # the step's one backward() loss: the guard's pack carries it already
+        if loss is not None and self.loss_ids == [id(loss)]:
+            loss = None  # the step's one backward() loss: the guard's pack carries it, read or on its way
         if loss is not None:  # it wins over what backward() was called on, in the step it speaks for
             try:  # a CPU tensor is read now (late.losses says why); a GPU one's copy to the host starts
                 loss = late.scalar(loss)
@@ -226,12 +226,14 @@ class StepTracker:
             self._read()
             self._emit(record)
 
-    def flush(self) -> None:
+    def flush(self, sampled: dict[str, Any] | None = None) -> None:
         """Send everything still held; at exit, when waiting no longer matters. On the
-        training thread, which alone takes the held losses."""
+        training thread, which alone takes the held losses. sampled: as build() takes it."""
         if self._held is not None:
             self._take_held(self._held)
         with self._building:
+            if sampled:
+                self._sampled.update(sampled)
             self._read()
             self._seal()
             self._waiting, waiting = [], self._waiting

@@ -22,6 +22,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 foreach_norm: Callable[..., Any] = torch._foreach_norm
 foreach_mul_: Callable[..., Any] = torch._foreach_mul_
+set_grad_enabled: Callable[[bool], None] = torch._C._set_grad_enabled
+"""Grad mode on or off with no context manager around it (a Python call fewer a step)."""
 
 
 def _foreach_norm_takes_dtype() -> bool:

@@ -41,7 +41,9 @@ STEP_VALUES: tuple[StepValue, ...] = (
     StepValue("data_ms", float, "window", "waiting for data: from the previous step's end to this one's first forward"),
     StepValue("samples", int, "window", "the forward inputs' batch dimension, summed over the step's forwards"),
     StepValue("tokens", int, "window", "elements of the forwards' token ids (a 2-D integer input)"),
-    StepValue("comm_ms", float, "window", "sampled: DDP's gradient all-reduces, from the first bucket's launch to the last's end (comm_step)"),
+    StepValue(
+        "comm_ms", float, "window", "sampled: DDP's gradient all-reduces, from the first bucket's launch to the last's end (comm_step)"
+    ),
     StepValue("comm_overlap_ms", float, "window", "sampled: how much of comm_ms ran beside the backward's compute (comm_step)"),
     StepValue("comm_bytes", int, "window", "sampled: bytes DDP's gradient buckets all-reduce in a step (comm_step)"),
     StepValue("loss", float, "latest", "what backward() was called on, summed over the step, or what monitor.step() said"),

@@ -1,0 +1,123 @@
+"""A nanoGPT-sized training job, the loop bench/nanogpt.py times with and without ddptop.
+
+A GPT of nanoGPT's character-level size (6 layers of width 384, 6 heads,
+256 tokens of context, batch 64), trained the way nanoGPT's train.py does
+it: bf16 autocast (a GradScaler enabled only for fp16), gradients clipped
+to 1.0 by the script itself, torch's fused AdamW on a GPU, the loss read on
+the host every 10 iterations for the log. The tokens are random (nothing
+to download); the cost of a step does not depend on them. It knows nothing
+of ddptop.
+
+Rank 0 prints `iter-ms X`: the wall time of the iterations after the
+warm-up over their number, the device synchronised at both ends (what a
+user's tokens/s is made of).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.norm2 = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(width, dim=2)
+        q, k, v = (t.view(batch, length, self.heads, width // self.heads).transpose(1, 2) for t in (q, k, v))
+        attended = F.scaled_dot_product_attention(q, k, v, dropout_p=0.2 if self.training else 0.0, is_causal=True)
+        x = x + self.drop(self.out(attended.transpose(1, 2).reshape(batch, length, width)))
+        return x + self.drop(self.down(F.gelu(self.up(self.norm2(x)))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, context: int, layers: int, width: int, heads: int) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tokens.weight
+        for name, param in self.named_parameters():
+            if name.endswith("weight") and param.dim() == 2:
+                nn.init.normal_(param, std=0.02 / math.sqrt(2 * layers) if name.endswith(("out.weight", "down.weight")) else 0.02)
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=250)
+    parser.add_argument("--warmup", type=int, default=50, help="iterations left out of the median")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--width", type=int, default=384)
+    parser.add_argument("--heads", type=int, default=6)
+    parser.add_argument("--vocab", type=int, default=65)
+    args = parser.parse_args()
+
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(1337 + dist.get_rank())
+    dtype = torch.bfloat16
+    model = GPT(args.vocab, args.context, args.layers, args.width, args.heads).to(device)
+    model = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=cuda)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    started = time.perf_counter()
+    for iteration in range(args.iters):
+        if iteration == args.warmup:
+            if cuda:
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+        ids = torch.randint(args.vocab, (args.batch_size, args.context + 1), device=device)
+        with torch.autocast(device.type, dtype=dtype):
+            loss = model(ids[:, :-1], ids[:, 1:])
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if iteration % 10 == 0:
+            loss.item()  # nanoGPT's log line: the host waits for the device every 10 iterations
+    if cuda:
+        torch.cuda.synchronize()
+    if dist.get_rank() == 0:
+        print(f"iter-ms {(time.perf_counter() - started) * 1e3 / max(args.iters - args.warmup, 1):.3f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
