@@ -362,18 +362,20 @@ def measure(args: argparse.Namespace) -> None:
         shift = i % len(order)
         for name, job in order[shift:] + order[:shift]:
             times[name].append(block(job, args.block_steps))
+    world = dist.get_world_size()
+    if leader:  # first: what follows takes longer, and a run cut short keeps this
+        report(args, world, times)
+        if args.lines:
+            report_lines({name: lines[job] for name, job in jobs.items()})
+        sys.stdout.flush()
     bind(True)
     sender_us = sender_cost(hooked, tracker, args.block_steps)
     checksum_us = checksum_cost(hooked)
     sampled = heartbeat_samples(lambda: hooked.run(args.block_steps))
-    counted = counts(optimizer_hooks, torch_device) if world_of_one() else {}
+    counted = counts(optimizer_hooks, torch_device) if world == 1 else {}
     loss_us = zero_code_cost(hooked)  # last: its stand-in backward stays among patches.py's replacements
-    world = dist.get_world_size()
     dist.destroy_process_group()
     if leader:
-        report(args, world, times)
-        if args.lines:
-            report_lines({name: lines[job] for name, job in jobs.items()})
         every = GuardPolicy().desync_every
         print(
             "periodic work, which the medians of blocks leave out (a block seldom holds it): "
@@ -392,12 +394,6 @@ def measure(args: argparse.Namespace) -> None:
         )
         if counted:
             report_counts(counted)
-
-
-def world_of_one() -> bool:
-    import torch.distributed as dist
-
-    return bool(dist.get_world_size() == 1)
 
 
 def report_counts(counted: dict[int, tuple[float, float]]) -> None:
@@ -453,6 +449,7 @@ def zero_code_cost(job: Job, calls: int = 100_000) -> float:
     from ddptop.trainer.steps import StepTracker
 
     _, _, (x, y) = next(job.data)
+    x, y = x.to(job.device), y.to(job.device)
     loss = job.loss_fn(job.model(x), y)
     probe = hooks.Probe(StepTracker(0, emit=lambda record: None), GuardPolicy())
     probe.tracker.forward_begin(None)

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from ddptop.trainer.steps import StepTracker
+from ddptop.trainer.steps import MAX_WAITING, StepTracker
 
 
 class Clock:
@@ -251,7 +251,7 @@ def test_gpu_values_hold_a_record_until_readable_never_blocking():
 
 def test_a_value_that_never_becomes_readable_is_dropped_not_waited_for():
     tracker, out, _clock = make()
-    for _ in range(12):
+    for _ in range(MAX_WAITING + 4):
         tracker.forward_begin(8)
         tracker.optimizer_begin({"grad_norm": NotYet(1.0)})
         tracker.optimizer_end({})

@@ -8,13 +8,14 @@ ring with the slot's own event recorded behind it; the sender's thread
 reads the slot once its event has passed, usually a step later. On the CPU
 the value is read at once: there is no device to wait for.
 
-The ring's pinned buffers and events are made once per shape and dtype, at
-the first value of that shape, and reused: allocating pinned memory can
-wait for the device (cudaHostAlloc), and creating an event every step is a
-host call every step. A slot is reused RING_SLOTS values later; a value
-still unread by then (a device that runs that far behind the host, or a
-reader that has gone) is lost, never misread: each slot carries the
-number of the value it holds, and a read checks it before and after.
+The ring's pinned buffers (one block) and events are made once per shape
+and dtype, at the first value of that shape, and reused: allocating pinned
+memory can wait for the device (cudaHostAlloc), and creating an event every
+step is a host call every step. A slot is reused RING_SLOTS values later,
+more than the steps of a flush interval of the sender's (0.1 s) at 10,000
+steps a second; a value still unread by then (a reader that has gone) is
+lost, never misread: each slot carries the number of the value it holds,
+and a read checks it before and after.
 
 Nothing here imports torch at module level: this is only reached from hooks
 that run after the script imported torch itself.
@@ -36,8 +37,8 @@ class Late(Protocol):
     def get(self) -> Any: ...
 
 
-RING_SLOTS = 16
-"""Values of one shape in flight at most: far more than a step's lag behind the host."""
+RING_SLOTS = 1024
+"""Values of one shape in flight at most: what the sender's thread reads every 0.1 s."""
 
 
 class _Slot:
@@ -75,7 +76,11 @@ class PinnedRing:
     def _make(self, tensor: Any) -> list[_Slot]:
         import torch
 
-        return [_Slot(torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True), torch.cuda.Event()) for _ in range(self._slots)]
+        block = torch.empty((self._slots, *tensor.shape), dtype=tensor.dtype, pin_memory=True)
+        slots = [_Slot(block[i], torch.cuda.Event()) for i in range(self._slots)]
+        for slot in slots:
+            slot.event.record()  # CUDA makes an event at its first record: all of them now, none in a later step
+        return slots
 
 
 class RingRead:
@@ -101,7 +106,10 @@ class RingRead:
         self._slot = None
         if slot.holds != self._number:
             return None
-        slot.event.synchronize()
+        # Only a copy still in flight is waited for: synchronize lets the GIL go, and taking
+        # it back from the training thread costs both threads a switch, on every read.
+        if not slot.event.query():
+            slot.event.synchronize()
         values = slot.host.reshape(-1).tolist()
         if slot.holds != self._number:  # reused while it was read: what was read may be the next value's
             return None
