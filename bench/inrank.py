@@ -565,7 +565,7 @@ def cost_ratio(times: dict[str, list[tuple[float, float]]], job: str, floor: str
 def report_lines(lines: dict[str, dict[str, list[float]]]) -> None:
     """Each line's median per job, and each job's difference from the one before it
     (the floor's from the plain job's, ddptop's from the floor's): what the whole
-    costs line by line, where the in-place timings (bench/inplace.py) leave out
+    costs line by line, where timings of its places alone would leave out
     what ddptop's code makes torch's own code cost after it. On CUDA these are
     the host's times, which end as each kernel is queued."""
     names = list(lines)

@@ -14,6 +14,7 @@ elsewhere with --run-dir are linked from the default root so `ls` finds them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -217,9 +218,15 @@ def own_log_tail(run_dir: Path, launch_style: str, local_rank: int, restart: int
 
 
 def rank_log_tail(run_dir: Path, local_rank: int, restart: int, lines: int, streams: tuple[str, ...] = ("stdout", "stderr")) -> list[str]:
-    """The end of a rank's output as torchrun kept it (one attempt's files)."""
-    out: list[str] = []
+    """The end of a rank's output as torchrun kept it (one attempt's files), the file written
+    last at the end: a view that shows the end follows the rank's latest output, not the
+    warnings its stderr got at its start."""
+    found: list[tuple[float, str, Path]] = []
     for stream in streams:
-        for path in sorted(run_dir.glob(f"logs/*/attempt_{restart}/{local_rank}/{stream}.log")):
-            out += [f"[{stream}] {line}" if len(streams) > 1 else line for line in _tail(path, lines)]
+        for path in run_dir.glob(f"logs/*/attempt_{restart}/{local_rank}/{stream}.log"):
+            with contextlib.suppress(OSError):
+                found.append((path.stat().st_mtime, stream, path))
+    out: list[str] = []
+    for _, stream, path in sorted(found):
+        out += [f"[{stream}] {line}" if len(streams) > 1 else line for line in _tail(path, lines)]
     return out

@@ -3,8 +3,9 @@
 What a run's supervisor wrote into meta.json when the job ended (exit
 status, steps done, and for a failed run the verdict that explains it) is
 read back; a run whose supervisor died before it could say is judged from
-its event log's last record (rundir.RunDir.state), and its steps are those
-of the state its supervisor last saved (at most SNAPSHOT_EVERY_S old).
+its event log's last record (rundir.RunDir.state), and its steps and how
+long it ran are what a replay shows: the state its supervisor last saved
+and the records logged after it, folded (model/snapshot.py replayed).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import json
 import time
 from typing import Any
 
-from ddptop.core import rundir
+from ddptop.core import rundir, wire
 from ddptop.core.format import duration
 from ddptop.core.model import snapshot
+from ddptop.core.model.job import JobState
 from ddptop.core.usage import OneLineParser
 
 
@@ -23,6 +25,10 @@ def row(run: rundir.RunDir, now: float) -> dict[str, Any]:
     meta = run.read_meta()
     state = run.state()
     started, ended = meta.get("started"), meta.get("ended")
+    if ended is None and state != "running":  # its supervisor died before saying: as the replay shows it
+        folded = replay(run)
+        if folded is not None:
+            ended, meta = folded.last_wall, {**meta, "steps": folded.totals().steps_done}
     style = meta.get("launch_style", "torchrun")
     return {
         "id": run.id,
@@ -44,6 +50,18 @@ def row(run: rundir.RunDir, now: float) -> dict[str, Any]:
         "goodput": meta.get("goodput"),
         "path": str(run.path),
     }
+
+
+def replay(run: rundir.RunDir) -> JobState | None:
+    """The run's state as its replay folds it; None for a log that cannot be read."""
+    state = JobState()
+    try:
+        records, _ = snapshot.replayed(run.snapshot_path, run.events_path)
+        for record in records:
+            state.ingest(record)
+    except (OSError, wire.FrameError):
+        return None
+    return state
 
 
 def list_runs(argv: list[str]) -> int:

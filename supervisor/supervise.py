@@ -252,6 +252,7 @@ class Supervisor:
             await self._remote_stacks(verdict.stacks)
         if verdict.action == "restart":
             self._note(None, f"restarting the worker group after the {verdict.kind} alert")
+            self.hub.ordering = verdict.kind
             self._kill_ranks()
         elif verdict.action == "stop":
             self._note(None, f"stopping the job after the {verdict.kind} alert")

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -59,9 +59,34 @@ def recorded(run: rundir.RunDir) -> list[wire.Frame]:
     return records
 
 
+USERS_RUNS = rundir.runs_root()
+"""The user's own run list, as it is before any test moves ddptop's state elsewhere."""
+
+
+def _listing(folder: Path) -> set[str]:
+    return set(os.listdir(folder)) if folder.is_dir() else set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def users_runs_untouched() -> Iterator[None]:
+    """No test may add to the user's `ddptop ls`: the whole suite fails if one did."""
+    before = _listing(USERS_RUNS)
+    yield
+    added = _listing(USERS_RUNS) - before
+    if added:
+        pytest.fail(f"tests wrote into the user's run list {USERS_RUNS}: {sorted(added)}")
+
+
+@pytest.fixture(autouse=True)
+def private_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test, and every process it starts, keeps ddptop's state in a folder of its own:
+    a run a test makes (rundir.create links every run into the state root) is no user's."""
+    monkeypatch.setenv("DDPTOP_HOME", str(tmp_path_factory.mktemp("ddptop-state")))
+
+
 @pytest.fixture
 def ddptop_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private ddptop state root, so tests never see the developer's runs."""
+    """A private ddptop state root the test can look into (every test has one: private_state)."""
     home = tmp_path / "home"
     monkeypatch.setenv("DDPTOP_HOME", str(home))
     return home

@@ -236,3 +236,15 @@ def test_a_node_whose_rendezvous_nobody_serves_gives_up_in_one_line(ddptop_home,
 def test_attach_over_tcp_to_nobody_or_without_a_token(ddptop_home, taken_port):
     assert_one_line_error(run_ddptop("attach", "127.0.0.1:9"), "no supervisor answers at 127.0.0.1:9")
     assert_one_line_error(run_ddptop("attach", f"127.0.0.1:{taken_port}", env={"DDPTOP_TOKEN": ""}), "needs the run's token")
+
+
+def test_a_ranks_log_tail_ends_with_the_stream_it_wrote_last(tmp_path):
+    """A rank's stderr gets warnings at its start and its stdout the steps after: the tail a
+    dashboard shows the end of must end with the steps, and follow them."""
+    folder = tmp_path / "logs" / "job_x" / "attempt_0" / "0"
+    folder.mkdir(parents=True)
+    (folder / "stderr.log").write_text("UserWarning: early\n")
+    os.utime(folder / "stderr.log", (1, 1))
+    (folder / "stdout.log").write_text("".join(f"step {n}\n" for n in range(0, 5300, 100)))
+    tail = rundir.rank_log_tail(tmp_path, 0, 0, 3)
+    assert tail == ["[stderr] UserWarning: early", "[stdout] step 5000", "[stdout] step 5100", "[stdout] step 5200"]

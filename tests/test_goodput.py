@@ -73,6 +73,20 @@ def test_a_job_that_ends_stuck_spent_its_tail_stalled_and_one_that_recovers_did_
     assert split is not None and split["other_s"] == pytest.approx(2.0)
 
 
+def test_a_hang_that_the_group_restarts_after_is_stalled_and_the_restart_after_it_is_not():
+    """The default hang restart: no step for 300 s, the hang verdict, ddptop kills the group and
+    torchrun restarts it. The 300 s were the hang's; only what came after the verdict restarted."""
+    goodput = Goodput()
+    goodput.observe({"type": "run", "wall": 0.0})
+    end = job(goodput, 0, range(30), start=0.0, ranks=1)
+    goodput.observe({"type": "alert", "kind": "stall", "wall": end + 15.0, "text": "..."})
+    goodput.observe({"type": "alert", "kind": "hang", "wall": end + 300.0, "text": "..."})
+    end = job(goodput, 1, range(30, 40), start=end + 302.0, ranks=1)
+    goodput.observe({"type": "exit", "wall": end, "code": 0})
+    split = goodput.split()
+    assert split is not None and split["stalled_s"] == pytest.approx(300.0) and split["restarts_s"] == pytest.approx(2.0)
+
+
 def test_nothing_known_is_no_split_and_no_step_is_all_start_up():
     goodput = Goodput()
     assert goodput.split(10.0) is None

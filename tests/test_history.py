@@ -203,7 +203,9 @@ async def test_a_run_whose_supervisor_died_replays_from_its_last_periodic_snapsh
     replayed = await read(source)
     assert not source.read_whole, "it starts from the snapshot, not the log's start"
     assert replayed.totals() == hub.state.totals() and replayed.records == hub.state.records
-    assert row(run, BASE)["steps"] == 60, "ls gives the steps of the saved state for a run that never said"
+    listed = row(run, BASE)
+    assert listed["state"] == "failed" and listed["steps"] == replayed.totals().steps_done == 61, "ls agrees with the replay"
+    assert listed["duration_s"] == round(replayed.last_wall - BASE, 1) == 7.0
 
 
 async def test_a_snapshot_of_another_layout_is_not_read_as_this_one(tmp_path):

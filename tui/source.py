@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from ddptop.core import wire
-from ddptop.core.eventlog import end_position, read_after
+from ddptop.core.eventlog import end_position
 from ddptop.core.model import snapshot
 from ddptop.core.model.job import JobState
-from ddptop.core.rundir import RunDir, read_events
+from ddptop.core.rundir import RunDir
 from ddptop.core.wire import unixpath
 from ddptop.core.wire.stream import frames
 
@@ -105,14 +104,8 @@ class ReplaySource:
         self.read_whole = False
 
     def _start(self) -> Iterator[wire.Frame]:
-        saved = snapshot.load(self.run.snapshot_path)
-        if saved is not None:
-            position, state = saved
-            after = read_after(self.run.events_path, position)
-            if after is not None:
-                return itertools.chain(state, after)
-        self.read_whole = True
-        return read_events(self.run)
+        records, self.read_whole = snapshot.replayed(self.run.snapshot_path, self.run.events_path)
+        return records
 
     async def records(self) -> AsyncIterator[wire.Frame]:
         for record in self._start():

@@ -33,7 +33,9 @@ def restart_text(record: wire.Frame, going: bool = False) -> str:
     request; `going` says it as the supervisor gives the go."""
     verb = "restarts" if going else "asks to restart"
     text = f"torchrun {verb} the worker group (restart {record['restart']}, {record['remaining']} left)"
-    if record.get("rank") is not None and record.get("exitcode") is not None:
+    if record.get("ordered"):
+        text += f" after ddptop stopped it for the {record['ordered']} alert"
+    elif record.get("rank") is not None and record.get("exitcode") is not None:
         verb = "failed with" if record["exitcode"] >= 0 else "was"
         text += f" after rank {record['rank']} {verb} {exit_reason(record['exitcode'])}"
     if record.get("backoff_s"):

@@ -6,8 +6,9 @@ dashboard and a replay all split the same time the same way:
 
 - start-up: the run's start to the first step's start;
 - restarts: a failed attempt's last step to the next attempt's first step's
-  start (the hang or crash, torchrun's restart, the new ranks' start-up and
-  resume);
+  start (the crash, torchrun's restart, the new ranks' start-up and resume),
+  less the time the attempt sat stuck: its last step to the last stall or
+  hang verdict on it (the hang itself, stalled);
 - recomputed: steps an attempt ran again that an earlier one had finished
   (work since the last checkpoint, lost with the failure);
 - skipped: steps the NaN guard (or GradScaler) skipped: run, then thrown away;
@@ -58,6 +59,8 @@ class Attempt:
     done_before: int
     """The highest step the attempts before this one finished: a step up to it is recomputed."""
     top: int = -1
+    stuck_until: float | None = None
+    """The last stall or hang verdict after the attempt's latest step: stuck from that step to it."""
 
 
 @dataclass
@@ -93,6 +96,9 @@ class Goodput:
             self.ended = record["wall"]
         elif kind == "alert" and record.get("kind") in STUCK_KINDS:
             self.stuck = True
+            stuck = self.attempts.get(self.attempt)
+            if stuck is not None:
+                stuck.stuck_until = record["wall"]
 
     def _step(self, record: wire.Frame) -> None:
         self.stuck = False
@@ -103,6 +109,7 @@ class Goodput:
             attempt = self.attempts[self.attempt] = Attempt(end - seconds, end, done)
         attempt.last_end = max(attempt.last_end, end)
         attempt.top = max(attempt.top, step)
+        attempt.stuck_until = None
         parts = self.seconds
         if record.get("skipped") is not None:
             parts["skipped"] += seconds
@@ -124,11 +131,14 @@ class Goodput:
         if self.started is None or end is None or end <= self.started:
             return None
         parts = dict(self.seconds)
-        previous_end = self.started
+        previous_end, stuck_until = self.started, None
         for index, number in enumerate(sorted(self.attempts)):
             attempt = self.attempts[number]
-            parts["startup" if index == 0 else "restarts"] += max(0.0, attempt.first_start - previous_end)
-            previous_end = attempt.last_end
+            gap = max(0.0, attempt.first_start - previous_end)
+            stuck = 0.0 if stuck_until is None else min(gap, max(0.0, stuck_until - previous_end))
+            parts["stalled"] += stuck
+            parts["startup" if index == 0 else "restarts"] += gap - stuck
+            previous_end, stuck_until = attempt.last_end, attempt.stuck_until
         wall = end - self.started
         if not self.attempts:
             parts["startup"] = wall

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 from array import array
 from collections import Counter, deque
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddptop.core import wire
-from ddptop.core.eventlog import Position
+from ddptop.core.eventlog import Position, read_after, read_all
 from ddptop.core.model.goodput import TYPICAL_KEPT, Attempt, Goodput
 from ddptop.core.model.history import RANK_SERIES, Filling, History, Point, pack, unpack
 from ddptop.core.model.rank import GpuState, RankState
@@ -104,6 +105,19 @@ def load(path: Path) -> tuple[Position, list[wire.Frame]] | None:
         if head["type"] == "position" and all(f.get("type") in SNAPSHOT_TYPES for f in found[1:]) and readable(found[1]):
             return (head["segment"], head["offset"]), found[1:]
     return None
+
+
+def replayed(saved: Path, events: Path) -> tuple[Iterator[wire.Frame], bool]:
+    """A run's records as a replay folds them: its saved state and the records logged after it,
+    or the whole log where there is no saved state that fits it (then True: the state folded
+    from it is worth saving, for the next reader)."""
+    loaded = load(saved)
+    if loaded is not None:
+        position, frames = loaded
+        after = read_after(events, position)
+        if after is not None:
+            return itertools.chain(frames, after), False
+    return read_all(events), True
 
 
 def steps_done(path: Path) -> int | None:

@@ -195,6 +195,9 @@ class GroupRestart(TypedDict):
     backoff_s: NotRequired[float]
     rank: NotRequired[int]
     exitcode: NotRequired[int]
+    ordered: NotRequired[str]
+    """The watchdog verdict (its kind) for which ddptop stopped the group itself: then rank and
+    exitcode are only the first of the ranks ddptop killed, no cause (added by the supervisor)."""
 
 
 class RestartGo(TypedDict):

@@ -58,10 +58,17 @@ class Hub:
         self._clock = clock
         """When the periodic snapshot is due, by this clock (a bench's is simulated)."""
         self._next_snapshot = clock() + SNAPSHOT_EVERY_S
+        self.ordering: str | None = None
+        """The verdict (its kind) for which the supervisor is stopping the worker group itself,
+        until the restarted group says hello: torchrun's restart record is marked with it."""
         self.taps: list[Callable[[wire.Frame, bytes], None]] = []
         """Also given every record and its encoding: a node's uplink to the aggregator."""
 
     def record(self, frame: wire.Frame) -> None:
+        if frame["type"] == "group_restart" and self.ordering is not None:
+            frame = {**frame, "ordered": self.ordering}  # the rank torchrun names is one ddptop killed
+        elif frame["type"] == "rank_hello":
+            self.ordering = None  # the restarted group is up
         data = wire.encode(frame)
         if frame["type"] not in UNLOGGED:
             self.log.write(data)  # never raises: its failures are said by the flush below
