@@ -31,6 +31,7 @@ from ddptop.supervisor.cluster import endpoints
 from ddptop.supervisor.cluster.placement import Cluster
 from ddptop.supervisor.cluster.role import role_of
 from ddptop.supervisor.launching.torchrun import Torchrun
+from ddptop.supervisor.launching.torchrun_probe import TORCHRUN_FAILED
 from ddptop.supervisor.outlets import Outlets
 from ddptop.supervisor.sampler import Sampler
 from ddptop.supervisor.serving.hub import Hub
@@ -102,6 +103,8 @@ class Supervisor:
         """Restarts torchrun's probe holds until the watchdog has judged their failure."""
         self._rank_notes: set[str] = set()
         """What ranks noted (rank_note), each said once however many ranks say it."""
+        self._torchrun_failed: str | None = None
+        """torchrun's own failure, as its probe said it: why a run failed with no verdict to say."""
         for text in self.outlets.early:  # said already, on stderr: now for the event log too
             self.hub.note(text)
         self.outlets.notify = self._notice
@@ -196,6 +199,8 @@ class Supervisor:
             if self.role.judges:  # one notice in the job's log, however many nodes say it
                 self.hub.note(text)
             self.say(text)
+            if record["text"].startswith(TORCHRUN_FAILED):
+                self._torchrun_failed = text
         elif kind == "rank_note" and record["text"] not in self._rank_notes:
             self._rank_notes.add(record["text"])  # every rank says it: once in the job's log
             if self.role.judges:
@@ -347,11 +352,20 @@ class Supervisor:
             ended=time.time(),
             exit_code=code,
             steps=self.state.totals().steps_done,
-            why=self._why if state == "failed" else None,
+            why=self._failed_why(code) if state == "failed" else None,
             goodput=split,
         )
         self.outlets.line(self.out, f"ddptop: job {state} (exit {code}); run directory {self.run.path}")
         return code
+
+    def _failed_why(self, code: int) -> str:
+        """Why the run failed, for `ddptop ls`: the verdict that explains it, else torchrun's own
+        failure, else its exit status and whether any rank ever started."""
+        if self._why is not None:
+            return self._why
+        if self._torchrun_failed is not None:
+            return self._torchrun_failed
+        return f"torchrun exited with status {code}" + ("" if self.state.ranks else " before any rank started")
 
     def _on_signal(self, signum: int) -> None:
         """SIGINT or SIGTERM: stop the job in order; a second one: kill it now.

@@ -103,6 +103,15 @@ def test_ls_says_why_a_run_failed(ddptop_home):
     assert f"why: {row['why']}" in run_ddptop("ls").stdout
 
 
+def test_ls_says_why_a_launch_failed_before_any_rank_started(ddptop_home):
+    """torchrun's own failure (here its rendezvous backend), which no verdict explains."""
+    args = ("--nnodes", "1", "--rdzv-backend", "bogus", "--rdzv-endpoint", "127.0.0.1:29555")
+    done = run_ddptop("launch", "--headless", *args, str(SCRIPTS / "plain_ddp.py"), "--gpus", "1")
+    assert done.returncode == 1
+    (row,) = json.loads(run_ddptop("ls", "--json").stdout)
+    assert row["state"] == "failed" and row["why"].startswith("torchrun failed: ValueError: ") and "bogus" in row["why"], row
+
+
 MODULE = """
 import argparse, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel

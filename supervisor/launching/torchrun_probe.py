@@ -255,7 +255,14 @@ def main(argv: list[str]) -> int:
         return exit_status(first.exitcode) or 1
     except SignalException as exc:  # the supervisor stopped the job: it has said why
         return 128 + int(exc.sigval)
+    except Exception as exc:  # torchrun's own failure (its rendezvous, a worker it could not start): said, then raised as ever
+        reporter.note(f"{TORCHRUN_FAILED}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}")
+        raise
     return 0
+
+
+TORCHRUN_FAILED = "torchrun failed"
+"""How the note of torchrun's own failure begins: the supervisor gives it as the run's why."""
 
 
 if __name__ == "__main__":
