@@ -18,6 +18,7 @@ from ddptop.core.eventlog import closed_segments
 from ddptop.core.model.rank import RankState
 from ddptop.supervisor.serving.hub import Hub
 from ddptop.tui.app import DdptopApp
+from ddptop.tui.screens.alerts import AlertsScreen
 from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
 from ddptop.tui.screens.help import HelpScreen
 from ddptop.tui.screens.rank_detail import RankDetailScreen
@@ -372,3 +373,28 @@ async def test_the_tokens_column_appears_once_a_rank_reads_token_ids(job):
         assert column(app, "tokens_per_s")[-1] == "4,096"
         header = str(app.query_one("#header").render())
         assert "4,096 tokens/s" in header and re.search(r"  loss [\d.]+  ", header), header  # the ranks' mean
+
+
+async def test_the_stall_and_hang_alerts_stay_in_reach_under_later_notices_and_all_are_a_key_away(job):
+    """A hang, then the restart's notices: at 200x50 the panel has four rows, and the alerts
+    that explain the restart keep the first of them; `a` lists every event."""
+    wall = time.time()
+    job.hub.record({"type": "alert", "wall": wall, "kind": "stall", "ranks": [1], "step": 9, "text": "no step for 15 s: rank 1 stopped"})
+    job.hub.record({"type": "alert", "wall": wall + 1, "kind": "hang", "ranks": [1], "step": 9, "text": "no step for 300 s"})
+    for n in range(6):
+        job.hub.record({"type": "notice", "wall": wall + 2 + n, "text": f"notice {n} after the hang"})
+    await job.finish(0)
+    app = DdptopApp(ReplaySource(job.hub.run), "replay", job.hub.run.path)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await until(lambda: app.stream_ended, "the whole log")
+        panel = app.query_one("#alerts")
+        await until(lambda: "no step for 300 s" in str(panel.render()), "the hang pinned")
+        shown = str(panel.render()).splitlines()
+        assert len(shown) == 4 and shown[0].startswith("▲") and "no step for 300 s" in shown[0] and "no step for 15 s" in shown[1]
+        assert "job ended, exit 0" in shown[2], shown
+        await pilot.press("a")
+        assert isinstance(app.screen, AlertsScreen)
+        listed = [str(line) for line in app.screen.query_one("#all-alerts").lines]
+        assert len(listed) == 9 and "no step for 15 s" in listed[-1], listed
+        await pilot.press("escape")
+        assert not isinstance(app.screen, AlertsScreen)

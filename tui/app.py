@@ -31,6 +31,7 @@ from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
 from ddptop.tui.screens.help import HelpScreen
 from ddptop.tui.screens.rank_detail import RankDetailScreen
 from ddptop.tui.source import Source
+from ddptop.tui.screens.alerts import AlertsScreen
 from ddptop.tui.widgets.alert_panel import AlertPanel
 from ddptop.tui.widgets.charts import Charts, many_ranks
 from ddptop.tui.widgets.job_header import JobHeader
@@ -68,6 +69,7 @@ class DdptopApp(App[str | None]):
         Binding("w", "toggle_window", "window"),
         Binding("enter", "detail", "detail", show=False),
         Binding("l", "logs", "logs"),
+        Binding("a", "alerts", "alerts"),
         Binding("R", "restart_group", "restart"),
         Binding("K", "kill_rank", "kill rank"),
     ]
@@ -222,6 +224,9 @@ class DdptopApp(App[str | None]):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+    def action_alerts(self) -> None:
+        self.push_screen(AlertsScreen(self.state))
 
     def action_sort(self) -> None:
         key = self.table.cycle_sort()

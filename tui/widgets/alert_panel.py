@@ -1,4 +1,11 @@
-"""The alert panel: watchdog verdicts and other events, newest first."""
+"""The alert panel: watchdog verdicts and other events, newest first.
+
+It has a few rows: when the latest events are notices and restarts, the
+verdicts that came before them (the stall, the hang) would be pushed out of
+sight, so the newest alerts older than what fits stay pinned on its first
+rows (PINNED of them at most), marked so. Every event is in the alerts
+screen (key a).
+"""
 
 from __future__ import annotations
 
@@ -37,19 +44,34 @@ def describe(event: dict) -> tuple[str, str]:
     return "cyan", f"{where.strip() + ': ' if where else ''}{event.get('text', '')}"
 
 
-class AlertPanel(Static):
-    _shown_records: tuple[int, int] = (-1, 0)
+PINNED = 2
+"""Rows at most that keep older alerts in sight, of a panel of more rows than that."""
 
-    def show(self, state: JobState, rows: int = 50) -> None:
+
+def lines(events: list[dict], rows: int) -> list[tuple[bool, dict]]:
+    """What a panel of `rows` rows shows: (pinned, event), pinned alerts first, then the newest events."""
+    newest = list(reversed(events))
+    older_alerts = [event for event in newest[rows:] if event["type"] == "alert"]
+    shown_alerts = sum(1 for event in newest[:rows] if event["type"] == "alert")
+    pinned = older_alerts[: max(0, min(PINNED, rows - 1, PINNED - shown_alerts))] if rows > PINNED else []
+    return [(True, event) for event in pinned] + [(False, event) for event in newest[: rows - len(pinned)]]
+
+
+class AlertPanel(Static):
+    _shown_records: tuple[int, int, int] = (-1, 0, 0)
+
+    def show(self, state: JobState, rows: int | None = None) -> None:
+        rows = rows if rows is not None else max(1, self.content_region.height)
         latest = state.events[-1] if state.events else None
-        key = (len(state.events), id(latest))
+        key = (len(state.events), id(latest), rows)
         if key == self._shown_records:
             return
         self._shown_records = key
         text = Text()
-        for event in list(reversed(state.events))[:rows]:
+        for pinned, event in lines(state.events, rows):
             style, line = describe(event)
             stamp = time.strftime("%H:%M:%S", time.localtime(event.get("wall", 0)))
+            text.append("▲ " if pinned else "", style="bold red")
             text.append(f"{stamp} ", style="dim")
             text.append(line + "\n", style=style)
         self.update(text if text else Text("no alerts", style="dim"))
