@@ -27,11 +27,11 @@ from textual.containers import Vertical
 from textual.widgets import Footer, Input, Static
 
 from ddptop.core.model.job import JobState
+from ddptop.tui.screens.alerts import AlertsScreen
 from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
 from ddptop.tui.screens.help import HelpScreen
 from ddptop.tui.screens.rank_detail import RankDetailScreen
 from ddptop.tui.source import Source
-from ddptop.tui.screens.alerts import AlertsScreen
 from ddptop.tui.widgets.alert_panel import AlertPanel
 from ddptop.tui.widgets.charts import Charts, many_ranks
 from ddptop.tui.widgets.job_header import JobHeader
