@@ -10,6 +10,7 @@ screen (key a).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from rich.text import Text
 from textual.widgets import Static
@@ -48,7 +49,7 @@ PINNED = 2
 """Rows at most that keep older alerts in sight, of a panel of more rows than that."""
 
 
-def lines(events: list[dict], rows: int) -> list[tuple[bool, dict]]:
+def lines(events: Sequence[dict], rows: int) -> list[tuple[bool, dict]]:
     """What a panel of `rows` rows shows: (pinned, event), pinned alerts first, then the newest events."""
     newest = list(reversed(events))
     older_alerts = [event for event in newest[rows:] if event["type"] == "alert"]
