@@ -244,6 +244,8 @@ class Supervisor:
 
     async def _carry_out(self, verdict: Verdict) -> None:
         """Alert first (log, dashboards, stderr), then stacks, then the action."""
+        if verdict.stacks and not verdict.notice:
+            verdict.text += f"; stacks in {self.run.path / 'stacks'}"
         self.record(verdict.record())
         if verdict.notice:
             self.say(verdict.text)

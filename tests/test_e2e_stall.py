@@ -54,11 +54,11 @@ def test_a_rank_stuck_in_its_data_loader_is_named_at_its_line_within_the_window(
         f"rank 1 stuck {STALL_MIN_S:.0f} s in data at stuck_loader.py:{loader_line} in __getitem__, after step 29; "
     ), stall["text"]
     # The flight recorder (on for gloo too): rank 1 never entered step 30's all-reduce.
-    [(ahead, behind)] = re.findall(
-        r"default group: ranks 0,2 in all_reduce #(\d+) \([\d.]+ KiB\); rank 1 never entered it, its last: all_reduce #(\d+)$",
+    [(ahead, behind, stacks)] = re.findall(
+        r"default group: ranks 0,2 in all_reduce #(\d+) \([\d.]+ KiB\); rank 1 never entered it, its last: all_reduce #(\d+); stacks in (.+)$",
         stall["text"],
     )
-    assert int(ahead) == int(behind) + 1
+    assert int(ahead) == int(behind) + 1 and stacks == str(run.stacks_path)
     onset = float(mark.read_text())
     assert stall["wall"] - onset < stall["window_s"] + 5  # heartbeats and ticks add about two seconds
     assert f"ALERT stall: {stall['text']}" in stderr

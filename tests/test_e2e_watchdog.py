@@ -140,10 +140,10 @@ def test_hang_is_named_with_stacks_then_the_group_restarts(ddptop_home, tmp_path
     assert f"ranks 0,1,3 wait in all-reduce at train.py:{blocked + 1} in main, after step 19; " in hang["text"]
     assert "rank 2 stuck 1" in hang["text"] and f" s in backward at train.py:{blocked} in main, after step 19" in hang["text"]
     found = re.search(
-        r"default group: ranks 0,1,3 in all_reduce #(\d+) \([\d.]+ \w+\); rank 2 never entered it, its last: all_reduce #(\d+)$",
+        r"default group: ranks 0,1,3 in all_reduce #(\d+) \([\d.]+ \w+\); rank 2 never entered it, its last: all_reduce #(\d+); stacks in (.+)$",
         hang["text"],
     )
-    assert found and int(found[1]) == int(found[2]) + 1, hang["text"]
+    assert found and int(found[1]) == int(found[2]) + 1 and found[3] == str(job.run.stacks_path), hang["text"]
     last_step = max(r["wall"] for r in job.of("step") if r["step"] == 19)
     assert hang["wall"] - last_step <= 12.0
 
@@ -154,7 +154,8 @@ def test_hang_is_named_with_stacks_then_the_group_restarts(ddptop_home, tmp_path
     assert len(list(job.run.stacks_path.glob("rank2.*.txt"))) == 1  # the dump, main thread first
     assert len(list(job.run.raw_stacks_path.glob("rank2.*.txt"))) == 2  # faulthandler's file, one per attempt
 
-    assert [r["restart"] for r in job.of("group_restart")] == [1]
+    assert [(r["restart"], r["ordered"]) for r in job.of("group_restart")] == [(1, "hang")]
+    assert "torchrun restarts the worker group (restart 1, 0 left) after ddptop stopped it for the hang alert" in job.proc.stderr
     assert sorted(job.steps(restart=1)[0]) == list(range(40))
     assert job.alerts("crash") == []  # the kills were ours, not crashes
 

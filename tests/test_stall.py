@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import wait_for
 from test_watchdog import feed, make, step
 
 from ddptop.supervisor.watching.policy import WatchPolicy
@@ -222,3 +223,30 @@ def test_the_wall_clock_stepping_back_and_forth_gives_no_verdict():
                 verdicts += feed(dog, state, beat(rank, n + 1, "data", wall=wall))
         verdicts += dog.tick()
     assert verdicts == []
+
+
+def test_a_quiet_rank_is_said_to_be_stopped_and_where_it_was_last():
+    """A SIGSTOPped rank sends nothing: the system says it is stopped, its last heartbeat where it was."""
+    import signal
+    import socket
+
+    from ddptop.core.model.rank import RankState
+    from ddptop.supervisor.watching.stuck import quiet_rank
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        rank = RankState(1, pid=sleeper.pid, host=socket.gethostname(), where="train.py:51 in _run_batch")
+        assert quiet_rank(rank) == "last at train.py:51 in _run_batch", "a sleeping process says nothing more"
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        assert wait_for(lambda: quiet_rank(rank) == "stopped by SIGSTOP, last at train.py:51 in _run_batch", 5, "the stop seen")
+        elsewhere = RankState(1, pid=sleeper.pid, host="another-host", where="train.py:51 in _run_batch")
+        assert quiet_rank(elsewhere) == "last at train.py:51 in _run_batch", "another host's pid is not this one's"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    stopped = Standing(True, "all-reduce", "train.py:50 in _run_batch", 2391)
+    text = describe({0: stopped}, {0: 16.0}, {1: 16.2}, ["default group: rank 0 in all_reduce #2398 (84 B)"], {1: "stopped by SIGSTOP"})
+    assert text == (
+        "rank 0 waits in all-reduce at train.py:50 in _run_batch, after step 2391; "
+        "rank 1 sent nothing for 16 s (stopped by SIGSTOP); default group: rank 0 in all_reduce #2398 (84 B)"
+    )

@@ -1,4 +1,4 @@
-"""What a rank reads about once a second on the sender's thread: DDP's own comm timings and GPU memory.
+"""What a rank reads about once a second: DDP's own comm timings and GPU memory.
 
 Comm time is not measured by ddptop on the training thread. DDP's reducer
 already times its iterations 1 to 10 and then every 100th (its runtime
@@ -6,15 +6,19 @@ logging sample rate), in C++, with CPU timestamps or CUDA events it made
 once: the backward's compute, its all-reduces from the first bucket's
 launch to the last one's completion, and their overlap. It publishes them
 at the next iteration's forward, and `_get_ddp_logging_data()` copies them
-out under the reducer's lock with the GIL released, so another thread can
-read them. The sender's thread reads them once a second; a reading it has
-not seen goes with the next step record, which says the step it measured
-(`comm_step`: the step whose span holds the sampled iteration's forward,
-by the wall clock DDP stamps it with).
+out under the reducer's lock. That lock is held through a backward, and for
+as long as a backward hangs in its all-reduce: a read on the sender's
+thread then would stop its heartbeats exactly when they matter. So the
+sender's thread only marks a read due, once a second (`comm_due`), and the
+training thread makes it after its next optimizer step, where the reducer
+is idle: a dictionary copy once a second. A reading not seen before goes
+with the next step record the sender makes, which says the step it
+measured (`comm_step`: the step whose span holds the sampled iteration's
+forward, by the wall clock DDP stamps it with).
 
 GPU memory is the CUDA caching allocator's counters for the rank's device,
-read here rather than on the training thread: the allocator builds its
-whole statistics dictionary for every read.
+read on the sender's thread: the allocator builds its whole statistics
+dictionary for every read, and holds its lock only as long.
 
 Nothing here imports torch at module level: models are handed in by
 hooks.py, and torch is reached through them.
@@ -45,6 +49,10 @@ class Sampled:
         self._clock = clock
         self._every = every
         self._next = 0.0
+        self.comm_due = False
+        """Set by the sender's thread once a second; the training thread reads DDP's timings (read_comm)."""
+        self._comm: dict[str, Any] = {}
+        """What read_comm found, until the sender's next read takes it."""
 
     def add_model(self, model: Any) -> None:
         """A DDP model, on the training thread (hooks.py)."""
@@ -62,9 +70,20 @@ class Sampled:
         if not now and self._clock() < self._next:
             return {}
         self._next = self._clock() + self._every
+        if now:  # on the training thread, at its exit: the reducer is idle
+            self.read_comm()
         values = memory(self.device) if self.device is not None else {}
-        values.update(self._comm())
+        comm, self._comm = self._comm, {}
+        values.update(comm)
+        self.comm_due = True
         return values
+
+    def read_comm(self) -> None:
+        """DDP's latest sampled timings, on the training thread between its steps (see above)."""
+        self.comm_due = False
+        found = self._read_models()
+        if found:
+            self._comm = found
 
     def gpu_uuid(self) -> str | None:
         """The UUID of the rank's GPU as NVML writes it ("GPU-..."), once it has one; on the sender's thread."""
@@ -73,7 +92,7 @@ class Sampled:
             self._uuid = f"GPU-{torch.cuda.get_device_properties(self.device).uuid}"
         return self._uuid
 
-    def _comm(self) -> dict[str, Any]:
+    def _read_models(self) -> dict[str, Any]:
         found: dict[str, Any] = {}
         for ref in list(self._models):
             model = ref()

@@ -11,11 +11,16 @@ long they have sat still (their stack unchanged, no forward) and where.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from dataclasses import dataclass
+
+import psutil
 
 from ddptop.core import wire
 from ddptop.core.format import nbytes
 from ddptop.core.model.job import JobState
+from ddptop.core.model.rank import RankState
 from ddptop.core.wire.records import DEFAULT_GROUP
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.verdict import ranks_text
@@ -35,12 +40,39 @@ class Standing:
 
 def named(ranks: list[int], state: JobState, seen: Liveness, now: float, silent_after: float) -> tuple[dict[int, Standing], str]:
     """Where each of ranks stands (those heard from in the last silent_after seconds), and the text
-    that names them all, the silent ones, and the collective each group waits in (in_collectives)."""
+    that names them all, the silent ones (with what the system says of their process and the
+    last place they told), and the collective each group waits in (in_collectives)."""
     silent = {r: now - seen.heard.get(r, 0.0) for r in ranks if now - seen.heard.get(r, 0.0) > silent_after}
     places = {r: standing(r, state, seen) for r in ranks if r not in silent}
     quiet = {r: now - seen.heard.get(r, 0.0) for r in ranks}
     reports = {r: seen.collectives[r] for r in ranks if r in seen.collectives}
-    return places, describe(places, {r: seen.still(r, now) for r in places}, silent, in_collectives(reports, ranks, quiet))
+    said = {r: quiet_rank(state.ranks.get(r)) for r in silent}
+    return places, describe(places, {r: seen.still(r, now) for r in places}, silent, in_collectives(reports, ranks, quiet), said)
+
+
+PROCESS_STATES = {
+    psutil.STATUS_STOPPED: "stopped by SIGSTOP",
+    psutil.STATUS_TRACING_STOP: "stopped by a tracer",
+    psutil.STATUS_DISK_SLEEP: "in uninterruptible I/O, state D",
+    psutil.STATUS_ZOMBIE: "a zombie, exited and not reaped",
+}
+"""What a process's state says of a rank that went quiet; a running or sleeping one says nothing."""
+
+
+def quiet_rank(rank: RankState | None) -> str:
+    """What is known of a rank that sent nothing: its process's state, read here when it runs on
+    this host, and the last place of the script's code it told (its WHERE)."""
+    if rank is None:
+        return ""
+    said = []
+    if rank.pid and not rank.exited and rank.host == socket.gethostname():
+        with contextlib.suppress(psutil.Error):
+            status = PROCESS_STATES.get(psutil.Process(rank.pid).status())
+            if status is not None:
+                said.append(status)
+    if rank.where:
+        said.append(f"last at {rank.where}")
+    return ", ".join(said)
 
 
 def standing(rank: int, state: JobState, seen: Liveness) -> Standing:
@@ -55,10 +87,17 @@ def standing(rank: int, state: JobState, seen: Liveness) -> Standing:
     return Standing(False, phase, where, done)
 
 
-def describe(stuck: dict[int, Standing], still: dict[int, float], silent: dict[int, float], collectives: list[str] | None = None) -> str:
+def describe(
+    stuck: dict[int, Standing],
+    still: dict[int, float],
+    silent: dict[int, float],
+    collectives: list[str] | None = None,
+    said: dict[int, str] | None = None,
+) -> str:
     """The verdict's text, the largest group first. still maps a rank to how long it has sat
-    still (a group that does not wait says its longest); silent, to how long it has sent nothing;
-    collectives, what in_collectives() says of the process groups."""
+    still (a group that does not wait says its longest); silent, to how long it has sent nothing,
+    said, to what is known of each of those (quiet_rank); collectives, what in_collectives() says
+    of the process groups."""
     groups: dict[Standing, list[int]] = {}
     for rank, place in stuck.items():
         groups.setdefault(place, []).append(rank)
@@ -66,8 +105,11 @@ def describe(stuck: dict[int, Standing], still: dict[int, float], silent: dict[i
         _group(place, ranks, max(still.get(r, 0.0) for r in ranks))
         for place, ranks in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
     ]
-    if silent:
-        parts.append(f"{ranks_text(sorted(silent))} sent nothing for {max(silent.values()):.0f} s")
+    alike: dict[str, list[int]] = {}
+    for rank in sorted(silent):
+        alike.setdefault((said or {}).get(rank, ""), []).append(rank)
+    for what, ranks in alike.items():
+        parts.append(f"{ranks_text(ranks)} sent nothing for {max(silent[r] for r in ranks):.0f} s" + (f" ({what})" if what else ""))
     return "; ".join([*parts, *(collectives or [])])
 
 
