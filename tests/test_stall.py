@@ -14,6 +14,7 @@ from test_watchdog import feed, make, step
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.stall import MOVING_S, STALL_MIN_S, STALL_PACE
 from ddptop.supervisor.watching.stuck import Standing, describe, in_collectives
+from ddptop.trainer import flightrecorder
 
 
 def beat(rank: int, step_in_progress: int, phase: str, **extra: object) -> dict:
@@ -166,6 +167,29 @@ def test_a_subgroup_that_hangs_is_named_and_the_default_group_that_is_fine_is_no
     assert describe({0: waiting}, {}, {}, in_collectives(reports, [0, 1, 2], {})).endswith(
         "; group 1: rank 0 in broadcast #8 (4.0 KiB); rank 1 never entered it, its last: all_reduce #7"
     )
+
+
+def nccl_entry(seq: int, state: str) -> dict:
+    """An entry of NCCL's own recorder as `_dump_nccl_trace` gives it (seen on an H200, torch 2.11)."""
+    return {
+        "record_id": seq - 1, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": seq, "p2p_seq_id": 0,
+        "op_id": seq, "profiling_name": "nccl:all_reduce", "input_sizes": [[21]], "input_dtypes": ["Float"],
+        "output_sizes": [[21]], "output_dtypes": ["Float"], "state": state, "retired": state == "completed", "is_p2p": False,
+    }  # fmt: skip
+
+
+def test_nccl_s_recorder_layout_is_read_its_entries_telling_what_completed():
+    """NCCL's recorder keeps last_completed_collective at -1 unless timing is on; its entries'
+    states say what completed. Here five all-reduces: four done, the fifth still running."""
+    trace = {
+        "version": "2.10",
+        "pg_status": {"0": {"last_enqueued_collective": 5, "last_started_collective": -1, "last_completed_collective": -1}},
+        "entries": [nccl_entry(seq, "completed" if seq < 5 else "scheduled") for seq in range(1, 6)],
+    }
+    [group] = flightrecorder.recorded(trace)
+    assert group == {"group": "0", "name": "default group", "enqueued": 5, "completed": 4, "op": "all_reduce", "bytes": 84}
+    assert flightrecorder.recorded({"pg_status": {"0": {"last_enqueued_collective": -1}}}) == [], "a group that entered nothing"
+    assert flightrecorder.recorded({"entries": "not a list"}) == []
 
 
 RECORDED = """
