@@ -43,6 +43,7 @@ usage: ddptop launch [options] SCRIPT [script args]   run a DDP job under torchr
        ddptop restart [RUN]                           restart its worker group
        ddptop kill [RUN] --rank R                     kill one rank (torchrun restarts the group)
        ddptop logs [RUN] [--rank R] [--attempt N | --all] [-f]   the ranks' output, across restarts
+       ddptop profile [RUN] [--rank R | --ranks 0,3 | --all] [--steps N]   capture N steps of ranks with torch.profiler
 
 launch options (anywhere before --; the rest goes to the script):
 """
@@ -176,6 +177,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "restart": lambda argv: _command("ddptop.control", "restart", argv),
     "kill": lambda argv: _command("ddptop.control", "kill", argv),
     "logs": lambda argv: _command("ddptop.logs", "logs", argv),
+    "profile": lambda argv: _command("ddptop.profile", "profile", argv),
 }
 
 

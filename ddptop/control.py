@@ -95,7 +95,8 @@ def open_connection(spec: str | None, token_file: Path | None, what: str) -> Con
     return Connection(live.sock, live.run.id)
 
 
-def _parser(prog: str, what: str) -> argparse.ArgumentParser:
+def parser_for(prog: str, what: str) -> argparse.ArgumentParser:
+    """The options every command on a running job takes: the run, its token."""
     parser = OneLineParser(prog=prog)
     parser.add_argument(
         "run", nargs="?", help=f"run directory, run id or id prefix, or HOST:PORT (default: your newest running job) to {what}"
@@ -107,7 +108,7 @@ def _parser(prog: str, what: str) -> argparse.ArgumentParser:
 
 
 def stop(argv: list[str]) -> int:
-    opts = _parser("ddptop stop", "stop").parse_args(argv)
+    opts = parser_for("ddptop stop", "stop").parse_args(argv)
     job = open_connection(opts.run, opts.token_file, "stop")
     job.send("stop")
     end = job.until(lambda r: r["type"] == "exit", STOP_WAIT_S)
@@ -119,14 +120,14 @@ def stop(argv: list[str]) -> int:
 
 
 def restart(argv: list[str]) -> int:
-    opts = _parser("ddptop restart", "restart").parse_args(argv)
+    opts = parser_for("ddptop restart", "restart").parse_args(argv)
     job = open_connection(opts.run, opts.token_file, "restart")
     job.send("restart")
     return _after_kill(job, "restarted the worker group of run", None)
 
 
 def kill(argv: list[str]) -> int:
-    parser = _parser("ddptop kill", "kill a rank of")
+    parser = parser_for("ddptop kill", "kill a rank of")
     parser.add_argument("--rank", type=int, required=True, help="the rank to kill (SIGKILL); torchrun then restarts the group")
     opts = parser.parse_args(argv)
     job = open_connection(opts.run, opts.token_file, "kill a rank of")

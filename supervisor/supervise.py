@@ -27,6 +27,7 @@ from ddptop.core.model import goodput, summary
 from ddptop.core.model.events import restart_text
 from ddptop.core.rundir import RunDir, own_log_tail, rank_log_tail
 from ddptop.supervisor import duties, heap
+from ddptop.supervisor.captures import Captures
 from ddptop.supervisor.cluster import endpoints
 from ddptop.supervisor.cluster.placement import Cluster
 from ddptop.supervisor.cluster.role import role_of
@@ -86,6 +87,7 @@ class Supervisor:
         self.record = self.hub.record
         self.watchdog = Watchdog(watch or WatchPolicy(), self.state, self._crash_log)
         self.role = role_of(self.cluster, self.hub, self.on_command, self._lost_aggregator)
+        self.captures = Captures(self.record, self.hub.collector.tell_rank, self.role.command, self.role.owner, run.path / "profiles")
         self._stack_waiters: dict[int, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Future[None]] = set()
         self.exporter: PrometheusExporter | None = None
@@ -124,6 +126,9 @@ class Supervisor:
             return
         if action == "log_tail":
             self._log_tail(command.get("rank"))
+            return
+        if action == "profile":
+            self.captures.ask(command, self.state)
             return
         if action == "stop":
             self._note(None, f"stop requested {source}")
@@ -194,6 +199,7 @@ class Supervisor:
 
     def _observe(self, record: wire.Frame) -> None:
         kind = record["type"]
+        self.captures.observe(record)
         if kind == "agent_note":
             text = record["text"] if record["node"] == 0 else f"node {record['node']}: {record['text']}"
             if self.role.judges:  # one notice in the job's log, however many nodes say it
@@ -233,6 +239,7 @@ class Supervisor:
         return crash_excerpt(tail, CRASH_LOG_LINES)
 
     async def _watch(self) -> None:
+        self.captures.tick()
         verdicts, self._verdicts = self._verdicts + (self.watchdog.tick() if self.role.judges else []), []
         for verdict in verdicts:
             await self._carry_out(verdict)
@@ -246,6 +253,10 @@ class Supervisor:
         """Alert first (log, dashboards, stderr), then stacks, then the action."""
         if verdict.stacks and not verdict.notice:
             verdict.text += f"; stacks in {self.run.path / 'stacks'}"
+        if verdict.kind == "straggler" and verdict.ranks:
+            others = [rank for rank in sorted(self.state.ranks) if rank not in verdict.ranks]
+            compared = ",".join(map(str, [*verdict.ranks, *others[:1]]))
+            verdict.text += f"; what differs: ddptop profile {self.run.id} --ranks {compared}"
         self.record(verdict.record())
         if verdict.notice:
             self.say(verdict.text)

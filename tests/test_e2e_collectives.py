@@ -76,6 +76,8 @@ def test_a_rank_in_a_long_native_call_holding_the_gil_is_named_and_its_stack_rea
 def test_a_subgroup_s_hung_collective_is_named_while_the_default_group_is_fine(ddptop_home, tmp_path):
     stall, _, _ = stall_of(tmp_path, "subgroup")
     text = stall["text"]
-    assert re.search(r"group 1: rank 0 in broadcast #2 \(4 B\); rank 1 never entered it, its last: broadcast #1; stacks in \S+$", text), text
+    assert re.search(r"group 1: rank 0 in broadcast #2 \(4 B\); rank 1 never entered it, its last: broadcast #1; stacks in \S+$", text), (
+        text
+    )
     assert "default group" not in text, "no one waits in the default group"
     assert f"rank 0 waits in broadcast at hang_at_collective.py:{line_of('dist.broadcast(score')}" in text, text

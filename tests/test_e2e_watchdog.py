@@ -187,6 +187,7 @@ def test_crash_then_segv_then_a_straggler(ddptop_home, tmp_path):
 
     [straggler] = job.alerts("straggler")
     assert straggler["ranks"] == [3] and straggler["ratio"] > 2.0
+    assert straggler["text"].endswith(f"; what differs: ddptop profile {job.run.id} --ranks 3,0"), straggler["text"]
     slow_from = min(r["wall"] for r in job.of("step") if r["rank"] == 3 and r["step"] == 5 and r["wall"] > second["wall"])
     assert straggler["wall"] - slow_from < 30.0
     assert "final-params-sha256" in job.proc.stdout

@@ -398,3 +398,36 @@ async def test_the_stall_and_hang_alerts_stay_in_reach_under_later_notices_and_a
         assert len(listed) == 9 and "no step for 15 s" in listed[-1], listed
         await pilot.press("escape")
         assert not isinstance(app.screen, AlertsScreen)
+
+
+async def test_p_in_a_rank_s_detail_asks_for_its_capture_and_shows_what_came_of_it(job):
+    job.feed(world=2)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(lambda: table(app).row_count == 2, "rows")
+        await pilot.press("down", "enter")
+        assert isinstance(app.screen, RankDetailScreen) and "P" in {binding.key for binding in app.screen.BINDINGS}
+        await pilot.press("P")
+        await until(lambda: {"type": "command", "action": "profile", "rank": 1} in job.commands, "the capture asked for")
+        profile = app.screen.query_one("#profile")
+        wall = time.time()
+        started = "profile 1: capturing 10 steps of rank 1 from step 40 on; traces in /run/profiles"
+        job.hub.record({"type": "capture", "wall": wall, "id": "1", "state": "started", "text": started, "ranks": [1], "steps": 10})
+        await until(lambda: "capturing 10 steps of rank 1" in str(profile.render()), "the capture under way")
+        phases = {"data": 0.5, "forward": 3.0, "backward": 4.0, "comm": 1.0, "overlap": 0.5, "optimizer": 1.0, "step": 9.5}
+        ops = [["aten::addmm", 2.5, 0.0, 3.0]]
+        job.hub.record(
+            {
+                "type": "profile",
+                "rank": 1,
+                "wall": wall,
+                "id": "1",
+                "first_step": 40,
+                "steps": 10,
+                "path": "/run/p.gz",
+                "phases": phases,
+                "ops": ops,
+            }
+        )
+        await until(lambda: "9.5 ms a step" in str(profile.render()), "the capture's summary")
+        assert "aten::addmm 2.50 ms" in str(profile.render()) and "trace: /run/p.gz" in str(profile.render())

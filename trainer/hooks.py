@@ -43,6 +43,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ddptop.trainer import guard, late, patches, torchapi
 from ddptop.trainer.policy import GuardPolicy
+from ddptop.trainer.profiling import Captures
 from ddptop.trainer.sampled import Sampled
 from ddptop.trainer.steps import StepTracker
 
@@ -51,8 +52,11 @@ class Probe:
     """What the hooks of one rank share: where records go, the policy, the DDP
     models (for checksums and DDP's own timings), and what the step so far told."""
 
-    def __init__(self, tracker: StepTracker, policy: GuardPolicy, sampled: Sampled | None = None) -> None:
+    def __init__(self, tracker: StepTracker, policy: GuardPolicy, sampled: Sampled | None = None, captures: Captures | None = None) -> None:
         self.tracker = tracker
+        self.captures = captures if captures is not None else Captures(tracker.rank, 0, lambda record: None)
+        """Profiler captures asked of this rank (profiling.py): run at step boundaries."""
+        self.captures.models = self.ddp_models
         self.policy = policy
         self.skips = policy.skips
         """policy.skips, read once: an attribute costs the step no call."""
@@ -88,6 +92,9 @@ class Probe:
         """Where a one-time notice goes (the supervisor's alert panel, through the tracker)."""
         self.noticed: set[str] = set()
 
+    def ddp_models(self) -> list[Any]:
+        return [model for ref in self.models if (model := ref()) is not None]
+
     def parameters(self) -> list[torch.Tensor]:
         return [p for ref in self.models if (model := ref()) is not None for p in model.module.parameters()]
 
@@ -100,8 +107,8 @@ class Probe:
 SCALED_KEPT = 16
 
 
-def install(tracker: StepTracker, policy: GuardPolicy, sampled: Sampled | None = None) -> Probe:
-    probe = Probe(tracker, policy, sampled)
+def install(tracker: StepTracker, policy: GuardPolicy, sampled: Sampled | None = None, captures: Captures | None = None) -> Probe:
+    probe = Probe(tracker, policy, sampled, captures)
     probe.notice = lambda text: tracker.event({"type": "rank_note", "rank": tracker.rank, "wall": time.time(), "text": text})
     _mark_group_joined(tracker)
     _wrap_ddp(probe)
@@ -476,6 +483,8 @@ def _optimizer_end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any =
         probe.tracker.optimizer_end({"lr": lr})
     else:
         probe.tracker.optimizer_end({})
+    if probe.captures.active:  # a capture asked for or running (profiling.py): a step boundary for it
+        probe.captures.boundary(probe.tracker.step)
 
 
 _TOKEN_DTYPES = frozenset(

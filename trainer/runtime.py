@@ -24,6 +24,7 @@ from ddptop.core import wire
 from ddptop.trainer import flightrecorder, importwatch, monitor, where
 from ddptop.trainer.policy import STACK_SIGNAL, STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.procstat import stat_fields
+from ddptop.trainer.profiling import Captures
 from ddptop.trainer.sampled import Sampled
 from ddptop.trainer.sender import Sender
 from ddptop.trainer.steps import StepTracker
@@ -174,7 +175,8 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
             record["collectives"] = seq
         return record
 
-    sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat, collect=lambda: tracker.build(sampled.read()))
+    captures = Captures(tracker.rank, hello["restart"], lambda record: sender.put(record))
+    sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat, collect=lambda: tracker.build(sampled.read()), on_command=captures.ask)
     report = report_uncaught(sender.put, tracker.rank)
     monitor.bind(tracker)
     sender.start()
@@ -184,7 +186,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
         try:
             from ddptop.trainer import hooks
 
-            hooks.install(tracker, GuardPolicy.from_env(), sampled)
+            hooks.install(tracker, GuardPolicy.from_env(), sampled, captures)
         except Exception as exc:  # noqa: BLE001 - never break the user's `import torch`
             print(f"ddptop: rank {tracker.rank}: instrumentation off: {exc}", file=sys.stderr)
 
@@ -192,6 +194,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
 
     def at_exit() -> None:
         tracker.phase = "exit"
+        captures.abort("the rank exited")
         tracker.flush(sampled.read(now=True))
         sender.close(EXIT_FLUSH_S)
 

@@ -14,6 +14,7 @@ empties the queue into the drop count instead of letting it fill.
 from __future__ import annotations
 
 import collections
+import select
 import socket
 import threading
 import time
@@ -31,6 +32,7 @@ HEARTBEAT_S = 1.0
 SEND_TIMEOUT_S = 2.0
 RECONNECT_S = 1.0
 QUEUE_MAX = 8192
+RECEIVE_BYTES = 1 << 16
 
 
 def connect(address: str, timeout: float) -> socket.socket:
@@ -73,11 +75,14 @@ class Sender:
         heartbeat: Callable[[], wire.Frame],
         queue_max: int = QUEUE_MAX,
         collect: Callable[[], None] = lambda: None,
+        on_command: Callable[[wire.Frame], None] = lambda frame: None,
     ) -> None:
         self._address = address
         self._hello = hello
         self._heartbeat = heartbeat
         self._collect = collect
+        self._on_command = on_command
+        self._decoder = wire.FrameDecoder()
         self._queue: collections.deque[wire.Frame] = collections.deque()
         self._queue_max = queue_max
         self._interval = flush_interval(int(hello.get("world_size", 1)))
@@ -140,6 +145,30 @@ class Sender:
             self._dropped_unsent += len(items)
             self._disconnect()
             self._next_connect = now + RECONNECT_S
+            return
+        self._receive()
+
+    def _receive(self) -> None:
+        """What the supervisor sent this rank (rank_command), read without waiting."""
+        assert self._sock is not None
+        try:
+            # A socket with a timeout waits that long in recv whatever its flags: ask first.
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            if not readable:
+                return
+            data = self._sock.recv(RECEIVE_BYTES)
+        except OSError:
+            self._disconnect()
+            return
+        if not data:  # the supervisor closed: the next flush reconnects
+            self._disconnect()
+            return
+        try:
+            for frame in self._decoder.feed(data):
+                if frame.get("type") == "rank_command":
+                    self._on_command(wire.validate(frame))
+        except wire.FrameError:
+            self._decoder = wire.FrameDecoder()  # a frame this rank cannot read is dropped, with what followed it
 
     def _connect(self, now: float) -> None:
         try:
@@ -155,3 +184,4 @@ class Sender:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+            self._decoder = wire.FrameDecoder()

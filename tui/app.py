@@ -270,13 +270,23 @@ class DdptopApp(App[str | None]):
     def _open_detail(self, logs: bool) -> None:
         rank = self.table.selected_rank()
         if rank is not None:
-            self.push_screen(RankDetailScreen(self.state, rank, self.run_dir, self.now, self.charts.whole, self.ask_log, focus_log=logs))
+            self.push_screen(
+                RankDetailScreen(
+                    self.state, rank, self.run_dir, self.now, self.charts.whole, self.ask_log, self.ask_profile, focus_log=logs
+                )
+            )
 
     async def ask_log(self, rank: int) -> bool:
         """Ask the supervisor for a rank's log tail, which the rank's own node reads and sends."""
         if not self.job_running():
             return False
         return await self.source.command("log_tail", rank)
+
+    async def ask_profile(self, rank: int) -> bool:
+        """Ask the supervisor for a capture of the rank's next steps (the supervisor says how many)."""
+        if not self.job_running():
+            return False
+        return await self.source.command("profile", rank)
 
     def action_detail(self) -> None:
         if self.showing_nodes():

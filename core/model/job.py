@@ -13,7 +13,7 @@ from collections import Counter, deque
 from typing import Any
 
 from ddptop.core import wire
-from ddptop.core.model import snapshot
+from ddptop.core.model import profiles, snapshot
 from ddptop.core.model.goodput import GOODPUT_TYPES, Goodput
 from ddptop.core.model.history import History, pack
 from ddptop.core.model.metrics import COMM_MS, JOB_METRICS
@@ -22,7 +22,7 @@ from ddptop.core.model.stats import StepPoint, bus_bandwidth, median
 from ddptop.core.model.totals import JobTotals
 from ddptop.core.wire.records import LATEST, WINDOWED
 
-EVENT_TYPES = frozenset({"alert", "action", "notice", "wire_error", "exit", "group_restart"})
+EVENT_TYPES = frozenset({"alert", "action", "notice", "wire_error", "exit", "group_restart", "capture"})
 """Records the dashboard's alert panel lists."""
 
 STRAGGLER_RATIO = 1.25
@@ -48,6 +48,9 @@ class JobState:
         self.exit: wire.Frame | None = None
         self.checkpoint_step: int | None = None
         self.goodput = Goodput()
+        self.captures: dict[str, profiles.Capture] = {}
+        """Profiler captures by id (model/profiles.py), as their records told."""
+        self.latest_capture: profiles.Capture | None = None
         self.snapshot_unreadable = False
         """Whether the snapshot being folded is of a layout this reader does not know (its frames are skipped)."""
 
@@ -163,6 +166,9 @@ class JobState:
     def _on_stack(self, record: wire.Frame) -> None:
         self.rank(record["rank"]).stack = record.get("text")
 
+    def _on_capture(self, record: wire.Frame) -> None:
+        self.latest_capture = profiles.fold(self.captures, record)
+
     def _on_log_tail(self, record: wire.Frame) -> None:
         if record["rank"] in self.ranks:
             self.ranks[record["rank"]].log_tail = record["lines"]
@@ -263,6 +269,8 @@ _HANDLERS = {
     "log_tail": JobState._on_log_tail,
     "resume": JobState._on_resume,
     "group_restart": JobState._on_group_restart,
+    "capture": JobState._on_capture,
+    "profile": JobState._on_capture,
     **dict.fromkeys(snapshot.SNAPSHOT_TYPES, snapshot.restore),
     "exit": JobState._on_exit,
 }

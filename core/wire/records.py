@@ -255,9 +255,10 @@ class ViewerHello(TypedDict):
     snapshot: NotRequired[bool]
 
 
-CommandAction = Literal["stop", "restart", "kill_rank", "stacks", "log_tail"]
-"""What a viewer may ask of a supervisor: stop the job, restart the group, kill one rank;
-and what the aggregator asks of a node's supervisor: collect stacks, read a rank's log's end."""
+CommandAction = Literal["stop", "restart", "kill_rank", "stacks", "log_tail", "profile"]
+"""What a viewer may ask of a supervisor: stop the job, restart the group, kill one rank,
+profile ranks; and what the aggregator asks of a node's supervisor: collect stacks, read a
+rank's log's end, start a capture on its ranks."""
 
 
 class Command(TypedDict):
@@ -268,6 +269,57 @@ class Command(TypedDict):
     rank: NotRequired[int]
     ranks: NotRequired[list[Any]]
     origin: NotRequired[str]
+    steps: NotRequired[int]
+    """profile: the steps to capture."""
+    id: NotRequired[str]
+    """profile, from the aggregator to a node: the capture's id."""
+    from_step: NotRequired[int]
+    """profile, from the aggregator to a node: the step the capture starts at."""
+
+
+class RankCommand(TypedDict):
+    """The supervisor to one rank, over the rank's own connection (trainer/sender.py reads it)."""
+
+    type: Literal["rank_command"]
+    action: str
+    """profile: capture `steps` steps from step from_step on (or the next step, if past it)."""
+    id: str
+    steps: int
+    from_step: NotRequired[int]
+    """The same for every rank asked, far enough ahead for each to hear of it first: ranks captured together capture the same steps."""
+    folder: str
+    """Where the rank writes its trace: the run directory's profiles/ on its own node."""
+
+
+class Profile(TypedDict):
+    """A rank's capture (trainer/profiling.py), or why it has none (error)."""
+
+    type: Literal["profile"]
+    rank: int
+    wall: float
+    id: str
+    first_step: int
+    steps: int
+    path: NotRequired[str]
+    """The trace, gzipped Chrome trace JSON: Perfetto and chrome://tracing open it."""
+    error: NotRequired[str]
+    cuda: NotRequired[bool]
+    phases: NotRequired[dict[str, Any]]
+    """Each phase's mean ms a step: data, forward, backward, comm, overlap (comm beside compute), optimizer."""
+    ops: NotRequired[list[Any]]
+    """The top ops by self time: [name, self CPU ms, self CUDA ms, calls], a step's mean."""
+
+
+class Capture(TypedDict):
+    """The supervisor on a capture asked for: started on ranks, refused (text says why), or done."""
+
+    type: Literal["capture"]
+    wall: float
+    id: str
+    state: str
+    text: str
+    ranks: NotRequired[list[Any]]
+    steps: NotRequired[int]
 
 
 class Auth(TypedDict):
@@ -503,6 +555,9 @@ RECORDS: dict[str, type] = {
     "heartbeat": Heartbeat,
     "phase": Phase,
     "rank_note": RankNote,
+    "rank_command": RankCommand,
+    "profile": Profile,
+    "capture": Capture,
     "agent_hello": AgentHello,
     "agent_phase": AgentPhase,
     "agent_note": AgentNote,

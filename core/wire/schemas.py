@@ -56,7 +56,7 @@ COMMANDS = frozenset(typing.get_args(records.CommandAction))
 """Actions a viewer may request: stop the job, restart the group, kill one rank
 (and, from the aggregator to a node, collect stacks)."""
 
-RANK_RECORD_TYPES = frozenset({"step", "heartbeat", "exception", "checkpoint", "resume", "phase", "rank_note"})
+RANK_RECORD_TYPES = frozenset({"step", "heartbeat", "exception", "checkpoint", "resume", "phase", "rank_note", "profile"})
 """What a batch from a rank may carry."""
 
 AGENT_RECORD_TYPES = frozenset({"worker_failure", "group_restart", "agent_phase", "agent_note"})
@@ -65,7 +65,7 @@ AGENT_RECORD_TYPES = frozenset({"worker_failure", "group_restart", "agent_phase"
 FORWARDED_TYPES = (
     RANK_RECORD_TYPES
     | AGENT_RECORD_TYPES
-    | frozenset({"rank_hello", "rank_gone", "sample", "stack", "log_tail", "action", "notice", "wire_error"})
+    | frozenset({"rank_hello", "rank_gone", "sample", "stack", "log_tail", "action", "notice", "wire_error", "capture"})
 )
 """What a node's supervisor forwards to the aggregator: its ranks' and its
 torchrun's records, and what it measured and did; not its own summaries."""

@@ -71,6 +71,8 @@ class Collector:
         self._job_connections: set[asyncio.Task] = set()
         self._rank_connections: dict[int, tuple[int, asyncio.Task]] = {}
         """rank -> (attempt, connection) of the connection that speaks for it."""
+        self._rank_writers: dict[int, asyncio.StreamWriter] = {}
+        """rank -> the writing end of that connection, for what the supervisor asks of the rank."""
         self.agents: dict[int, asyncio.StreamWriter] = {}
         """node -> the connection of torchrun's probe on it, for restart_go."""
         self.bad_frames = 0
@@ -134,11 +136,26 @@ class Collector:
         assert task is not None
         self._rank_connections[rank] = (attempt, task)
 
+    def _hold_rank(self, rank: int, writer: asyncio.StreamWriter) -> None:
+        self._rank_writers[rank] = writer
+        task = asyncio.current_task()
+        assert task is not None
+        task.add_done_callback(lambda _: self._rank_writers.pop(rank, None) if self._rank_writers.get(rank) is writer else None)
+
     def _hold_agent(self, node: int, writer: asyncio.StreamWriter) -> None:
         self.agents[node] = writer
         task = asyncio.current_task()
         assert task is not None
         task.add_done_callback(lambda _: self.agents.pop(node, None) if self.agents.get(node) is writer else None)
+
+    def tell_rank(self, rank: int, frame: wire.Frame) -> bool:
+        """Send a frame to one rank of this node over its own connection (its sender reads it
+        between batches); False when the rank is not connected."""
+        writer = self._rank_writers.get(rank)
+        if writer is None or writer.is_closing():
+            return False
+        writer.write(wire.encode(frame))
+        return True
 
     def tell_agents(self, frame: wire.Frame) -> None:
         """Send a frame to torchrun's probe on every node that has one connected."""
@@ -191,6 +208,7 @@ class Collector:
                 if frame["type"] == "rank_hello":
                     peer.rank = frame["rank"]
                     self._claim(frame)  # before tracking: a refused twin must not report the rank gone
+                    self._hold_rank(frame["rank"], writer)
                     self._sink(frame)
                 else:
                     self._hold_agent(frame["node"], writer)

@@ -16,6 +16,7 @@ KEYS = [
     ("p", "pause the display (data keeps arriving)"),
     ("w", "charts: the last ten minutes / the whole run (alerts red, restarts yellow on the time axis)"),
     ("l", "logs of the selected rank"),
+    ("P", "in a rank's detail: capture its next 10 steps with torch.profiler; the summary shows there (ddptop profile in a shell)"),
     ("a", "every alert and event of the job, newest first (the panel pins the latest alerts it has no room for)"),
     ("R", "restart the worker group (asks first)"),
     ("K", "kill the selected rank (asks first)"),

@@ -13,6 +13,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
+from ddptop.core.model import profiles
 from ddptop.core.model.job import JobState
 from ddptop.core.model.rank import RankState
 from ddptop.core.places import is_script_line
@@ -67,11 +68,30 @@ Asker = Callable[[int], Awaitable[bool]]
 """Asks the supervisor for a rank's log tail (its node reads it); False when no job is running to ask."""
 
 
+def capture_lines(state: JobState, rank: int) -> Text:
+    """The latest profiler capture that concerns the rank: where it stands, what it found,
+    and what differs from the median rank when others were captured with it."""
+    capture = state.latest_capture
+    if capture is None or (rank not in capture.ranks and rank not in capture.results):
+        return Text("no capture of this rank: P captures its next steps with torch.profiler", style="dim")
+    text = Text.from_markup("[b]profile[/b]\n")
+    result = capture.results.get(rank)
+    if result is None:
+        text.append(capture.text, style="dim")
+        return text
+    text.append("\n".join(profiles.rank_lines(result)))
+    differ = profiles.differences(capture.results).get(rank)
+    if differ is not None:
+        text.append(f"\nagainst the median rank: {differ.split(': ', 1)[1]}", style="bold")
+    return text
+
+
 class RankDetailScreen(Screen[None]):
     BINDINGS = [
         Binding("escape,q", "app.pop_screen", "back"),
         Binding("l", "focus_log", "log"),
         Binding("w", "toggle_window", "window"),
+        Binding("P", "profile", "profile"),
     ]
 
     def __init__(
@@ -82,11 +102,12 @@ class RankDetailScreen(Screen[None]):
         clock: Callable[[], float],
         whole: bool,
         ask_log: Asker,
+        ask_profile: Asker,
         focus_log: bool = False,
     ) -> None:
         super().__init__()
         self.state, self.rank, self.run_dir, self.start_on_log = state, rank, run_dir, focus_log
-        self.clock, self.whole, self.ask_log = clock, whole, ask_log
+        self.clock, self.whole, self.ask_log, self.ask_profile = clock, whole, ask_log, ask_profile
         self.asked = False
 
     def compose(self) -> ComposeResult:
@@ -96,6 +117,7 @@ class RankDetailScreen(Screen[None]):
             yield Chart(id="rank-comm")
         yield Static(id="live-stack")
         yield Static(id="stack")
+        yield Static(id="profile")
         yield Log(id="log", highlight=False)
         yield Footer()
 
@@ -121,6 +143,7 @@ class RankDetailScreen(Screen[None]):
         dump = Text.from_markup("[b]last stack dump[/b]\n")
         dump.append(rank.stack or "no stack dump recorded for this rank")
         self.query_one("#stack", Static).update(dump)
+        self.query_one("#profile", Static).update(capture_lines(self.state, rank.rank))
         log = self.query_one(Log)
         log.clear()
         if self.asked:
@@ -134,6 +157,13 @@ class RankDetailScreen(Screen[None]):
     async def action_toggle_window(self) -> None:
         self.whole = not self.whole
         await self.refresh_detail()
+
+    async def action_profile(self) -> None:
+        if not await self.ask_profile(self.rank):
+            self.notify("no running job to capture: a replay or an ended job takes no capture", severity="warning")
+            return
+        self.notify(f"capture of rank {self.rank} asked for: its summary shows here when its trace is written")
+        self.query_one("#profile", Static).update(capture_lines(self.state, self.rank))
 
     def action_focus_log(self) -> None:
         self.query_one(Log).focus()
