@@ -152,10 +152,11 @@ def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> t
     optimizer_hooks = caught_optimizer_hooks()
     sampled = Sampled()
     tracker = sending_tracker(sampled)
-    hooks.install(tracker, GuardPolicy(on_nan=args.on_nan), sampled)
+    probe = hooks.install(tracker, GuardPolicy(on_nan=args.on_nan), sampled)
     job = Job(args, example, torch_device)
     job.optimizer.register_step_pre_hook(optimizer_hooks["pre"])
     job.optimizer.register_step_post_hook(optimizer_hooks["post"])
+    optimizer_hooks["captures"] = probe.captures
     return job, lambda on: monitor.bind(tracker if on else None), tracker, optimizer_hooks
 
 
@@ -357,13 +358,21 @@ def measure(args: argparse.Namespace) -> None:
         block(hooked, 2000)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in jobs}
     order = list(jobs.items())
+    before: dict[str, list[tuple[float, float]]] | None = None
     for i in range(args.blocks):
+        if args.capture and i == args.blocks // 2:  # the rotation's second half comes after a capture
+            before, times = times, {name: [] for name in jobs}
+            capture(optimizer_hooks["captures"], hooked, block)
         # Each job takes each place in the rotation equally often.
         shift = i % len(order)
         for name, job in order[shift:] + order[:shift]:
             times[name].append(block(job, args.block_steps))
     world = dist.get_world_size()
     if leader:  # first: what follows takes longer, and a run cut short keeps this
+        if before is not None:
+            print(f"before a profiler capture of ddptop's job ({len(before['plain'])} blocks):")
+            report(args, world, before)
+            print(f"after it ({len(times['plain'])} blocks):")
         report(args, world, times)
         if args.lines:
             report_lines({name: lines[job] for name, job in jobs.items()})
@@ -535,6 +544,17 @@ def report(args: argparse.Namespace, world: int, times: dict[str, list[tuple[flo
     print(f"1% of the plain step: {plain[0] * 10:.0f} µs")
 
 
+def capture(captures: Any, hooked: Job, block: Callable[[Job, int], Any]) -> None:
+    """A profiler capture of 10 of the instrumented job's steps (trainer/profiling.py), run to its end."""
+    import tempfile
+
+    captures.ask({"id": "bench", "steps": 10, "folder": tempfile.mkdtemp(prefix="ddptop-inrank-profile-")})
+    while captures.active:
+        block(hooked, 1)
+    if captures._writing is not None:
+        captures._writing.join()
+
+
 FLOOR = "+ fused norm, late"
 """The job that costs what any guard judging every step's gradients must."""
 
@@ -604,6 +624,11 @@ def main() -> None:
     )
     parser.add_argument("--ranks", type=int, default=1, help="ranks, under torchrun when more than one")
     parser.add_argument("--lines", action="store_true", help="also time each line of the step, per job (see report_lines)")
+    parser.add_argument(
+        "--capture",
+        action="store_true",
+        help="halfway through, capture 10 steps of ddptop's job with torch.profiler; its row after that is its own (ddptop's cost after a capture)",
+    )
     args = parser.parse_args()
     if args.ranks > 1 and "WORLD_SIZE" not in os.environ:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks)]
