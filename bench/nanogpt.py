@@ -15,24 +15,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from overhead import DDPTOP, alternating, device
+from overhead import DDPTOP, alternating, device, printed
 
 JOB = Path(__file__).resolve().parent / "gpt_train.py"
-
-
-def iter_ms(cmd: list[str], env: dict[str, str]) -> float:
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
-    match = re.search(r"iter-ms ([0-9.]+)", result.stdout)
-    if result.returncode != 0 or match is None:
-        sys.exit(f"bench: run failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr[-2000:]}")
-    return float(match.group(1))
 
 
 def main() -> None:
@@ -48,7 +38,9 @@ def main() -> None:
     with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *job]
     env = {**os.environ, "DDPTOP_HOME": tempfile.mkdtemp(prefix="ddptop-bench-")}
     results = alternating(
-        args.rounds, {"plain torchrun": lambda: iter_ms(plain, env), "ddptop": lambda: iter_ms(with_ddptop, env)}, unit=" ms"
+        args.rounds,
+        {"plain torchrun": lambda: printed(plain, env, "iter-ms"), "ddptop": lambda: printed(with_ddptop, env, "iter-ms")},
+        unit=" ms",
     )
     plain_ms, ddptop_ms = statistics.median(results["plain torchrun"]), statistics.median(results["ddptop"])
     ratios = [d / p for d, p in zip(results["ddptop"], results["plain torchrun"])]

@@ -32,9 +32,10 @@ EXAMPLE = REPO / "examples" / "train.py"
 DDPTOP = str(Path(sys.executable).parent / "ddptop")
 
 
-def steps_per_s(cmd: list[str], env: dict[str, str]) -> float:
+def printed(cmd: list[str], env: dict[str, str], name: str) -> float:
+    """The figure a run printed after `name` ("train-steps-per-s 512.3"); a run that failed ends the bench."""
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
-    match = re.search(r"train-steps-per-s ([0-9.]+)", result.stdout)
+    match = re.search(rf"{re.escape(name)} ([0-9.]+)", result.stdout)
     if result.returncode != 0 or match is None:
         sys.exit(f"bench: run failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr[-2000:]}")
     return float(match.group(1))
@@ -87,8 +88,8 @@ def main() -> None:
     results = alternating(
         args.rounds,
         {
-            "plain torchrun": lambda: steps_per_s(plain, env),
-            "ddptop": lambda: steps_per_s(with_ddptop, env),
+            "plain torchrun": lambda: printed(plain, env, "train-steps-per-s"),
+            "ddptop": lambda: printed(with_ddptop, env, "train-steps-per-s"),
         },
     )
 

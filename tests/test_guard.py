@@ -87,8 +87,11 @@ def test_a_non_finite_step_names_this_rank_by_its_own_loss_or_when_it_trains_alo
 
 def test_a_fused_optimizer_handed_found_inf_skips_the_step_exactly():
     model = model_with_grads()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
-    optimizer.step()
+    try:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+        optimizer.step()
+    except RuntimeError as exc:  # torch before 2.4 fuses on a GPU only
+        pytest.skip(f"this torch has no fused AdamW on the CPU: {exc}")
     weights = [p.detach().clone() for p in model.parameters()]
     state = {k: {n: t.clone() for n, t in v.items()} for k, v in optimizer.state.items()}
     next(model.parameters()).grad.view(-1)[0] = math.nan

@@ -129,10 +129,13 @@ class Layout(NamedTuple):
 
 def norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each gradient's L2 norm, unread, in one fused kernel per device and dtype. fp16
-    gradients' norms are taken in fp32: a large fp16 tensor's norm overflows to inf."""
-    if grads[0].dtype is torch.float16 and torchapi.FOREACH_NORM_DTYPE:
+    gradients' norms are taken in fp32: a large fp16 tensor's norm overflows to inf (a
+    torch whose _foreach_norm takes no dtype, before 2.4, takes them one by one)."""
+    if grads[0].dtype is not torch.float16:
+        return list(torchapi.foreach_norm(grads))
+    if torchapi.FOREACH_NORM_DTYPE:
         return list(torchapi.foreach_norm(grads, 2, dtype=torch.float32))
-    return list(torchapi.foreach_norm(grads))
+    return [torch.linalg.vector_norm(grad, dtype=torch.float32) for grad in grads]
 
 
 def total(per_tensor: list[torch.Tensor]) -> torch.Tensor:
