@@ -70,7 +70,8 @@ def test_four_ranks_report_every_step_and_survive_bad_frames(ddptop_home, tmp_pa
     assert sorted(steps) == [0, 1, 2, 3]
     for rank, rows in steps.items():
         assert [r["step"] for r in rows] == list(range(80)), f"rank {rank} steps not contiguous"
-        assert all(r["comm_ms"] > 0 and r["comm_bytes"] > 0 for r in rows)
+        sampled = [r for r in rows if "comm_ms" in r]  # DDP's timings, read about once a second and at the end
+        assert sampled and all(r["comm_ms"] > 0 and r["comm_bytes"] > 0 and r["comm_step"] <= r["step"] for r in sampled)
         assert all(math.isfinite(r["loss"]) for r in rows)
         assert_grad_norms(rows)
         assert all(r["samples"] == 32 and r["total_steps"] == 80 for r in rows)

@@ -16,6 +16,7 @@ import pytest
 from conftest import DDPTOP, SCRIPTS, run_ddptop, wait_for
 
 from ddptop.core import rundir
+from ddptop.supervisor.watching.rules import nan as nan_rule
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +96,7 @@ def test_a_data_parallel_script_runs_once_as_one_process_with_steps_loss_and_its
     assert [r["step"] for r in steps] == list(range(20)) and all(r["loss"] > 0 for r in steps if r["step"] != 3)
     assert [r["step"] for r in steps if r.get("skipped") == "nan"] == [3]
     nan = next(r for r in records if r["type"] == "alert" and r["kind"] == "nan")
-    assert nan["text"] == "non-finite loss or gradients at step 3: the gradients were non-finite; step skipped"
+    assert nan["text"] == nan_rule.ALERT.format(step=3, source=nan_rule.ALONE, handling=nan_rule.SKIPPED)
 
 
 def test_the_launch_style_can_be_overridden_and_ls_says_which_and_why(ddptop_home, tmp_path):

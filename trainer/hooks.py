@@ -31,6 +31,8 @@ callback that runs once the script's own `import torch` has finished.
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import functools
 import time
 import weakref
@@ -65,6 +67,8 @@ class Probe:
         """The DDP models, weakly: their parameters are what the checksum covers."""
         self.world = 1
         """The DDP models' group size: at 1 a non-finite gradient is this rank's own."""
+        self.groups: dict[int, Any] = {}
+        """The DDP models' process groups, held to the rank's end and past it (keep_groups says why)."""
         self.scale: torch.Tensor | None = None
         """The scale a GradScaler multiplied this step's loss by (None: no scaler, or a disabled one)."""
         self.unscaled = False
@@ -124,7 +128,25 @@ def install(tracker: StepTracker, policy: GuardPolicy, sampled: Sampled | None =
         "torch.optim global step post-hook",
         register_optimizer_step_post_hook(functools.partial(_optimizer_end, probe)),
     )
+    atexit.register(keep_groups, probe)
     return probe
+
+
+def keep_groups(probe: Probe) -> None:
+    """Let the DDP models' process groups outlive the interpreter.
+
+    A gloo process group destroyed with the GIL held joins gloo's threads,
+    and one of them may be waiting for the GIL to free the thread-local
+    state of a finished work: a deadlock (py-spy on a rank hung as a
+    script's main() returned, 3 CPU ranks: the main thread in
+    ~ProcessGroupGloo joining pt_gloo_runloop, which waits in
+    gil_scoped_acquire inside ~AsyncWork). So the probe holds each DDP
+    model's group (a model freed frees no group), and at exit, before the
+    interpreter finalizes, a reference that is never given back keeps each
+    one: the process ends without destroying them, as it would be killed.
+    """
+    for group in probe.groups.values():
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
 
 
 def _mark_group_joined(tracker: StepTracker) -> None:
@@ -173,6 +195,7 @@ def _known(model: Any, probe: Probe) -> None:
     group = getattr(model, "process_group", None)
     if group is not None:
         probe.world = group.size()
+        probe.groups[id(group)] = group
     probe.sampled.add_model(model)
 
 
