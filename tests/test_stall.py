@@ -274,3 +274,17 @@ def test_a_quiet_rank_is_said_to_be_stopped_and_where_it_was_last():
         "rank 0 waits in all-reduce at train.py:50 in _run_batch, after step 2391; "
         "rank 1 sent nothing for 16 s (stopped by SIGSTOP); default group: rank 0 in all_reduce #2398 (84 B)"
     )
+
+
+@pytest.mark.parametrize(("slow", "where"), [(2, "compute"), (1, "data")])
+def test_a_straggler_is_told_by_ddps_sampled_compute_and_its_own_data_wait(slow, where):
+    """Every rank's step takes as long; DDP times the same iterations on each (here one in
+    ten), and the straggler's compute, or its wait for its data, is its own."""
+    dog, state, _ = make(world=4)
+    for n in range(60):
+        for rank in range(4):
+            data = 20.0 if rank == slow and where == "data" else 1.0
+            compute = 25.0 if rank == slow and where == "compute" else 10.0
+            sampled = {"compute_ms": compute, "comm_ms": 30.0 - compute - data, "comm_step": n} if n % 10 == 0 else {}
+            feed(dog, state, {**step(rank, n), "step_ms": 31.0, "data_ms": data, **sampled})
+    assert [v.ranks for _ in range(5) for v in dog.tick() if v.kind == "straggler"] == [[slow]]

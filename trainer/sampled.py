@@ -105,7 +105,7 @@ class Sampled:
             self._seen[id(model)] = iteration
             figures = comm_figures(data)
             if found:  # two DDP models stepped in this second: their all-reduces add up
-                for key in ("comm_ms", "comm_overlap_ms", "comm_bytes"):
+                for key in ("comm_ms", "comm_overlap_ms", "comm_bytes", "compute_ms"):
                     figures[key] += found[key]
             found = figures
         return found
@@ -126,6 +126,7 @@ def comm_figures(data: dict[str, Any]) -> dict[str, Any]:
     return {
         "comm_ms": data["backward_comm_time"] / 1e6,
         "comm_overlap_ms": data.get("backward_compute_comm_overlap_time", 0) / 1e6,
+        "compute_ms": (data.get("forward_compute_time", 0) + data.get("backward_compute_time", 0)) / 1e6,
         "comm_bytes": sum(int(size) for size in sizes.split(",") if size.strip()),
         "comm_wall": data.get("forward_compute_time_start", 0) * NS,
     }

@@ -75,13 +75,15 @@ class RankState:
         return comm / step if comm is not None and step else None
 
     def busy_ms(self) -> float | None:
-        """The median step's own work: step time less time in communication.
+        """The median step's own work: its data wait and compute, not its wait in the all-reduce.
 
         In DDP every rank's step takes as long as the slowest one's, because
         the fast ones wait for it in the all-reduce; what sets a straggler
-        apart is that its time is its own, not waiting. The median, not the
-        mean: a straggler is slower on most steps, and one long step (rank 0
-        evaluating alone between two steps) is a pause, not a slow rank.
+        apart is that its time is its own, not waiting. The compute is what
+        DDP times on its sampled iterations (stats._busy), the same iterations
+        on every rank. The median, not the mean: a straggler is slower on
+        most steps, and one long step (rank 0 evaluating alone between two
+        steps) is a pause, not a slow rank.
         """
         return self.window.busy_ms(50)
 

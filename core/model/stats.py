@@ -67,8 +67,15 @@ class StepPoint:
         return f"StepPoint({', '.join(f'{f}={getattr(self, f)!r}' for f in self.FIELDS)})"
 
 
-def _busy(point: StepPoint) -> float:
-    return point.step_ms - (point.get("comm_ms") or 0.0)
+def _busy(point: StepPoint) -> float | None:
+    """A step's own work, where it is known: its data wait and DDP's sampled compute (the
+    all-reduce's wait left out), or, in a record of an older ddptop with a comm time
+    every step, the step less it; None for a step DDP did not time."""
+    compute = point.get("compute_ms")
+    if compute is not None:
+        return (point.get("data_ms") or 0.0) + compute
+    comm = point.get("comm_ms")
+    return None if comm is None else point.step_ms - comm
 
 
 _SUMMED = ("step_ms", *WINDOWED)
@@ -96,11 +103,13 @@ class RollingWindow:
             old = self.points[0]
             self._account(old, -1)
             del self._sorted_step_ms[bisect.bisect_left(self._sorted_step_ms, old.step_ms)]
-            del self._sorted_busy_ms[bisect.bisect_left(self._sorted_busy_ms, _busy(old))]
+            if (gone := _busy(old)) is not None:
+                del self._sorted_busy_ms[bisect.bisect_left(self._sorted_busy_ms, gone)]
         self.points.append(point)
         self._account(point, 1)
         bisect.insort(self._sorted_step_ms, point.step_ms)
-        bisect.insort(self._sorted_busy_ms, _busy(point))
+        if (busy := _busy(point)) is not None:
+            bisect.insort(self._sorted_busy_ms, busy)
 
     def _account(self, point: StepPoint, sign: int) -> None:
         for attr in _SUMMED:
@@ -113,7 +122,7 @@ class RollingWindow:
         return nearest_rank(self._sorted_step_ms, q)
 
     def busy_ms(self, q: float) -> float | None:
-        """Percentile of the steps' own work: step time less comm wait."""
+        """Percentile of the steps' own work (_busy), over the steps that carry it."""
         return nearest_rank(self._sorted_busy_ms, q)
 
     def mean(self, attr: str) -> float | None:

@@ -1,6 +1,6 @@
 """Straggler: a rank whose own work per step stays well above the job's median.
 
-Own work is the median step time less comm wait (RankState.busy_ms): in DDP every rank's
+Own work is the median data wait and compute, without the all-reduce's wait (RankState.busy_ms): in DDP every rank's
 step takes as long as the slowest's, so wall time alone cannot tell them
 apart. A rank must be over STRAGGLER_ALERT x for STRAGGLER_TICKS ticks in a
 row, with a full enough window, and is alerted again only after it fell
