@@ -53,9 +53,9 @@ def step_record(
         "samples": 32,
         "loss": 2.0 * math.exp(-step / 200) + 0.1,
         "grad_norm": 1.0 + 0.1 * rng.random(),
-        "comm_ms": 0.3 * step_ms * jitter,
-        "comm_bytes": 4 << 20,
     }
+    if step % SAMPLED_EVERY == 0:  # DDP's own timings, on its sampled iterations (trainer/sampled.py)
+        record.update(comm_ms=0.3 * step_ms * jitter, compute_ms=0.6 * step_ms * jitter, comm_bytes=4 << 20, comm_step=step)
     if total_steps is not None:
         record["total_steps"] = total_steps
     if checksum_every and step % checksum_every == 0:
@@ -64,6 +64,9 @@ def step_record(
         record.update(nonfinite=True, local_nonfinite=rank == (step // nan_every) % world, skipped="nan")
     return record
 
+
+SAMPLED_EVERY = 10
+"""A synthetic rank's steps that carry DDP's sampled timings: one in ten."""
 
 PLACE = {
     "where": "job.py:42 in train_step",

@@ -121,15 +121,15 @@ def test_one_long_step_is_not_a_straggler_but_a_slower_median_is():
     dog, state, _ = make(world=4)
     for n in range(60):
         for rank in range(4):
-            evaluating = rank == 0 and n == 30
-            busy = 40_000.0 if evaluating else 10.0
+            evaluating = rank == 0 and n == 30  # rank 0 evaluates between steps 29 and 30: a long data wait
+            data = 40_000.0 if evaluating else 0.5
             comm = 0.0 if evaluating else (40_000.0 if n == 30 else 5.0)
-            feed(dog, state, {**step(rank, n), "step_ms": busy + comm, "comm_ms": comm})
+            feed(dog, state, {**step(rank, n), "step_ms": data + 10.0 + comm, "data_ms": data, "compute_ms": 10.0, "comm_ms": comm})
     assert [v for _ in range(5) for v in dog.tick() if v.kind == "straggler"] == []
     for n in range(60, 120):
         for rank in range(4):
             busy = 25.0 if rank == 2 else 10.0
-            feed(dog, state, {**step(rank, n), "step_ms": 30.0, "comm_ms": 30.0 - busy})
+            feed(dog, state, {**step(rank, n), "step_ms": 30.0, "data_ms": 0.0, "compute_ms": busy, "comm_ms": 30.0 - busy})
     assert [v.ranks for _ in range(5) for v in dog.tick() if v.kind == "straggler"] == [[2]]
 
 

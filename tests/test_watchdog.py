@@ -347,7 +347,7 @@ def test_straggler_needs_a_sustained_ratio():
     for n in range(20):
         for rank in range(4):
             busy = 50.0 if rank == 1 else 10.0
-            feed(dog, state, {**step(rank, n), "step_ms": 60.0, "comm_ms": 60.0 - busy})
+            feed(dog, state, {**step(rank, n), "step_ms": 60.0, "data_ms": 0.0, "compute_ms": busy, "comm_ms": 60.0 - busy})
     assert dog.tick() == [] and dog.tick() == []
     [v] = dog.tick()
     assert v.kind == "straggler" and v.ranks == [1] and v.details["ratio"] == 5.0

@@ -67,17 +67,6 @@ class StepPoint:
         return f"StepPoint({', '.join(f'{f}={getattr(self, f)!r}' for f in self.FIELDS)})"
 
 
-def _busy(point: StepPoint) -> float | None:
-    """A step's own work, where it is known: its data wait and DDP's sampled compute (the
-    all-reduce's wait left out), or, in a record of an older ddptop with a comm time
-    every step, the step less it; None for a step DDP did not time."""
-    compute = point.get("compute_ms")
-    if compute is not None:
-        return (point.get("data_ms") or 0.0) + compute
-    comm = point.get("comm_ms")
-    return None if comm is None else point.step_ms - comm
-
-
 _SUMMED = ("step_ms", *WINDOWED)
 
 
@@ -96,20 +85,27 @@ class RollingWindow:
         self._sums = dict.fromkeys(_SUMMED, 0.0)
         self._counts = dict.fromkeys(_SUMMED, 0)
         self._sorted_step_ms: list[float] = []
-        self._sorted_busy_ms: list[float] = []
+        self._sorted_data_ms: list[float] = []
+        self._sorted_compute_ms: list[float] = []
+        self.last_compute_ms: float | None = None
+        """DDP's latest sampled compute, kept past the window: a slow job's samples are far apart."""
 
     def add(self, point: StepPoint) -> None:
         if len(self.points) == self.points.maxlen:
             old = self.points[0]
             self._account(old, -1)
             del self._sorted_step_ms[bisect.bisect_left(self._sorted_step_ms, old.step_ms)]
-            if (gone := _busy(old)) is not None:
-                del self._sorted_busy_ms[bisect.bisect_left(self._sorted_busy_ms, gone)]
+            for attr, ordered in (("data_ms", self._sorted_data_ms), ("compute_ms", self._sorted_compute_ms)):
+                if (gone := old.get(attr)) is not None:
+                    del ordered[bisect.bisect_left(ordered, gone)]
         self.points.append(point)
         self._account(point, 1)
         bisect.insort(self._sorted_step_ms, point.step_ms)
-        if (busy := _busy(point)) is not None:
-            bisect.insort(self._sorted_busy_ms, busy)
+        for attr, ordered in (("data_ms", self._sorted_data_ms), ("compute_ms", self._sorted_compute_ms)):
+            if (value := point.get(attr)) is not None:
+                bisect.insort(ordered, value)
+        if point.get("compute_ms") is not None:
+            self.last_compute_ms = point.get("compute_ms")
 
     def _account(self, point: StepPoint, sign: int) -> None:
         for attr in _SUMMED:
@@ -122,8 +118,16 @@ class RollingWindow:
         return nearest_rank(self._sorted_step_ms, q)
 
     def busy_ms(self, q: float) -> float | None:
-        """Percentile of the steps' own work (_busy), over the steps that carry it."""
-        return nearest_rank(self._sorted_busy_ms, q)
+        """The steps' own work: the percentile of their data wait, every step's, plus that of
+        DDP's sampled compute (the all-reduce's wait left out), or its latest sample; None
+        until DDP has timed one: a data wait alone, a millisecond against another's two,
+        would make stragglers of noise."""
+        compute = nearest_rank(self._sorted_compute_ms, q)
+        if compute is None:
+            compute = self.last_compute_ms
+        if compute is None:
+            return None
+        return (nearest_rank(self._sorted_data_ms, q) or 0.0) + compute
 
     def mean(self, attr: str) -> float | None:
         count = self._counts[attr]

@@ -17,6 +17,9 @@ STRAGGLER_ALERT = 2.0
 STRAGGLER_CLEAR = 1.5
 STRAGGLER_TICKS = 3
 STRAGGLER_MIN_STEPS = 10
+STRAGGLER_MIN_SHARE = 0.25
+"""A straggler's own work is over the job's median by this share of its step at least: a rank
+whose data takes 2 ms where the others' take 1 is no straggler, whatever the ratio."""
 
 
 class StragglerRule:
@@ -45,12 +48,17 @@ class StragglerRule:
                 self._slow.pop(rank, None)
                 self._straggling.discard(rank)
                 continue
-            if ratio < STRAGGLER_ALERT or len(state.window.points) < STRAGGLER_MIN_STEPS:
+            busy = state.busy_ms() or 0.0
+            gap = busy - busy / ratio
+            if (
+                ratio < STRAGGLER_ALERT
+                or len(state.window.points) < STRAGGLER_MIN_STEPS
+                or gap < STRAGGLER_MIN_SHARE * (state.window.step_ms(50) or 0.0)
+            ):
                 continue
             self._slow[rank] = self._slow.get(rank, 0) + 1
             if self._slow[rank] >= STRAGGLER_TICKS and rank not in self._straggling:
                 self._straggling.add(rank)
-                busy = state.busy_ms() or 0.0
                 verdicts.append(
                     Verdict(
                         "straggler",
