@@ -473,3 +473,25 @@ def test_what_is_not_a_step_s_loss_records_none_and_monitor_step_wins(records):
         monitor.bind(None)
     tracker.flush()
     assert [r for r in records if r["type"] == "step"][-1]["loss"] == 123.0
+
+
+def test_a_step_given_a_closure_is_guarded_after_the_closure_made_its_gradients(records):
+    """PyTorch Lightning steps its optimizer with a closure that runs the forward and backward
+    inside step(): the guard must see those gradients, and the loss is the closure's too."""
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    made: list[tuple[float, float]] = []
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = model(x).pow(2).sum()
+        loss.backward()
+        made.append((float(loss.detach()), norm_of(model.parameters())))
+        return loss
+
+    optimizer.step(closure)
+    optimizer.step(closure=closure)
+    records.tracker.flush()
+    steps = [r for r in records if r["type"] == "step"]
+    assert [(r["loss"], r.get("grad_norm")) for r in steps] == [pytest.approx(pair, rel=1e-6) for pair in made], steps

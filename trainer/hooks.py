@@ -338,13 +338,36 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
     return forward
 
 
-def _optimizer_begin(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
+def _optimizer_begin(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> tuple[Any, Any] | None:
     """A training step's optimizer step begins, unless another optimizer's
     step is running: one stepped from inside it (ZeroRedundancyOptimizer's
-    local optimizer) is part of that step, which the outer one ends."""
+    local optimizer) is part of that step, which the outer one ends.
+
+    A step given a closure (PyTorch Lightning's, LBFGS's) runs its forward
+    and backward inside step(), after this hook: the closure is wrapped so
+    that the guard sees the gradients it makes, before the update."""
     if probe.stepping is not None and probe.stepping is not optimizer:
-        return
+        return None
     probe.stepping = optimizer
+    closure = kwargs.get("closure") if kwargs else None
+    if closure is None and len(args) > 1 and callable(args[1]):  # torch passes the step's args with the optimizer first
+        closure = args[1]
+    if closure is None:
+        _guarded(probe, optimizer)
+        return None
+
+    def guarded_closure() -> Any:
+        result = closure()
+        _guarded(probe, optimizer)
+        return result
+
+    if kwargs and "closure" in kwargs:
+        return args, {**kwargs, "closure": guarded_closure}
+    return (args[0], guarded_closure, *args[2:]), kwargs
+
+
+def _guarded(probe: Probe, optimizer: Any) -> None:
+    """The guard, once the step's gradients are made; and a script's own resume, at the first step."""
     values = _guard(probe, optimizer)
     if not probe.resume_seen:
         probe.resume_seen = True
