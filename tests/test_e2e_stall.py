@@ -39,6 +39,13 @@ def test_a_rank_stuck_in_its_data_loader_is_named_at_its_line_within_the_window(
             what="the stall alert",
             interval=0.2,
         )
+        # The alert is told first, then py-spy dumps each rank (seconds on a loaded machine).
+        wait_for(
+            lambda: len({r["rank"] for r in rundir.read_events(run) if r["type"] == "stack"}) == 3,
+            timeout=60,
+            what="the three ranks' stacks",
+            interval=0.2,
+        )
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
     finally:

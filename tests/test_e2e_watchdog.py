@@ -207,7 +207,7 @@ def test_on_nan_stop_stops_the_job_with_a_clear_message(ddptop_home, tmp_path):
 def test_a_clean_run_raises_no_alert(ddptop_home, tmp_path):
     job = launch(tmp_path, str(EXAMPLE), "--gpus", "4", "--steps", "500")
     assert job.proc.returncode == 0, job.proc.stderr[-3000:]
-    assert job.alerts() == []
+    assert job.alerts() == [], [a["text"] for a in job.alerts()]
     rows = job.steps()
     assert all(len(r) == 500 for r in rows.values())
     assert all(rows[rank][n]["checksum"] == rows[0][n]["checksum"] for rank in range(4) for n in range(0, 500, 100))

@@ -74,10 +74,12 @@ def busy(state: JobState, ingest: Callable[[dict], None], ranks: int, steps: int
                 "step": step,
                 "wall": wall,
                 "step_ms": 100.0 + rank,
-                "comm_ms": 20.0,
+                "data_ms": 1.0 + rank,
                 "samples": 8,
                 "loss": 1.0 / (step + 1),
             }
+            if step % 10 == 0:  # DDP's sampled iterations
+                record.update(comm_ms=20.0, compute_ms=60.0 + rank, comm_step=step)
             ingest(record)
         if step % 10 == 9:
             ingest(
@@ -112,10 +114,10 @@ def test_a_state_rebuilt_from_its_snapshot_frames_is_the_same_state():
     assert copy.goodput.split(BASE + 20) == state.goodput.split(BASE + 20)
     for rank, ours in state.ranks.items():
         theirs = copy.ranks[rank]
-        assert (theirs.step, theirs.latest, theirs.busy_ms(), theirs.gpu, theirs.rss) == (
+        assert (theirs.step, theirs.latest, theirs.compute_ms(), theirs.gpu, theirs.rss) == (
             ours.step,
             ours.latest,
-            ours.busy_ms(),
+            ours.compute_ms(),
             ours.gpu,
             ours.rss,
         )
@@ -232,5 +234,5 @@ def test_a_snapshot_from_a_reader_without_a_window_field_still_reads(missing):
         for rank in frame.get("ranks", []):
             del rank["window"][missing]
     copy = restored(frames)
-    assert copy.ranks[1].busy_ms() == busy_state(2, 20).ranks[1].busy_ms()
+    assert copy.lags() == busy_state(2, 20).lags()
     assert {getattr(p, missing) for p in copy.ranks[1].window.points} == {None}

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from conftest import wait_for
-from test_watchdog import feed, make, step
+from test_watchdog import feed, make, seconds, step
 
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.stall import MOVING_S, STALL_MIN_S, STALL_PACE
@@ -118,19 +118,19 @@ def test_a_rank_that_evaluates_while_the_others_wait_is_a_pause_not_a_stall_or_a
 
 
 def test_one_long_step_is_not_a_straggler_but_a_slower_median_is():
-    dog, state, _ = make(world=4)
+    dog, state, clock = make(world=4)
     for n in range(60):
         for rank in range(4):
             evaluating = rank == 0 and n == 30  # rank 0 evaluates between steps 29 and 30: a long data wait
             data = 40_000.0 if evaluating else 0.5
             comm = 0.0 if evaluating else (40_000.0 if n == 30 else 5.0)
             feed(dog, state, {**step(rank, n), "step_ms": data + 10.0 + comm, "data_ms": data, "compute_ms": 10.0, "comm_ms": comm})
-    assert [v for _ in range(5) for v in dog.tick() if v.kind == "straggler"] == []
+    assert [v for v in seconds(dog, clock, 5) if v.kind == "straggler"] == []
     for n in range(60, 120):
         for rank in range(4):
             busy = 25.0 if rank == 2 else 10.0
             feed(dog, state, {**step(rank, n), "step_ms": 30.0, "data_ms": 0.0, "compute_ms": busy, "comm_ms": 30.0 - busy})
-    assert [v.ranks for _ in range(5) for v in dog.tick() if v.kind == "straggler"] == [[2]]
+    assert [v.ranks for v in seconds(dog, clock, 5) if v.kind == "straggler"] == [[2]]
 
 
 def told(enqueued: int, completed: int, group: str = "0", op: str = "all_reduce", nbytes: int = 25 << 20) -> dict:
@@ -280,11 +280,36 @@ def test_a_quiet_rank_is_said_to_be_stopped_and_where_it_was_last():
 def test_a_straggler_is_told_by_ddps_sampled_compute_and_its_own_data_wait(slow, where):
     """Every rank's step takes as long; DDP times the same iterations on each (here one in
     ten), and the straggler's compute, or its wait for its data, is its own."""
-    dog, state, _ = make(world=4)
+    dog, state, clock = make(world=4)
     for n in range(60):
         for rank in range(4):
             data = 20.0 if rank == slow and where == "data" else 1.0
             compute = 25.0 if rank == slow and where == "compute" else 10.0
             sampled = {"compute_ms": compute, "comm_ms": 30.0 - compute - data, "comm_step": n} if n % 10 == 0 else {}
             feed(dog, state, {**step(rank, n), "step_ms": 31.0, "data_ms": data, **sampled})
-    assert [v.ranks for _ in range(5) for v in dog.tick() if v.kind == "straggler"] == [[slow]]
+    assert [v.ranks for v in seconds(dog, clock, 5) if v.kind == "straggler"] == [[slow]]
+
+
+def test_neither_a_warm_up_nor_one_unlucky_sampled_iteration_nor_a_tiny_data_wait_is_a_straggler():
+    """DDP samples iterations 1-10, then every 100th: rank 3's first backward and one
+    descheduled iteration are single samples; rank 0's data wait is twice the others' and
+    costs nobody anything. Slow on most of its last three samples, rank 3 is one."""
+    dog, state, clock = make(world=4)
+
+    def run(steps: range, slow: set[int]) -> list[list[int]]:
+        told = []
+        for n in steps:
+            for rank in range(4):
+                sampled = n < 10 or n % 100 == 0
+                compute = 80.0 if rank == 3 and (n in slow or n == 0) else 10.0
+                data = 0.04 if rank == 0 else 0.02
+                extra = {"compute_ms": compute, "comm_ms": 1.0, "comm_step": n} if sampled else {}
+                feed(dog, state, {**step(rank, n), "step_ms": 30.0, "data_ms": data, **extra})
+            if n % 10 == 9:  # 30 ms steps: a tick every 0.3 s
+                clock.now += 0.3
+                told += [(n, v.ranks) for v in dog.tick() if v.kind == "straggler"]
+        return told
+
+    assert run(range(0, 500), slow={200}) == []
+    # Its second slow sample makes the median of three, at step 700; then 3 s over, 100 steps.
+    assert run(range(500, 900), slow={600, 700, 800}) == [(819, [3])]

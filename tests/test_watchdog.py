@@ -11,6 +11,7 @@ from ddptop.supervisor.watching.policy import Started, WatchPolicy
 from ddptop.supervisor.watching.rules import nan
 from ddptop.supervisor.watching.rules.hang import STARTUP_GRACE_S
 from ddptop.supervisor.watching.rules.per_step import GATHER_S
+from ddptop.supervisor.watching.verdict import Verdict
 from ddptop.supervisor.watching.watchdog import Watchdog
 
 
@@ -54,6 +55,15 @@ def make(policy: WatchPolicy | None = None, world: int = 4, log: list[str] | Non
 def feed(dog: Watchdog, state: JobState, record: dict) -> list:
     state.ingest(record)
     return dog.observe(record)
+
+
+def seconds(dog: Watchdog, clock: Clock, count: int) -> list[Verdict]:
+    """A tick a second for count seconds, the first now: what they decided."""
+    verdicts = []
+    for n in range(count):
+        clock.now += n and 1.0
+        verdicts += dog.tick()
+    return verdicts
 
 
 def test_nan_verdict_waits_for_every_rank_and_names_the_source():
@@ -343,15 +353,16 @@ def test_failures_spread_wider_than_the_window_are_no_loop():
 
 
 def test_straggler_needs_a_sustained_ratio():
-    dog, state, _ = make(world=4)
+    dog, state, clock = make(world=4)
     for n in range(20):
         for rank in range(4):
             busy = 50.0 if rank == 1 else 10.0
             feed(dog, state, {**step(rank, n), "step_ms": 60.0, "data_ms": 0.0, "compute_ms": busy, "comm_ms": 60.0 - busy})
-    assert dog.tick() == [] and dog.tick() == []
+    assert seconds(dog, clock, 3) == []  # over for 2 s
+    clock.now += 1.0
     [v] = dog.tick()
     assert v.kind == "straggler" and v.ranks == [1] and v.details["ratio"] == 5.0
-    assert dog.tick() == []
+    assert seconds(dog, clock, 5) == []  # told once
 
 
 def test_last_error_line_falls_back_to_the_last_words():

@@ -16,6 +16,7 @@ from ddptop.core import wire
 from ddptop.core.model import profiles, snapshot
 from ddptop.core.model.goodput import GOODPUT_TYPES, Goodput
 from ddptop.core.model.history import History, pack
+from ddptop.core.model.lag import Lag, lags
 from ddptop.core.model.metrics import COMM_MS, JOB_METRICS
 from ddptop.core.model.rank import GpuState, RankState
 from ddptop.core.model.stats import StepPoint, bus_bandwidth, median
@@ -24,10 +25,6 @@ from ddptop.core.wire.records import LATEST, WINDOWED
 
 EVENT_TYPES = frozenset({"alert", "action", "notice", "wire_error", "exit", "group_restart", "capture"})
 """Records the dashboard's alert panel lists."""
-
-STRAGGLER_RATIO = 1.25
-"""A rank whose own work per step (busy_ms) is this much over the job's
-median is highlighted; the watchdog alerts from a higher ratio."""
 
 
 class JobState:
@@ -86,6 +83,7 @@ class JobState:
         state.phase = "startup"
         state.step = -1
         state.live_stack = []
+        state.compute_samples = []  # a new attempt warms up again
         state.exited = False
         self.world_size = max(self.world_size, record["world_size"])
 
@@ -115,6 +113,8 @@ class JobState:
         if record.get("comm_ms") is not None:
             state.interval_comm_ms += record["comm_ms"]
             state.interval_comm_steps += 1
+        if record.get("compute_ms") is not None:
+            state.add_compute(record["compute_ms"], record.get("comm_step"))
         state.window.add(StepPoint(record["wall"], record["step_ms"], **{key: record.get(key) for key in WINDOWED}))
 
     def _on_heartbeat(self, record: wire.Frame) -> None:
@@ -210,15 +210,9 @@ class JobState:
     def restarts(self) -> int:
         return max((r.restart for r in self.ranks.values()), default=0)
 
-    def straggler_ratios(self) -> dict[int, float]:
-        """Each rank's own work per step (busy_ms) over the median of all ranks'.
-
-        One pass for all ranks: a per-rank call would redo the job's median
-        for every rank, quadratic in the world size.
-        """
-        own = {r.rank: x for r in self.ranks.values() if not r.exited and (x := r.busy_ms()) is not None}
-        job = median(list(own.values()))
-        return {rank: x / job for rank, x in own.items()} if job else {}
+    def lags(self) -> dict[int, Lag]:
+        """Each live rank's own work per step against the job's median (lag.py)."""
+        return lags(self.ranks.values())
 
     def steps_done(self) -> int | None:
         """Steps done, by the furthest rank: DDP's all-reduce holds the others within a step of it,

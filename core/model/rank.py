@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddptop.core.model.stats import RollingWindow
+from ddptop.core.model.stats import RollingWindow, median
+
+DDP_WARMUP_STEPS = 10
+"""DDP times its iterations 1 to 10, then every 100th: the first ten are its warm-up (the
+first backward builds autograd's graph and the allocator's pools), no rank's steady pace."""
+COMPUTE_SAMPLES = 3
+"""The sampled compute times a rank's estimate is the median of."""
 
 
 @dataclass
@@ -56,6 +62,9 @@ class RankState:
     scaler_skips: int = 0
     clipped: int = 0
     clip_checked: int = 0
+    compute_samples: list[float] = field(default_factory=list)
+    """DDP's last sampled compute times, past its warm-up (add_compute), kept past the window:
+    they are 100 iterations apart."""
     alerts: int = 0
     data_problems: int = 0
     """Frames refused from this rank, and records that contradict its earlier ones."""
@@ -74,18 +83,19 @@ class RankState:
         comm, step = self.window.mean("comm_ms"), self.window.mean("step_ms")
         return comm / step if comm is not None and step else None
 
-    def busy_ms(self) -> float | None:
-        """The median step's own work: its data wait and compute, not its wait in the all-reduce.
+    def add_compute(self, compute_ms: float, comm_step: int | None) -> None:
+        """One of DDP's sampled compute times, unless its warm-up's (a record without the
+        step it measured is taken as steady)."""
+        if comm_step is None or comm_step >= DDP_WARMUP_STEPS:
+            self.compute_samples = [*self.compute_samples[1 - COMPUTE_SAMPLES :], compute_ms]
 
-        In DDP every rank's step takes as long as the slowest one's, because
-        the fast ones wait for it in the all-reduce; what sets a straggler
-        apart is that its time is its own, not waiting. The compute is what
-        DDP times on its sampled iterations (stats._busy), the same iterations
-        on every rank. The median, not the mean: a straggler is slower on
-        most steps, and one long step (rank 0 evaluating alone between two
-        steps) is a pause, not a slow rank.
-        """
-        return self.window.busy_ms(50)
+    def compute_ms(self) -> float | None:
+        """Its compute per step: the median of its last COMPUTE_SAMPLES samples, once it has
+        as many. One sample is one iteration, and on a busy host one unlucky iteration is
+        several times the others' (a descheduled process); a straggler is slow on most."""
+        if len(self.compute_samples) < COMPUTE_SAMPLES:
+            return None
+        return median(self.compute_samples)
 
     def interval(self) -> tuple[float, float]:
         """Mean step and comm time of the steps since the last summary; NaN where none."""

@@ -86,26 +86,19 @@ class RollingWindow:
         self._counts = dict.fromkeys(_SUMMED, 0)
         self._sorted_step_ms: list[float] = []
         self._sorted_data_ms: list[float] = []
-        self._sorted_compute_ms: list[float] = []
-        self.last_compute_ms: float | None = None
-        """DDP's latest sampled compute, kept past the window: a slow job's samples are far apart."""
 
     def add(self, point: StepPoint) -> None:
         if len(self.points) == self.points.maxlen:
             old = self.points[0]
             self._account(old, -1)
             del self._sorted_step_ms[bisect.bisect_left(self._sorted_step_ms, old.step_ms)]
-            for attr, ordered in (("data_ms", self._sorted_data_ms), ("compute_ms", self._sorted_compute_ms)):
-                if (gone := old.get(attr)) is not None:
-                    del ordered[bisect.bisect_left(ordered, gone)]
+            if (gone := old.get("data_ms")) is not None:
+                del self._sorted_data_ms[bisect.bisect_left(self._sorted_data_ms, gone)]
         self.points.append(point)
         self._account(point, 1)
         bisect.insort(self._sorted_step_ms, point.step_ms)
-        for attr, ordered in (("data_ms", self._sorted_data_ms), ("compute_ms", self._sorted_compute_ms)):
-            if (value := point.get(attr)) is not None:
-                bisect.insort(ordered, value)
-        if point.get("compute_ms") is not None:
-            self.last_compute_ms = point.get("compute_ms")
+        if (data := point.get("data_ms")) is not None:
+            bisect.insort(self._sorted_data_ms, data)
 
     def _account(self, point: StepPoint, sign: int) -> None:
         for attr in _SUMMED:
@@ -117,17 +110,9 @@ class RollingWindow:
     def step_ms(self, q: float) -> float | None:
         return nearest_rank(self._sorted_step_ms, q)
 
-    def busy_ms(self, q: float) -> float | None:
-        """The steps' own work: the percentile of their data wait, every step's, plus that of
-        DDP's sampled compute (the all-reduce's wait left out), or its latest sample; None
-        until DDP has timed one: a data wait alone, a millisecond against another's two,
-        would make stragglers of noise."""
-        compute = nearest_rank(self._sorted_compute_ms, q)
-        if compute is None:
-            compute = self.last_compute_ms
-        if compute is None:
-            return None
-        return (nearest_rank(self._sorted_data_ms, q) or 0.0) + compute
+    def data_ms(self, q: float) -> float | None:
+        """The percentile of the steps' wait for their data; None where no step timed it."""
+        return nearest_rank(self._sorted_data_ms, q)
 
     def mean(self, attr: str) -> float | None:
         count = self._counts[attr]

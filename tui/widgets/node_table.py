@@ -17,7 +17,8 @@ from rich.segment import Segment
 from rich.style import Style
 
 from ddptop.core.format import count, ms
-from ddptop.core.model.job import STRAGGLER_RATIO, JobState
+from ddptop.core.model.job import JobState
+from ddptop.core.model.lag import HIGHLIGHT_RATIO, HIGHLIGHT_SHARE, Lag
 from ddptop.core.model.metrics import COMM_SHARE, SAMPLES_PER_S, STEP_MS_P50
 from ddptop.core.model.rank import RankState
 from ddptop.tui.widgets.line_table import LineTable
@@ -36,7 +37,7 @@ class Worst:
     mark: str
 
 
-def worst_rank(ranks: list[RankState], ratios: dict[int, float], now: float, live: bool) -> Worst:
+def worst_rank(ranks: list[RankState], lags: dict[int, Lag], now: float, live: bool) -> Worst:
     def judge(rank: RankState) -> Worst:
         status = rank_status(rank, now, live)
         if rank.exited:
@@ -46,9 +47,9 @@ def worst_rank(ranks: list[RankState], ratios: dict[int, float], now: float, liv
         if rank.alerts or rank.data_problems:
             problems = f"{rank.alerts} alerts" if rank.alerts else f"bad data {rank.data_problems}"
             return Worst(3, rank.rank, problems, "alerting")
-        ratio = ratios.get(rank.rank, 1.0)
-        if ratio > STRAGGLER_RATIO:
-            return Worst(2 + min(ratio, 100) / 1000, rank.rank, f"straggler {ratio:.1f}x", "straggler")
+        lag = lags.get(rank.rank)
+        if lag is not None and lag.over(HIGHLIGHT_RATIO, HIGHLIGHT_SHARE):
+            return Worst(2 + min(lag.ratio, 100) / 1000, rank.rank, f"straggler {lag.ratio:.1f}x", "straggler")
         p50 = STEP_MS_P50.read(rank)
         return Worst(1 + (p50 or 0.0) / 1e9, rank.rank, f"step {ms(p50)} ms", "")
 
@@ -84,10 +85,10 @@ class NodeTable(LineTable):
         by_node: dict[int, list[RankState]] = {}
         for rank in state.ranks.values():
             by_node.setdefault(rank.node, []).append(rank)
-        ratios = state.straggler_ratios()
+        lags = state.lags()
         rows, marks = {}, {}
         for node, ranks in by_node.items():
-            worst = worst_rank(ranks, ratios, now, live)
+            worst = worst_rank(ranks, lags, now, live)
             steps = [r.step for r in ranks if r.step >= 0]
             rates = [x for r in ranks if (x := SAMPLES_PER_S.read(r)) is not None]
             p50s = [x for r in ranks if (x := STEP_MS_P50.read(r)) is not None]

@@ -14,7 +14,8 @@ from typing import Any
 from rich.segment import Segment
 from rich.style import Style
 
-from ddptop.core.model.job import STRAGGLER_RATIO, JobState
+from ddptop.core.model.job import JobState
+from ddptop.core.model.lag import HIGHLIGHT_RATIO, HIGHLIGHT_SHARE
 from ddptop.core.model.metrics import Metric, grouped
 from ddptop.core.model.rank import RankState
 from ddptop.tui.widgets.line_table import GAP, LineTable
@@ -113,7 +114,7 @@ class RankTable(LineTable):
         return self._cursor if self._cursor in self._cells else None
 
     def show(self, state: JobState, now: float, live: bool) -> None:
-        ratios = state.straggler_ratios()
+        lags = state.lags()
         shown = [r for r in state.ranks.values() if self._matches(r, now, live)]
         cells: dict[int, list[str]] = {}
         marks: dict[int, str] = {}
@@ -122,8 +123,9 @@ class RankTable(LineTable):
         for rank in shown:
             row = [c.render(rank, now, live) for c in COLUMNS]
             cells[rank.rank] = row
-            ratio = ratios.get(rank.rank)
-            marks[rank.rank] = "alerting" if rank.alerts or rank.data_problems else "straggler" if ratio and ratio > STRAGGLER_RATIO else ""
+            lag = lags.get(rank.rank)
+            straggling = lag is not None and lag.over(HIGHLIGHT_RATIO, HIGHLIGHT_SHARE)
+            marks[rank.rank] = "alerting" if rank.alerts or rank.data_problems else "straggler" if straggling else ""
             sort_values[rank.rank] = sort_of(rank)
             self._widen(row)
         order = sorted(sort_values, key=lambda r: (sort_values[r], r), reverse=self.sort_reverse)

@@ -1,0 +1,71 @@
+"""How far each rank's own work per step lags the job's: where stragglers are judged.
+
+In DDP every rank's step takes as long as the slowest one's, because the
+fast ranks wait for it in the all-reduce; so step time cannot tell them
+apart. What sets a straggler apart is that its time is its own: its wait for
+its data (timed every step) and its compute (what DDP times on its sampled
+iterations, RankState.compute_ms). The dashboard highlights a lagging rank
+and the watchdog alerts on one from these same figures.
+
+A lag counts only when it is both a ratio and a share of the step: a rank
+whose data takes 0.04 ms where the others' take 0.02 is twice as slow and
+costs nobody anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ddptop.core.model.rank import RankState
+from ddptop.core.model.stats import median
+
+HIGHLIGHT_RATIO = 1.25
+"""The dashboard marks a rank whose own work is this much over the job's median..."""
+HIGHLIGHT_SHARE = 0.1
+"""... and over it by this share of the step at least; the watchdog alerts from higher ones
+(supervisor/watching/rules/straggler.py)."""
+
+
+@dataclass(frozen=True)
+class Lag:
+    """One rank's own work per step against the job's median."""
+
+    own_ms: float
+    median_ms: float
+    step_ms: float
+    """The job's median step: what the lag costs every other rank is a share of it."""
+
+    @property
+    def ratio(self) -> float:
+        return self.own_ms / self.median_ms
+
+    @property
+    def share(self) -> float:
+        """The other ranks' wait for this one, as a share of the step."""
+        return (self.own_ms - self.median_ms) / self.step_ms if self.step_ms else 0.0
+
+    def over(self, ratio: float, share: float) -> bool:
+        return self.ratio >= ratio and self.share >= share
+
+
+def lags(ranks: Iterable[RankState]) -> dict[int, Lag]:
+    """Each live rank's lag, in one pass (a per-rank call would redo the job's median for
+    every rank, quadratic in the world size).
+
+    Compute counts once every live rank has a settled estimate of it; until
+    then own work is the data wait alone, so that one rank's compute is never
+    set against another's nothing.
+    """
+    live = [r for r in ranks if not r.exited and r.window.points]
+    computes = {r.rank: r.compute_ms() for r in live}
+    counted = bool(computes) and all(c is not None for c in computes.values())
+    own: dict[int, float] = {}
+    for rank in live:
+        data = rank.window.data_ms(50)
+        compute = computes[rank.rank] if counted else None
+        if data is not None or compute is not None:
+            own[rank.rank] = (data or 0.0) + (compute or 0.0)
+    job = median(list(own.values()))
+    step = median([x for r in live if (x := r.window.step_ms(50)) is not None]) or 0.0
+    return {rank: Lag(x, job, step) for rank, x in own.items()} if job else {}
