@@ -167,7 +167,7 @@ def stopped_rank(tmp_path: Path) -> Iterator[subprocess.Popen]:
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         os.kill(proc.pid, signal.SIGSTOP)
-        wait_for(lambda: stacks._process_state(proc.pid) == "T", 10, "the process to stop")
+        wait_for(lambda: stacks.process_state(proc.pid) == "T", 10, "the process to stop")
         yield proc
     finally:
         proc.kill()

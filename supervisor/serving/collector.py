@@ -136,17 +136,13 @@ class Collector:
         assert task is not None
         self._rank_connections[rank] = (attempt, task)
 
-    def _hold_rank(self, rank: int, writer: asyncio.StreamWriter) -> None:
-        self._rank_writers[rank] = writer
+    @staticmethod
+    def _hold(writers: dict[int, asyncio.StreamWriter], key: int, writer: asyncio.StreamWriter) -> None:
+        """Keep a connection's writer under key while its connection lasts (a newer one's stays)."""
+        writers[key] = writer
         task = asyncio.current_task()
         assert task is not None
-        task.add_done_callback(lambda _: self._rank_writers.pop(rank, None) if self._rank_writers.get(rank) is writer else None)
-
-    def _hold_agent(self, node: int, writer: asyncio.StreamWriter) -> None:
-        self.agents[node] = writer
-        task = asyncio.current_task()
-        assert task is not None
-        task.add_done_callback(lambda _: self.agents.pop(node, None) if self.agents.get(node) is writer else None)
+        task.add_done_callback(lambda _: writers.pop(key, None) if writers.get(key) is writer else None)
 
     def tell_rank(self, rank: int, frame: wire.Frame) -> bool:
         """Send a frame to one rank of this node over its own connection (its sender reads it
@@ -208,10 +204,10 @@ class Collector:
                 if frame["type"] == "rank_hello":
                     peer.rank = frame["rank"]
                     self._claim(frame)  # before tracking: a refused twin must not report the rank gone
-                    self._hold_rank(frame["rank"], writer)
+                    self._hold(self._rank_writers, frame["rank"], writer)
                     self._sink(frame)
                 else:
-                    self._hold_agent(frame["node"], writer)
+                    self._hold(self.agents, frame["node"], writer)
                 hello = frame
                 self._track_job_connection(frame.get("rank"))
             elif hello["type"] == "agent_hello":

@@ -65,7 +65,7 @@ def py_spy() -> str | None:
 
 def why_none(pid: int) -> str:
     """Why no stack could be read of a live rank, in words for the alert."""
-    state = _process_state(pid)
+    state = process_state(pid)
     if state is None:
         return "it is gone"
     stopped = " (it is stopped: SIGSTOP, or a debugger holds it)" if state in ("T", "t") else ""
@@ -74,7 +74,7 @@ def why_none(pid: int) -> str:
     return f"py-spy could not read it (ptrace not permitted here?) and faulthandler got no answer{stopped}"
 
 
-def _process_state(pid: int) -> str | None:
+def process_state(pid: int) -> str | None:
     """The state letter of /proc/PID/stat (R, S, D, T...), None for a process that is gone."""
     try:
         with open(f"/proc/{pid}/stat") as stream:

@@ -11,11 +11,8 @@ long they have sat still (their stack unchanged, no forward) and where.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 from dataclasses import dataclass
-
-import psutil
 
 from ddptop.core import wire
 from ddptop.core.format import nbytes
@@ -23,6 +20,7 @@ from ddptop.core.model.job import JobState
 from ddptop.core.model.rank import RankState
 from ddptop.core.wire.records import DEFAULT_GROUP
 from ddptop.supervisor.watching.liveness import Liveness
+from ddptop.supervisor.watching.stacks import process_state
 from ddptop.supervisor.watching.verdict import ranks_text
 
 
@@ -51,12 +49,13 @@ def named(ranks: list[int], state: JobState, seen: Liveness, now: float, silent_
 
 
 PROCESS_STATES = {
-    psutil.STATUS_STOPPED: "stopped by SIGSTOP",
-    psutil.STATUS_TRACING_STOP: "stopped by a tracer",
-    psutil.STATUS_DISK_SLEEP: "in uninterruptible I/O, state D",
-    psutil.STATUS_ZOMBIE: "a zombie, exited and not reaped",
+    "T": "stopped by SIGSTOP",
+    "t": "stopped by a tracer",
+    "D": "in uninterruptible I/O, state D",
+    "Z": "a zombie, exited and not reaped",
 }
-"""What a process's state says of a rank that went quiet; a running or sleeping one says nothing."""
+"""What a process's state letter (stacks.process_state) says of a rank that went quiet; a running
+or sleeping one says nothing."""
 
 
 def quiet_rank(rank: RankState | None) -> str:
@@ -66,10 +65,9 @@ def quiet_rank(rank: RankState | None) -> str:
         return ""
     said = []
     if rank.pid and not rank.exited and rank.host == socket.gethostname():
-        with contextlib.suppress(psutil.Error):
-            status = PROCESS_STATES.get(psutil.Process(rank.pid).status())
-            if status is not None:
-                said.append(status)
+        status = PROCESS_STATES.get(process_state(rank.pid) or "")
+        if status is not None:
+            said.append(status)
     if rank.where:
         said.append(f"last at {rank.where}")
     return ", ".join(said)
