@@ -448,10 +448,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     norms = len(parts)
     if script is not None:
         parts.append(script[0])
-    marks = (False,) * len(losses)
-    if probe.scaled_at:
-        marks = tuple(i in probe.scaled_at for i in range(len(losses)))
-        probe.scaled_at = []
+    marks = _scaled_marks(probe, len(losses)) if probe.scaled_at else (False,) * len(losses)  # the usual step: no call
     parts += losses
     has_scale = False
     if scale is not None and (True in marks or bool(script and script[1])):
@@ -496,14 +493,20 @@ NAN_APPLIED_NOTICE = (
 )
 
 
+def _scaled_marks(probe: Probe, count: int) -> tuple[bool, ...]:
+    """Which of the step's count losses a GradScaler scaled, taken off the probe for the next step."""
+    marks = tuple(i in probe.scaled_at for i in range(count))
+    probe.scaled_at = []
+    return marks
+
+
 def _losses_only(probe: Probe) -> dict[str, Any]:
     """The values of a step with no gradients (a GradScaler skipped its optimizer): the losses, unscaled."""
     tracker = probe.tracker
     losses, tracker.losses = tracker.losses, []
     scale, probe.scale = probe.scale, None
     probe.script_norm, probe.clips = None, 0
-    marks = tuple(i in probe.scaled_at for i in range(len(losses)))
-    probe.scaled_at = []
+    marks = _scaled_marks(probe, len(losses))
     if not losses:
         return {}
     parts = [loss.detach() for loss in losses]

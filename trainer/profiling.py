@@ -134,13 +134,13 @@ class Captures:
 
     def abort(self, why: str) -> None:
         """The rank is exiting: stop what runs, say so, and give a trace being written a moment."""
-        capture, self._running, self._pending = self._running, None, None
+        capture, self._pending = self._running, None
         self.active = False
         if capture is not None:
             if capture.profiler is not None and not capture.tail:
                 profiler = capture.profiler
                 _quietly(lambda: profiler.__exit__(None, None, None))
-            self._sample_rate(DDP_SAMPLE_RATE)
+            self._release()
             self._send(capture.record(error=f"{why} {capture.taken} of {capture.steps} steps into the capture"))
         if self._writing is not None:
             self._writing.join(EXPORT_WAIT_S)
@@ -173,15 +173,18 @@ class Captures:
         try:
             capture.profiler.__exit__(None, None, None)
         except Exception as exc:  # noqa: BLE001 - a profiler that fails to stop: the capture is lost, the job goes on
-            self._running, self.active = None, False
-            self._sample_rate(DDP_SAMPLE_RATE)
+            self._release()
             self._send(capture.record(error=f"the profiler failed to stop: {type(exc).__name__}: {exc}"))
             return
         capture.tail = True
 
-    def _finish(self, capture: Capture) -> None:
+    def _release(self) -> None:
+        """No capture runs any more: the steps read nothing, and DDP samples as it did before."""
         self._running, self.active = None, False
         self._sample_rate(DDP_SAMPLE_RATE)
+
+    def _finish(self, capture: Capture) -> None:
+        self._release()
         profiler, capture.profiler = capture.profiler, None
         self._writing = threading.Thread(target=self._write, args=(capture, profiler), name="ddptop-profile", daemon=True)
         self._writing.start()

@@ -83,11 +83,10 @@ def rank_lines(profile: wire.Frame) -> list[str]:
 def differences(results: dict[int, wire.Frame]) -> dict[int, str]:
     """Each captured rank against the median rank, for two or more ranks with phases: what is
     slower (phases, then the ops behind it), or that it is within WITHIN of the median."""
-    timed = {rank: profile for rank, profile in results.items() if (profile.get("phases") or {}).get("step")}
+    timed = _timed(results)
     if len(timed) < 2:
         return {}
-    median_step = statistics.median(profile["phases"]["step"] for profile in timed.values())
-    floor = max(FLOOR_MS, WITHIN * median_step)
+    floor = max(FLOOR_MS, WITHIN * _median_step(timed))
     medians = {key: statistics.median(profile["phases"].get(key, 0.0) for profile in timed.values()) for key, _ in PHASES}
     op_times = {rank: {op[0]: op[1] + op[2] for op in profile.get("ops") or []} for rank, profile in timed.items()}
     names = {name for ops in op_times.values() for name in ops}
@@ -116,11 +115,17 @@ def summary_lines(capture: Capture) -> list[str]:
     lines = [line for rank in sorted(capture.results) for line in rank_lines(capture.results[rank])]
     differ = differences(capture.results)
     if differ:
-        lines.append(f"what differs from the median rank (more than {WITHIN:.0%} of its {_median_step(capture):.1f} ms step):")
+        lines.append(
+            f"what differs from the median rank (more than {WITHIN:.0%} of its {_median_step(_timed(capture.results)):.1f} ms step):"
+        )
         lines += [f"  {differ[rank]}" for rank in sorted(differ)]
     return lines
 
 
-def _median_step(capture: Capture) -> float:
-    steps = [p["phases"]["step"] for p in capture.results.values() if (p.get("phases") or {}).get("step")]
-    return statistics.median(steps) if steps else 0.0
+def _timed(results: dict[int, wire.Frame]) -> dict[int, wire.Frame]:
+    """The ranks' profiles that have phases: those DDP timed."""
+    return {rank: profile for rank, profile in results.items() if (profile.get("phases") or {}).get("step")}
+
+
+def _median_step(timed: dict[int, wire.Frame]) -> float:
+    return statistics.median(profile["phases"]["step"] for profile in timed.values())
