@@ -236,3 +236,17 @@ def test_a_snapshot_from_a_reader_without_a_window_field_still_reads(missing):
     copy = restored(frames)
     assert copy.lags() == busy_state(2, 20).lags()
     assert {getattr(p, missing) for p in copy.ranks[1].window.points} == {None}
+
+
+def test_the_ranks_chart_draws_own_work_as_the_straggler_rule_reads_it_not_step_less_sampled_comm():
+    """comm_ms comes on DDP's sampled steps only: a second's mean step less its sampled comm is no
+    rank's own work (it went negative on a real run); the summary carries the lags' own work."""
+    from ddptop.tui.widgets.rank_heatmap import own_matrix
+
+    state = busy_state(ranks=2, steps=120)
+    history = History()
+    history.add_summary(state.summary(BASE + 30))
+    [point] = history.recent.points
+    lags = state.lags()
+    assert own_matrix([point], 2).tolist() == [[pytest.approx(lags[0].own_ms), pytest.approx(lags[1].own_ms)]]
+    assert [lags[0].own_ms, lags[1].own_ms] == [1.0 + 60.0, 2.0 + 61.0]  # data wait and compute, rank by rank

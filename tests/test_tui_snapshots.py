@@ -61,6 +61,7 @@ def fixed_run(path: Path, ranks: int = 4, seconds: int = 300) -> rundir.RunDir:
                     "loss": loss,
                     "grad_norm": 1.0 + 0.01 * rank,
                     "comm_ms": step_ms - own,
+                    "compute_ms": own - 0.5,  # own work: the data wait and DDP's compute
                     "comm_bytes": 340_000,
                 }
             )

@@ -28,8 +28,10 @@ WHOLE_POINTS = 512
 """The whole run's timeline never holds more buckets than this: enough for a wide terminal's chart."""
 MARKS = 1000
 """Alerts and restarts kept for the time axis; older ones fall off, the charts' left edge first."""
-RANK_SERIES = ("step_ms", "comm_ms")
-"""Per-rank series a summary carries: what a straggler's own work (step less comm) is read from."""
+RANK_SERIES = ("step_ms", "own_ms", "comm_ms")
+"""Per-rank series a summary carries: step time, and own work (model/lag.py: data wait and
+compute), what the ranks' chart draws. A run logged before own_ms was carried has comm_ms
+instead, its comm time every step: its own work is its step less that."""
 
 
 def pack(values: Iterable[float]) -> bytes:

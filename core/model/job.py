@@ -202,7 +202,9 @@ class JobState:
         width = max(self.ranks, default=-1) + 1
         intervals = [self.ranks[r].interval() if r in self.ranks else (float("nan"), float("nan")) for r in range(width)]
         if width:
+            lags = self.lags()
             record["rank_step_ms"] = pack(step for step, _ in intervals)
+            record["rank_own_ms"] = pack(lags[r].own_ms if r in lags else float("nan") for r in range(width))
             record["rank_comm_ms"] = pack(comm for _, comm in intervals)
         return record
 

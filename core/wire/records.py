@@ -490,7 +490,9 @@ class Summary(TypedDict):
     checkpoint_step: NotRequired[int]
     metrics: dict[str, Any]
     rank_step_ms: NotRequired[bytes]
-    """Each rank's mean step and comm ms since the last summary, float32 by rank, NaN where none (model/history.py): the charts' per-rank lines."""
+    """Each rank's mean step and comm ms since the last summary, and its own work per step now
+    (model/lag.py), float32 by rank, NaN where none (model/history.py): the charts' per-rank lines."""
+    rank_own_ms: NotRequired[bytes]
     rank_comm_ms: NotRequired[bytes]
 
 

@@ -2,7 +2,7 @@
 
 Job charts draw the history's per-second summaries (model/history.py), so
 launch, attach and replay draw the same points. The ranks' chart draws each
-rank's own work (step time less its comm wait) over time: a line per rank
+rank's own work (its data wait and compute, model/lag.py) over time: a line per rank
 up to LINES_UP_TO ranks, a heatmap beyond. Redrawn once a second, not per
 frame: plotting is the costliest thing the dashboard does.
 
@@ -59,7 +59,7 @@ def rank_drawing(win: Window, ranks: int) -> Drawing:
         if typical:
             notes.append(f"slowest now: rank {rank} at {value / typical:.2f}x")
     return Drawing(
-        "own work per rank (step less comm wait)",
+        "own work per rank (data wait + compute)",
         lines,
         win,
         lambda v: f"{ms(v)} ms",

@@ -2,7 +2,7 @@
 
 In DDP every rank's step takes as long as the slowest one's (the others
 wait for it in the all-reduce), so what sets a straggler apart is its own
-work, step time less that wait; a rank whose own work stays over the
+work, its data wait and compute (model/lag.py); a rank whose own work stays over the
 median is a stripe across the map, at 64 ranks as at 1,024. When ranks
 outnumber rows, a row stands for several and shows the slowest of them,
 so a straggler is never averaged away.
@@ -59,9 +59,15 @@ def _spread(total: int, parts: int) -> list[range]:
 
 
 def own_matrix(points: list[Point], ranks: int) -> np.ndarray:
-    """points x ranks of own work (step less comm; step alone where comm is missing), NaN where no step."""
+    """points x ranks of own work, NaN where none: as the summary carries it, or for a run logged
+    before it did, step less comm (step alone where comm is missing)."""
     matrix = np.full((len(points), ranks), np.nan, dtype=np.float32)
     for i, point in enumerate(points):
+        own = point.ranks.get("own_ms")
+        if own is not None:
+            row = np.frombuffer(own, dtype=np.float32)[:ranks]
+            matrix[i, : len(row)] = row
+            continue
         steps, comms = point.ranks.get("step_ms"), point.ranks.get("comm_ms")
         if steps is None:
             continue
@@ -108,7 +114,7 @@ class RankHeatmap(PlotArea):
         self.refresh()
 
     def render(self) -> RenderResult:
-        title = "own work per rank / median (step less comm wait)"
+        title = "own work per rank / median (data wait + compute)"
         window = self.window
         label_width = len(f"r{max(0, self.ranks - 1)}")
         rows, columns = self.size.height - FRAME_ROWS, self.size.width - label_width - FRAME_COLUMNS
