@@ -250,3 +250,15 @@ def test_the_ranks_chart_draws_own_work_as_the_straggler_rule_reads_it_not_step_
     lags = state.lags()
     assert own_matrix([point], 2).tolist() == [[pytest.approx(lags[0].own_ms), pytest.approx(lags[1].own_ms)]]
     assert [lags[0].own_ms, lags[1].own_ms] == [1.0 + 60.0, 2.0 + 61.0]  # data wait and compute, rank by rank
+
+
+def test_the_ranks_chart_says_own_work_is_the_data_wait_alone_until_every_rank_has_three_compute_samples():
+    from ddptop.core.model.lag import DATA_ALONE, counts_compute
+    from ddptop.tui.widgets.charts import rank_drawing
+    from ddptop.tui.widgets.time_axis import window
+
+    early, later = busy_state(ranks=2, steps=20), busy_state(ranks=2, steps=120)  # 1 and 11 samples past warm-up
+    assert not counts_compute(early.ranks.values()) and counts_compute(later.ranks.values())
+    assert early.lags()[1].own_ms == 2.0 and later.lags()[1].own_ms == 2.0 + 61.0
+    drawn = rank_drawing(window(early.history, False, early.started, BASE + 20), 2, data_alone=True)
+    assert DATA_ALONE in drawn.notes

@@ -49,21 +49,28 @@ class Lag:
         return self.ratio >= ratio and self.share >= share
 
 
+DATA_ALONE = "the data wait alone, until DDP has timed every rank's compute 3 times"
+"""What the ranks' charts say while own work leaves compute out (counts_compute)."""
+
+
+def counts_compute(ranks: Iterable[RankState]) -> bool:
+    """Whether own work counts compute: once every one of these ranks has a settled estimate
+    of it, so that one rank's compute is never set against another's nothing."""
+    estimates = [r.compute_ms() for r in ranks]
+    return bool(estimates) and None not in estimates
+
+
 def lags(ranks: Iterable[RankState]) -> dict[int, Lag]:
     """Each live rank's lag, in one pass (a per-rank call would redo the job's median for
-    every rank, quadratic in the world size).
-
-    Compute counts once every live rank has a settled estimate of it; until
-    then own work is the data wait alone, so that one rank's compute is never
-    set against another's nothing.
+    every rank, quadratic in the world size). Own work is the data wait and, where
+    the live ranks count it (counts_compute), the compute.
     """
     live = [r for r in ranks if not r.exited and r.window.points]
-    computes = {r.rank: r.compute_ms() for r in live}
-    counted = bool(computes) and all(c is not None for c in computes.values())
+    counted = counts_compute(live)
     own: dict[int, float] = {}
     for rank in live:
         data = rank.window.data_ms(50)
-        compute = computes[rank.rank] if counted else None
+        compute = rank.compute_ms() if counted else None
         if data is not None or compute is not None:
             own[rank.rank] = (data or 0.0) + (compute or 0.0)
     job = median(list(own.values()))

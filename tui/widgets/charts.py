@@ -22,6 +22,7 @@ from textual.widgets import Static
 
 from ddptop.core.format import ms
 from ddptop.core.model.job import JobState
+from ddptop.core.model.lag import DATA_ALONE, counts_compute
 from ddptop.core.model.metrics import Metric, grouped
 from ddptop.tui.widgets.chart import Chart, Drawing, line_of
 from ddptop.tui.widgets.rank_heatmap import RankHeatmap, own_matrix
@@ -46,11 +47,12 @@ def job_drawing(title: str, metrics: list[Metric], win: Window) -> Drawing:
     return Drawing(title, lines, win, _with_unit(metrics[0]), missing=f"no {title} reported yet")
 
 
-def rank_drawing(win: Window, ranks: int) -> Drawing:
-    """One line per rank of its own work; the slowest now is named."""
+def rank_drawing(win: Window, ranks: int, data_alone: bool = False) -> Drawing:
+    """One line per rank of its own work; the slowest now is named, and that it is the data
+    wait alone while it is (lag.counts_compute)."""
     own = own_matrix(win.points, ranks)
     lines = [line_of(f"rank {r}", win, own[:, r].tolist()) for r in range(ranks)]
-    notes = []
+    notes = [DATA_ALONE] if data_alone else []
     last = own[-1].tolist() if len(own) else []
     finite = [(r, v) for r, v in enumerate(last) if math.isfinite(v)]
     if len(finite) > 1:
@@ -128,7 +130,8 @@ class Charts(Vertical):
                 self.job_charts[title].draw(job_drawing(title, metrics, win))
         if which in (None, len(self.GROUPS)):
             ranks = max(state.ranks, default=-1) + 1  # rank numbers index the history's arrays
+            data_alone = not counts_compute(r for r in state.ranks.values() if r.window.points)
             if many_ranks(state):
-                self.heatmap.draw(win, ranks)
+                self.heatmap.draw(win, ranks, data_alone)
             else:
-                self.rank_lines.draw(rank_drawing(win, ranks))
+                self.rank_lines.draw(rank_drawing(win, ranks, data_alone))

@@ -20,6 +20,7 @@ from rich.text import Text
 from textual.app import RenderResult
 
 from ddptop.core.model.history import Point
+from ddptop.core.model.lag import DATA_ALONE
 from ddptop.tui.widgets.plot_area import PlotArea
 from ddptop.tui.widgets.time_axis import Window, time_ticks
 
@@ -108,9 +109,10 @@ class RankHeatmap(PlotArea):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.window: Window | None = None
         self.ranks = 0
+        self.data_alone = False
 
-    def draw(self, window: Window, ranks: int) -> None:
-        self.window, self.ranks = window, ranks
+    def draw(self, window: Window, ranks: int, data_alone: bool = False) -> None:
+        self.window, self.ranks, self.data_alone = window, ranks, data_alone
         self.refresh()
 
     def render(self) -> RenderResult:
@@ -136,5 +138,6 @@ class RankHeatmap(PlotArea):
         per_row = math.ceil(self.ranks / rows)
         grouping = f", a row is up to {per_row} ranks (the slowest)" if per_row > 1 else ""
         worst = f"  slowest now: rank {found.worst[0]} at {found.worst[1]:.2f}x" if found.worst else ""
-        plt.title(f"{title}{grouping}{worst}")
+        alone = f"  {DATA_ALONE}" if self.data_alone else ""
+        plt.title(f"{title}{grouping}{worst}{alone}")
         return self.build(title)
