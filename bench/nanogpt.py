@@ -14,13 +14,13 @@ machine's drift over both sides.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from overhead import DDPTOP, alternating, device, printed
+from overhead import DDPTOP, alternating, device, printed, report, variant
 
 JOB = Path(__file__).resolve().parent / "gpt_train.py"
 
@@ -30,6 +30,9 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iters", type=int, default=250)
+    parser.add_argument(
+        "--also", type=variant, action="append", default=[], metavar="LABEL=SPEC", help="another ddptop run (bench/overhead.py)"
+    )
     parser.add_argument("job", nargs="*", help="after --: gpt_train.py's own options (its size)")
     args = parser.parse_args()
 
@@ -37,24 +40,17 @@ def main() -> None:
     plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks), *job]
     with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *job]
     env = {**os.environ, "DDPTOP_HOME": tempfile.mkdtemp(prefix="ddptop-bench-")}
-    results = alternating(
-        args.rounds,
-        {"plain torchrun": lambda: printed(plain, env, "iter-ms"), "ddptop": lambda: printed(with_ddptop, env, "iter-ms")},
-        unit=" ms",
-    )
-    plain_ms, ddptop_ms = statistics.median(results["plain torchrun"]), statistics.median(results["ddptop"])
-    ratios = [d / p for d, p in zip(results["ddptop"], results["plain torchrun"])]
+    runs = {"plain torchrun": lambda: printed(plain, env, "iter-ms"), "ddptop": lambda: printed(with_ddptop, env, "iter-ms")}
+    for label, extra_env, options in args.also:
+        runs[f"ddptop {label}"] = functools.partial(
+            printed, [*with_ddptop[:3], *options, *with_ddptop[3:]], {**env, **extra_env}, "iter-ms"
+        )
+    results = alternating(args.rounds, runs, unit=" ms")
     print()
     print(
         f"nanoGPT-sized job on {device()}, {args.ranks} rank(s), {args.iters} iterations, {args.rounds} alternating rounds {' '.join(args.job)}"
     )
-    print(f"{'':<16}{'median ms/iter':>16}{'min':>10}{'max':>10}")
-    for name, values in results.items():
-        print(f"{name:<16}{statistics.median(values):>16.2f}{min(values):>10.2f}{max(values):>10.2f}")
-    print(
-        f"ratio ddptop/plain iteration time (of medians): {ddptop_ms / plain_ms:.3f}; per-round ratios: "
-        + " ".join(f"{r:.3f}" for r in ratios)
-    )
+    report(results, "plain torchrun", "median ms/iter", ".2f", higher_is_faster=False)
 
 
 if __name__ == "__main__":

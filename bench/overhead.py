@@ -9,6 +9,12 @@ over both sides equally.
     python bench/overhead.py --ranks 2 --steps 2000 --rounds 5
     python bench/overhead.py --clip-grad 1.0 --desync-every 10   # the watchdog's checks on
     python bench/overhead.py --on-nan skip     # on CUDA: the exact skip's synchronisation
+    python bench/overhead.py --also fr-off=TORCH_FR_BUFFER_SIZE=0 --also forked=--no-template
+
+`--also LABEL=SPEC` adds a ddptop run to each round: SPEC's leading
+NAME=VALUE words go into its environment, the rest are `ddptop launch`
+options. Each is reported against the same rounds' plain runs: what part
+of ddptop's cost a variable or an option accounts for.
 
 ddptop's NaN/Inf guard runs on every step in every configuration (it is
 the default); --clip-grad and --desync-every add enforced clipping and
@@ -18,8 +24,10 @@ parameter checksums.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -55,6 +63,36 @@ def alternating(rounds: int, runs: dict[str, Callable[[], float]], unit: str = "
     return results
 
 
+def variant(text: str) -> tuple[str, dict[str, str], list[str]]:
+    """`--also LABEL=SPEC`: the label, the environment SPEC sets, and its ddptop options."""
+    label, sep, spec = text.partition("=")
+    if not sep or not label:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LABEL=SPEC")
+    words = shlex.split(spec)
+    env: dict[str, str] = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    return label, env, words
+
+
+def report(results: dict[str, list[float]], base: str, what: str, fmt: str, higher_is_faster: bool) -> None:
+    """Each run's median, min and max, and each ddptop run's ratio to the plain runs of the same rounds."""
+    print(f"{'':<24}{what:>16}{'min':>10}{'max':>10}")
+    for name, values in results.items():
+        print(f"{name:<24}{statistics.median(values):>16{fmt}}{min(values):>10{fmt}}{max(values):>10{fmt}}")
+    plain = results[base]
+    for name, values in results.items():
+        if name == base:
+            continue
+        ratios = [d / p for d, p in zip(values, plain)]
+        kind = "" if higher_is_faster else " iteration time"
+        print(
+            f"ratio {name}/plain{kind} (of medians): {statistics.median(values) / statistics.median(plain):.3f}; "
+            "per-round ratios: " + " ".join(f"{r:.3f}" for r in ratios)
+        )
+
+
 def device() -> str:
     """What the ranks train on: the example uses CUDA whenever torch sees a GPU."""
     import torch
@@ -72,6 +110,7 @@ def main() -> None:
     parser.add_argument("--clip-grad", type=float, help="ddptop enforces this grad norm")
     parser.add_argument("--on-nan", help="ddptop's NaN policy (its default: auto, which never synchronises on CUDA)")
     parser.add_argument("--desync-every", type=int, default=100, help="steps between ddptop's parameter checksums (its default: 100)")
+    parser.add_argument("--also", type=variant, action="append", default=[], metavar="LABEL=SPEC", help="another ddptop run (see above)")
     args = parser.parse_args()
 
     job = [str(EXAMPLE), "--steps", str(args.steps), "--width", str(args.width), "--batch-size", str(args.batch_size)]
@@ -85,26 +124,21 @@ def main() -> None:
         checks += ["--on-nan", args.on_nan]
     with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *checks, *job]
 
-    results = alternating(
-        args.rounds,
-        {
-            "plain torchrun": lambda: printed(plain, env, "train-steps-per-s"),
-            "ddptop": lambda: printed(with_ddptop, env, "train-steps-per-s"),
-        },
-    )
-
-    plain_med = statistics.median(results["plain torchrun"])
-    ddptop_med = statistics.median(results["ddptop"])
-    ratios = [d / p for d, p in zip(results["ddptop"], results["plain torchrun"])]
+    runs = {
+        "plain torchrun": lambda: printed(plain, env, "train-steps-per-s"),
+        "ddptop": lambda: printed(with_ddptop, env, "train-steps-per-s"),
+    }
+    for label, extra_env, options in args.also:
+        runs[f"ddptop {label}"] = functools.partial(
+            printed, [*with_ddptop[:3], *options, *with_ddptop[3:]], {**env, **extra_env}, "train-steps-per-s"
+        )
+    results = alternating(args.rounds, runs)
     print()
     print(
         f"example job on {device()}, {args.ranks} ranks, {args.steps} steps, width {args.width}, batch {args.batch_size}, "
         f"{args.rounds} alternating rounds; ddptop {' '.join(checks)}"
     )
-    print(f"{'':<16}{'median steps/s':>16}{'min':>10}{'max':>10}")
-    for name, values in results.items():
-        print(f"{name:<16}{statistics.median(values):>16.1f}{min(values):>10.1f}{max(values):>10.1f}")
-    print(f"ratio ddptop/plain (of medians): {ddptop_med / plain_med:.3f}; per-round ratios: " + " ".join(f"{r:.3f}" for r in ratios))
+    report(results, "plain torchrun", "median steps/s", ".1f", higher_is_faster=True)
 
 
 if __name__ == "__main__":
