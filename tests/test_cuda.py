@@ -1,5 +1,5 @@
 """The CUDA paths on a real GPU: steady steps that never synchronise, late reads, the
-flight recorder on NCCL, a NaN skipped on the device, NVML.
+flight recorder on NCCL, a NaN skipped on the device, NVML, a profile's CUDA kernels.
 
 Skipped where torch sees no CUDA device (CI, a laptop): there the gloo tests
 cover the same code's CPU half. Run on a GPU host with `python -m pytest -m
@@ -8,14 +8,17 @@ cuda` in an environment whose torch has CUDA.
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
 import os
+import subprocess
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import EXAMPLE, SCRIPTS, run_ddptop, wait_for
+from conftest import DDPTOP, EXAMPLE, SCRIPTS, run_ddptop, wait_for
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -248,3 +251,29 @@ def test_the_flight_recorder_is_on_and_a_rank_that_sits_still_reports_its_nccl_c
     assert group["name"] == "default group" and group["op"] == "all_reduce", told
     assert group["enqueued"] >= 10 and group["completed"] == group["enqueued"], told  # ten steps' all-reduces, all done
     print(f"flight recorder status from the heartbeats: {told}")
+
+
+@pytest.mark.slow
+def test_a_profile_of_a_gpu_rank_names_its_cuda_kernels(ddptop_home, tmp_path):
+    run = rundir.RunDir(tmp_path / "run")
+    job = subprocess.Popen(
+        [DDPTOP, "launch", "--headless", "--run-dir", str(run.path), str(EXAMPLE), "--gpus", "1", "--steps", "10000000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(
+            lambda: run.events_path.exists() and any(r["type"] == "step" and r["step"] >= 20 for r in rundir.read_events(run)), 120, "steps"
+        )
+        done = run_ddptop("profile", str(run.path), "--steps", "5", timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+        [cuda] = [line for line in done.stdout.splitlines() if line.startswith("  top self CUDA: ")]
+        [path] = [line.split("trace: ", 1)[1] for line in done.stdout.splitlines() if "trace: " in line]
+        with gzip.open(path) as trace:
+            kernels = [e for e in json.load(trace)["traceEvents"] if e.get("cat") == "kernel"]
+        assert kernels, "the trace holds no CUDA kernel"
+        print(done.stdout + f"\n{len(kernels)} kernel events in the trace")
+        assert "ms" in cuda
+    finally:
+        run_ddptop("stop", str(run.path), timeout=120)
+        job.wait(120)
