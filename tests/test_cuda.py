@@ -226,7 +226,9 @@ def test_an_nccl_job_reports_comm_memory_and_gpu_samples_and_an_sgd_nan_a_step_l
     assert any(p.get("gpu_mem", 0) > 0 for s in samples for p in s["procs"]), "no sample read the rank's own GPU memory"
     assert rows[2995]["nonfinite"] is True and "skipped" not in rows[2995]
     assert nan.APPLIED_LATE in stderr and "takes no found_inf tensor" in stderr
-    print(f"last finite step: {rows[2994]}\nlast sample with the rank's memory: {[s for s in samples if any(p.get('gpu_mem') for p in s['procs'])][-1]}")
+    print(
+        f"last finite step: {rows[2994]}\nlast sample with the rank's memory: {[s for s in samples if any(p.get('gpu_mem') for p in s['procs'])][-1]}"
+    )
 
 
 @pytest.mark.slow
