@@ -10,7 +10,10 @@ of ddptop.
 
 Rank 0 prints `iter-ms X`: the wall time of the iterations after the
 warm-up over their number, the device synchronised at both ends (what a
-user's tokens/s is made of).
+user's tokens/s is made of). Then, on Linux, a `sched` line for each of its
+threads that ran in that window: its time on a CPU and its time runnable
+but waiting for one (the kernel's schedstat), each per iteration: what
+tells a thread that works longer from one that waits for a core.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import math
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -69,6 +73,31 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+def thread_times() -> dict[str, tuple[str, int, int]]:
+    """This process's threads by id: name, ns on a CPU, ns runnable and waiting for one ({} off Linux)."""
+    times: dict[str, tuple[str, int, int]] = {}
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            on_cpu, waiting, _ = (int(part) for part in (task / "schedstat").read_text().split())
+        except (OSError, ValueError):
+            continue
+        times[task.name] = (name, on_cpu, waiting)
+    return times
+
+
+def sched_lines(before: dict[str, tuple[str, int, int]], after: dict[str, tuple[str, int, int]], iters: int) -> list[str]:
+    """One line a thread that ran between the two readings: ms on a CPU and ms waiting for one, an iteration."""
+    lines = []
+    for tid, (name, on_cpu, waiting) in sorted(after.items(), key=lambda item: -item[1][1]):
+        _, cpu0, wait0 = before.get(tid, (name, 0, 0))
+        if on_cpu - cpu0 > 0:
+            lines.append(
+                f"sched {name} ({tid}): cpu {(on_cpu - cpu0) / 1e6 / iters:.3f} ms/iter, runqueue {(waiting - wait0) / 1e6 / iters:.3f} ms/iter"
+            )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=250)
@@ -95,12 +124,13 @@ def main() -> None:
     model = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=cuda)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    started = time.perf_counter()
+    started, threads = time.perf_counter(), thread_times()
     for iteration in range(args.iters):
         if iteration == args.warmup:
             if cuda:
                 torch.cuda.synchronize()
             started = time.perf_counter()
+            threads = thread_times()
         ids = torch.randint(args.vocab, (args.batch_size, args.context + 1), device=device)
         with torch.autocast(device.type, dtype=dtype):
             loss = model(ids[:, :-1], ids[:, 1:])
@@ -116,6 +146,7 @@ def main() -> None:
         torch.cuda.synchronize()
     if dist.get_rank() == 0:
         print(f"iter-ms {(time.perf_counter() - started) * 1e3 / max(args.iters - args.warmup, 1):.3f}", flush=True)
+        print("\n".join(sched_lines(threads, thread_times(), max(args.iters - args.warmup, 1))), flush=True)
     dist.destroy_process_group()
 
 

@@ -9,6 +9,9 @@ machine's drift over both sides.
 
     python bench/nanogpt.py --ranks 1 --rounds 3            # on a GPU: the issue's job
     python bench/nanogpt.py --rounds 2 -- --layers 2 --width 64 --batch-size 4 --context 64   # a CPU-sized smoke run
+
+Last, each run's rank 0 threads as its last round found them: time on a
+CPU and time waiting for one, per iteration (gpt_train.py's `sched` lines).
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import functools
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from overhead import DDPTOP, alternating, device, printed, report, variant
 
 JOB = Path(__file__).resolve().parent / "gpt_train.py"
+SCHED_SHOWN = 6
 
 
 def main() -> None:
@@ -40,17 +45,24 @@ def main() -> None:
     plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks), *job]
     with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *job]
     env = {**os.environ, "DDPTOP_HOME": tempfile.mkdtemp(prefix="ddptop-bench-")}
-    runs = {"plain torchrun": lambda: printed(plain, env, "iter-ms"), "ddptop": lambda: printed(with_ddptop, env, "iter-ms")}
+    sched: dict[str, dict[str, list[str]]] = {}
+    commands = {"plain torchrun": (plain, env), "ddptop": (with_ddptop, env)}
     for label, extra_env, options in args.also:
-        runs[f"ddptop {label}"] = functools.partial(
-            printed, [*with_ddptop[:3], *options, *with_ddptop[3:]], {**env, **extra_env}, "iter-ms"
-        )
+        commands[f"ddptop {label}"] = ([*with_ddptop[:3], *options, *with_ddptop[3:]], {**env, **extra_env})
+    runs: dict[str, Callable[[], float]] = {}
+    for name, (cmd, run_env) in commands.items():
+        sched[name] = {"sched ": []}
+        runs[name] = functools.partial(printed, cmd, run_env, "iter-ms", sched[name])
     results = alternating(args.rounds, runs, unit=" ms")
     print()
     print(
         f"nanoGPT-sized job on {device()}, {args.ranks} rank(s), {args.iters} iterations, {args.rounds} alternating rounds {' '.join(args.job)}"
     )
     report(results, "plain torchrun", "median ms/iter", ".2f", higher_is_faster=False)
+    for name, found in sched.items():
+        print(f"{name}, rank 0's busiest threads in its last round:")
+        for line in found["sched "][:SCHED_SHOWN]:
+            print(f"  {line}")
 
 
 if __name__ == "__main__":

@@ -40,9 +40,13 @@ EXAMPLE = REPO / "examples" / "train.py"
 DDPTOP = str(Path(sys.executable).parent / "ddptop")
 
 
-def printed(cmd: list[str], env: dict[str, str], name: str) -> float:
-    """The figure a run printed after `name` ("train-steps-per-s 512.3"); a run that failed ends the bench."""
+def printed(cmd: list[str], env: dict[str, str], name: str, lines: dict[str, list[str]] | None = None) -> float:
+    """The figure a run printed after `name` ("train-steps-per-s 512.3"); a run that failed ends the bench.
+    With lines, the run's lines that begin with one of its keys replace that key's list."""
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+    said = [re.sub(r"^\[rank\d+\]:", "", line) for line in result.stdout.splitlines()]  # torchrun's prefix under ddptop
+    for prefix in lines or {}:
+        lines[prefix] = [line for line in said if line.startswith(prefix)]  # type: ignore[index]
     match = re.search(rf"{re.escape(name)} ([0-9.]+)", result.stdout)
     if result.returncode != 0 or match is None:
         sys.exit(f"bench: run failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr[-2000:]}")
