@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from overhead import DDPTOP, alternating, device, printed, report, variant
+from overhead import DDPTOP, alternating, ddptop_commands, device, printed, report, variant
 
 JOB = Path(__file__).resolve().parent / "gpt_train.py"
 SCHED_SHOWN = 6
@@ -46,9 +46,7 @@ def main() -> None:
     with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *job]
     env = {**os.environ, "DDPTOP_HOME": tempfile.mkdtemp(prefix="ddptop-bench-")}
     sched: dict[str, dict[str, list[str]]] = {}
-    commands = {"plain torchrun": (plain, env), "ddptop": (with_ddptop, env)}
-    for label, extra_env, options in args.also:
-        commands[f"ddptop {label}"] = ([*with_ddptop[:3], *options, *with_ddptop[3:]], {**env, **extra_env})
+    commands = {"plain torchrun": (plain, env), **ddptop_commands(with_ddptop, env, args.also)}
     runs: dict[str, Callable[[], float]] = {}
     for name, (cmd, run_env) in commands.items():
         sched[name] = {"sched ": []}

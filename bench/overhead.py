@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,7 +53,7 @@ def printed(cmd: list[str], env: dict[str, str], name: str, lines: dict[str, lis
     return float(match.group(1))
 
 
-def alternating(rounds: int, runs: dict[str, Callable[[], float]], unit: str = "") -> dict[str, list[float]]:
+def alternating(rounds: int, runs: Mapping[str, Callable[[], float]], unit: str = "") -> dict[str, list[float]]:
     """Each run's figures over rounds, in alternating order so that the
     machine's drift falls on both sides equally; a line per round."""
     results: dict[str, list[float]] = {name: [] for name in runs}
@@ -78,6 +78,17 @@ def variant(text: str) -> tuple[str, dict[str, str], list[str]]:
         name, _, value = words.pop(0).partition("=")
         env[name] = value
     return label, env, words
+
+
+def ddptop_commands(
+    with_ddptop: list[str], env: dict[str, str], also: list[tuple[str, dict[str, str], list[str]]]
+) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """ddptop's run and each `--also` variant's, by name: its command (the variant's options after
+    `ddptop launch --headless`) and its environment."""
+    commands = {"ddptop": (with_ddptop, env)}
+    for label, extra_env, options in also:
+        commands[f"ddptop {label}"] = ([*with_ddptop[:3], *options, *with_ddptop[3:]], {**env, **extra_env})
+    return commands
 
 
 def report(results: dict[str, list[float]], base: str, what: str, fmt: str, higher_is_faster: bool) -> None:
@@ -128,14 +139,8 @@ def main() -> None:
         checks += ["--on-nan", args.on_nan]
     with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *checks, *job]
 
-    runs = {
-        "plain torchrun": lambda: printed(plain, env, "train-steps-per-s"),
-        "ddptop": lambda: printed(with_ddptop, env, "train-steps-per-s"),
-    }
-    for label, extra_env, options in args.also:
-        runs[f"ddptop {label}"] = functools.partial(
-            printed, [*with_ddptop[:3], *options, *with_ddptop[3:]], {**env, **extra_env}, "train-steps-per-s"
-        )
+    commands = {"plain torchrun": (plain, env), **ddptop_commands(with_ddptop, env, args.also)}
+    runs = {name: functools.partial(printed, cmd, run_env, "train-steps-per-s") for name, (cmd, run_env) in commands.items()}
     results = alternating(args.rounds, runs)
     print()
     print(
