@@ -6,14 +6,21 @@ it: bf16 autocast (a GradScaler enabled only for fp16), gradients clipped
 to 1.0 by the script itself, torch's fused AdamW on a GPU, the loss read on
 the host every 10 iterations for the log. The tokens are random (nothing
 to download); the cost of a step does not depend on them. It knows nothing
-of ddptop.
+of ddptop, but for one switch of bench/nanogpt.py's: with BENCH_UNHOOKED=1
+in a run under ddptop it takes ddptop's torch hooks out again
+(patches.undo()), so that run pays for everything of ddptop but the hooks
+(`--also unhooked=BENCH_UNHOOKED=1`).
 
 Rank 0 prints `iter-ms X`: the wall time of the iterations after the
 warm-up over their number, the device synchronised at both ends (what a
 user's tokens/s is made of). Then, on Linux, a `sched` line for each of its
 threads that ran in that window: its time on a CPU and its time runnable
 but waiting for one (the kernel's schedstat), each per iteration: what
-tells a thread that works longer from one that waits for a core.
+tells a thread that works longer from one that waits for a core. On a
+GPU, last, `gpu-busy-ms X of Y` over a few more iterations traced with
+torch.profiler: the time an iteration in which a kernel ran, of its wall
+time, and the kernels it ran: a job whose GPU idles between kernels is
+bound by its host's launches, and pays for every microsecond of CPU.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,6 +38,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
+
+if os.environ.get("BENCH_UNHOOKED") and "ddptop.trainer.hooks" in sys.modules:
+    from ddptop.trainer import patches
+
+    patches.undo()
 
 
 class Block(nn.Module):
@@ -98,6 +112,27 @@ def sched_lines(before: dict[str, tuple[str, int, int]], after: dict[str, tuple[
     return lines
 
 
+def gpu_busy(step: Callable[[int], None], iters: int) -> str:
+    """`gpu-busy-ms X of Y, K kernels`: kernel time (their union) and wall time an
+    iteration over iters iterations traced with torch.profiler, and kernels an iteration."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as traced:
+        started = time.perf_counter()
+        for iteration in range(iters):
+            step(iteration)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - started
+    spans = sorted((e.time_range.start, e.time_range.end) for e in traced.events() if e.device_type == DeviceType.CUDA)
+    busy, reach = 0.0, float("-inf")
+    for start, end in spans:
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return f"gpu-busy-ms {busy / 1e3 / iters:.3f} of {wall * 1e3 / iters:.3f}, {len(spans) / iters:.0f} kernels"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=250)
@@ -108,6 +143,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=384)
     parser.add_argument("--heads", type=int, default=6)
     parser.add_argument("--vocab", type=int, default=65)
+    parser.add_argument("--traced", type=int, default=20, help="iterations traced on a GPU for gpu-busy-ms (0: none)")
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -124,13 +160,8 @@ def main() -> None:
     model = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=cuda)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    started, threads = time.perf_counter(), thread_times()
-    for iteration in range(args.iters):
-        if iteration == args.warmup:
-            if cuda:
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            threads = thread_times()
+
+    def step(iteration: int) -> None:
         ids = torch.randint(args.vocab, (args.batch_size, args.context + 1), device=device)
         with torch.autocast(device.type, dtype=dtype):
             loss = model(ids[:, :-1], ids[:, 1:])
@@ -142,11 +173,25 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         if iteration % 10 == 0:
             loss.item()  # nanoGPT's log line: the host waits for the device every 10 iterations
+
+    started, threads = time.perf_counter(), thread_times()
+    for iteration in range(args.iters):
+        if iteration == args.warmup:
+            if cuda:
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            threads = thread_times()
+        step(iteration)
     if cuda:
         torch.cuda.synchronize()
+    timed = max(args.iters - args.warmup, 1)
+    elapsed, after = time.perf_counter() - started, thread_times()
+    busy = gpu_busy(step, args.traced) if cuda and args.traced else None
     if dist.get_rank() == 0:
-        print(f"iter-ms {(time.perf_counter() - started) * 1e3 / max(args.iters - args.warmup, 1):.3f}", flush=True)
-        print("\n".join(sched_lines(threads, thread_times(), max(args.iters - args.warmup, 1))), flush=True)
+        print(f"iter-ms {elapsed * 1e3 / timed:.3f}", flush=True)
+        print("\n".join(sched_lines(threads, after, timed)), flush=True)
+        if busy:
+            print(busy, flush=True)
     dist.destroy_process_group()
 
 

@@ -10,8 +10,10 @@ machine's drift over both sides.
     python bench/nanogpt.py --ranks 1 --rounds 3            # on a GPU: the issue's job
     python bench/nanogpt.py --rounds 2 -- --layers 2 --width 64 --batch-size 4 --context 64   # a CPU-sized smoke run
 
-Last, each run's rank 0 threads as its last round found them: time on a
-CPU and time waiting for one, per iteration (gpt_train.py's `sched` lines).
+Last, each run's rank 0 as its last round found it: its threads' time on
+a CPU and time waiting for one, per iteration, and on a GPU the kernel
+time of an iteration against its wall time (gpt_train.py's `sched` and
+`gpu-busy-ms` lines).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def main() -> None:
     commands = {"plain torchrun": (plain, env), **ddptop_commands(with_ddptop, env, args.also)}
     runs: dict[str, Callable[[], float]] = {}
     for name, (cmd, run_env) in commands.items():
-        sched[name] = {"sched ": []}
+        sched[name] = {"sched ": [], "gpu-busy-ms ": []}
         runs[name] = functools.partial(printed, cmd, run_env, "iter-ms", sched[name])
     results = alternating(args.rounds, runs, unit=" ms")
     print()
@@ -59,7 +61,7 @@ def main() -> None:
     report(results, "plain torchrun", "median ms/iter", ".2f", higher_is_faster=False)
     for name, found in sched.items():
         print(f"{name}, rank 0's busiest threads in its last round:")
-        for line in found["sched "][:SCHED_SHOWN]:
+        for line in found["sched "][:SCHED_SHOWN] + found["gpu-busy-ms "]:
             print(f"  {line}")
 
 
