@@ -68,7 +68,7 @@ def test_a_late_value_is_not_ready_while_the_gpu_is_busy_and_exact_once_it_is():
 class Job:
     """A DDP model on NCCL under ddptop's hooks, as in a rank; its records, read as the sender reads them."""
 
-    def __init__(self, optimizer: str, scaler: bool = False) -> None:
+    def __init__(self, optimizer: str, scaler: bool = False, clips: bool = False) -> None:
         self.records: list[dict[str, Any]] = []
         self.tracker = StepTracker(0, emit=self.records.append)
         self.sampled = Sampled(every=0.0)
@@ -78,6 +78,8 @@ class Job:
         params = self.model.parameters()
         self.optimizer = torch.optim.SGD(params, lr=1e-3, momentum=0.9) if optimizer == "sgd" else torch.optim.AdamW(params, fused=True)
         self.scaler = torch.amp.GradScaler("cuda", init_scale=2.0**12) if scaler else None
+        self.clips = clips
+        """Whether the script clips every gradient itself (at a norm no step reaches): its norm is then the guard's."""
         self.expected: list[torch.Tensor] = []
         """Each step's unscaled pre-clip norm as clip_grad_norm_ takes it, on the device, unread."""
 
@@ -91,6 +93,8 @@ class Job:
         if self.scaler is None:
             loss.backward()
             self.expected.append(torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters()]))
+            if self.clips:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1e9)
             self.optimizer.step()
         else:
             self.scaler.scale(loss).backward()
@@ -106,11 +110,14 @@ class Job:
         return [r for r in self.records if r["type"] == "step"]
 
 
-@pytest.mark.parametrize(("optimizer", "scaler"), [("sgd", False), ("adamw-fused", False), ("adamw-fused", True)])
-def test_a_steady_instrumented_step_never_synchronises_and_reports_the_right_values(nccl_world_of_one, optimizer, scaler):
+@pytest.mark.parametrize(
+    ("optimizer", "scaler", "clips"),
+    [("sgd", False, False), ("adamw-fused", False, False), ("adamw-fused", True, False), ("adamw-fused", False, True)],
+)
+def test_a_steady_instrumented_step_never_synchronises_and_reports_the_right_values(nccl_world_of_one, optimizer, scaler, clips):
     """DDP times iterations 1-10 and every 100th, waiting for its own events at the next forward:
     steps 12 to 41 are what a steady step costs, and there any wait on the device raises."""
-    job = Job(optimizer, scaler=scaler)
+    job = Job(optimizer, scaler=scaler, clips=clips)
     for _ in range(12):
         job.step()
     torch.cuda.synchronize()
@@ -133,8 +140,9 @@ def test_a_steady_instrumented_step_never_synchronises_and_reports_the_right_val
     assert any(r.get("mem_alloc", 0) > 0 for r in rows)
 
 
-def test_a_nan_step_is_skipped_on_the_device_for_a_fused_optimizer_without_a_sync(nccl_world_of_one):
-    job = Job("adamw-fused")
+@pytest.mark.parametrize("clips", [False, True], ids=["its own norm", "the script's clip norm"])
+def test_a_nan_step_is_skipped_on_the_device_for_a_fused_optimizer_without_a_sync(nccl_world_of_one, clips):
+    job = Job("adamw-fused", clips=clips)
     for _ in range(12):
         job.step()
     torch.cuda.synchronize()

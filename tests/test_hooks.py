@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddptop.trainer import guard, hooks, patches, torchapi
 from ddptop.trainer.policy import GuardPolicy
@@ -231,6 +232,42 @@ def test_the_norm_is_taken_before_the_scripts_own_clipping_which_is_left_alone(r
     assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
     assert expected > 1.0
     assert all(torch.equal(c, p.grad) for c, p in zip(clipped, model.parameters()))
+
+
+class OpsSeen(TorchDispatchMode):
+    """The torch ops run inside it, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_scripts_clip_norm_is_the_guards_only_where_it_measured_every_gradient_stepped(records):
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    first, last = model.module[0], model.module[2]
+    backward(model)
+    returned = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+    with OpsSeen() as seen:
+        optimizer.step()
+    assert "aten._foreach_norm.Scalar" not in seen.names, "the script's norm of every gradient is the step's"
+    assert last_step(records, model)["grad_norm"] == pytest.approx(returned.item(), rel=1e-6)
+    for clipped, poisoned in ((model.parameters(), first), (first.parameters(), last)):
+        optimizer.zero_grad()
+        backward(model)
+        poisoned.weight.grad[0, 0] = math.nan
+        before = [p.detach().clone() for p in model.parameters()]
+        torch.nn.utils.clip_grad_norm_(clipped, 1e9)
+        with OpsSeen() as seen:
+            optimizer.step()
+        record = last_step(records, model)
+        assert record["nonfinite"] and record["skipped"] == "nan", record
+        assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert "aten._foreach_norm.Scalar" in seen.names, "a clip of some gradients: the guard takes its own norm"
 
 
 def test_a_grad_scaler_step_reports_the_unscaled_norm(records):

@@ -151,9 +151,12 @@ def clip_on_device(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: floa
     torchapi.foreach_mul_(grads, factor)
 
 
-def found_inf(norm: torch.Tensor) -> torch.Tensor:
-    """1.0 where norm is not finite, else 0.0: what a fused optimizer takes to skip a step."""
-    return torch.isfinite(norm).logical_not().float()
+def found_inf(norm: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """1.0 where norm is not finite, else 0.0: what a fused optimizer takes to skip a step.
+    Written into out (a float32 scalar on norm's device) where given: one op fewer."""
+    if out is None:
+        return torch.isfinite(norm).logical_not().float()
+    return torch.logical_not(torch.isfinite(norm), out=out)
 
 
 def checksum_parts(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:

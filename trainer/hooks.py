@@ -77,6 +77,13 @@ class Probe:
         """What the script's clip_grad_norm_ returned this step, and whether the gradients it
         measured were still scaled; two calls in one step leave None (their norms are parts)."""
         self.clips = 0
+        self.clipped: list[Any] = []
+        """The parameters the script's latest clip_grad_norm_ was given."""
+        self.covers: dict[tuple[int, ...], bool] = {}
+        """Whether a script's clip covered every gradient an optimizer steps, by (optimizer, gradients,
+        parameters clipped, first and last of them): found once, then looked up without a call."""
+        self.inf_flag: torch.Tensor | None = None
+        """The found_inf ddptop hands a fused optimizer, made once and written on the device each step."""
         self.resume_seen = False
         """Whether the first optimizer step has looked for a script's own resume (once a process)."""
         self.stepping: Any = None
@@ -240,14 +247,24 @@ def _wrap_grad_scaler(probe: Probe) -> None:
 
 def _wrap_clip_grad_norm(probe: Probe) -> None:
     """The norm the script's own clip_grad_norm_ returns is the pre-clip norm the step
-    shows: once it has clipped, the gradients the optimizer gets are under it."""
+    shows: once it has clipped, the gradients the optimizer gets are under it. Where it
+    measured every gradient the optimizer steps, it is the guard's norm too (_guard)."""
     from torch.nn.utils import clip_grad
 
     original = clip_grad.clip_grad_norm_
 
     @functools.wraps(original)
     def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+        given = args[0] if args else kwargs.get("parameters", ())
+        if isinstance(given, torch.Tensor):
+            clipped = [given]
+        elif isinstance(given, list):
+            clipped = given
+        else:  # model.parameters() can be read once: read here, and handed on as a list
+            clipped = list(given)
+            args, kwargs = ((clipped, *args[1:]), kwargs) if args else (args, {**kwargs, "parameters": clipped})
         norm = original(*args, **kwargs)
+        probe.clipped = clipped
         probe.clips += 1
         probe.script_norm = (norm, probe.scale is not None and not probe.unscaled) if probe.clips == 1 else None
         return norm
@@ -436,15 +453,28 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     scaler_inf = getattr(optimizer, "found_inf", None)
     clip = policy.clip_grad
     on_device = cuda and probe.skips and scaler_inf is None and getattr(optimizer, "_step_supports_amp_scaling", False)
-    parts = guard.norms(grads)
-    if clip is not None or on_device:
-        norm = guard.total(parts)
-        parts = [norm]
-        if clip is not None:
-            guard.clip_on_device(grads, norm if grad_scale is None else norm / grad_scale, clip)
-        if on_device:
-            optimizer.found_inf = guard.found_inf(norm)
-            probe.found_inf_set = optimizer
+    # The script's own norm of unscaled gradients is the step's, where it measured all of them
+    # (an fp16 norm is not: it overflows where the gradients do not).
+    clipped = probe.clipped
+    reuse: bool | None = False
+    if script is not None and clip is None and grad_scale is None and not script[1] and clipped and script[0].dtype is not torch.float16:
+        reuse = probe.covers.get((id(optimizer), len(grads), len(clipped), id(clipped[0]), id(clipped[-1])))
+        if reuse is None:
+            reuse = _script_covers(probe, optimizer)
+    if reuse and script is not None:
+        parts, script = [script[0]], None
+    else:
+        parts = guard.norms(grads)
+        if clip is not None or on_device:
+            parts = [guard.total(parts)]
+            if clip is not None:
+                guard.clip_on_device(grads, parts[0] if grad_scale is None else parts[0] / grad_scale, clip)
+    if on_device:
+        flag = probe.inf_flag
+        if flag is None or flag.device != first.device:
+            flag = probe.inf_flag = torch.empty((), dtype=torch.float32, device=first.device)
+        optimizer.found_inf = guard.found_inf(parts[0], flag)
+        probe.found_inf_set = optimizer
     norms = len(parts)
     if script is not None:
         parts.append(script[0])
@@ -491,6 +521,25 @@ NAN_APPLIED_NOTICE = (
     "{name} on a GPU takes no found_inf tensor, so a non-finite step is seen a step late and "
     "reaches the weights; --on-nan skip skips it exactly, at a wait for the backward pass every step"
 )
+
+
+COVERS_KEPT = 16
+
+
+def _script_covers(probe: Probe, optimizer: Any) -> bool:
+    """Whether the parameters the script's clip_grad_norm_ was given hold every gradient the
+    optimizer steps: then its norm is the guard's (a clip of some of them leaves the rest
+    unmeasured). Found once for each (optimizer, gradients, parameters clipped) and kept."""
+    clipped = probe.clipped
+    if not clipped:
+        return False
+    given = {id(param) for param in clipped}
+    stepped = [param for group in optimizer.param_groups for param in group["params"] if param.grad is not None]
+    covers = all(id(param) in given for param in stepped)
+    if len(probe.covers) >= COVERS_KEPT:
+        probe.covers.clear()
+    probe.covers[(id(optimizer), len(stepped), len(clipped), id(clipped[0]), id(clipped[-1]))] = covers
+    return covers
 
 
 def _scaled_marks(probe: Probe, count: int) -> tuple[bool, ...]:
