@@ -5,7 +5,7 @@ from __future__ import annotations
 import builders
 
 from ddptop.core.model.job import JobState
-from ddptop.core.model.metrics import GPU_USED, GPU_UTIL
+from ddptop.core.model.metrics import COMM_SHARE, GPU_USED, GPU_UTIL
 from ddptop.core.model.stats import StepPoint
 from ddptop.core.wire.records import WINDOWED
 
@@ -45,6 +45,21 @@ def test_a_rank_s_last_place_stands_once_its_heartbeats_carry_none():
     state.ingest({**beat, "where": "train.py:51 in train_step"})
     state.ingest({**beat, "phase": "exit"})
     assert state.ranks[0].where == "train.py:51 in train_step"
+
+
+def test_comm_share_is_of_the_sampled_iterations_own_time_so_a_slow_one_never_reads_over_100_percent():
+    """4 ranks on 2 cores: the iteration DDP sampled took 30 ms, 25 of them in its all-reduce
+    (5 beside the backward), while the steps around it took 10 ms."""
+    state = JobState()
+    state.ingest(hello(0, 0))
+    for n in range(5):
+        state.ingest(builders.step(0, n, wall=float(n)))
+    state.ingest(builders.step(0, 5, wall=5.0, step_ms=30.0, comm_ms=25.0, compute_ms=10.0, comm_overlap_ms=5.0))
+    assert COMM_SHARE.read(state.ranks[0]) == 25.0 / 30.0
+    assert COMM_SHARE.format(state.ranks[0]) == "83%"
+    state.ingest(hello(1, 0))
+    state.ingest(builders.step(1, 0, wall=1.0, step_ms=10.0, comm_ms=2.0))  # an earlier ddptop's record: no compute
+    assert COMM_SHARE.read(state.ranks[1]) == 0.2
 
 
 def test_a_step_value_of_the_wire_s_table_is_kept_as_the_table_says():

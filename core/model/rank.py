@@ -80,8 +80,22 @@ class RankState:
     interval_comm_steps: int = 0
 
     def comm_share(self) -> float | None:
-        comm, step = self.window.mean("comm_ms"), self.window.mean("step_ms")
-        return comm / step if comm is not None and step else None
+        """The all-reduce's share of a step: of the iterations DDP sampled, their comm against
+        their own time (compute, then comm less what ran beside the compute). Comm is only
+        measured on those iterations, and on a busy host one of them can outlast the typical
+        step several times over: against the mean of all steps it would read over 100%. Comm
+        recorded without DDP's compute (a run of an earlier ddptop, replayed) is taken against
+        the mean step."""
+        window = self.window
+        comm = window.mean("comm_ms")
+        if comm is None:
+            return None
+        compute = window.mean("compute_ms")
+        if compute is None:
+            step = window.mean("step_ms")
+            return comm / step if step else None
+        spent = compute + comm - (window.mean("comm_overlap_ms") or 0.0)
+        return comm / spent if spent > 0 else None
 
     def add_compute(self, compute_ms: float, comm_step: int | None) -> None:
         """One of DDP's sampled compute times, unless its warm-up's (a record without the
