@@ -102,7 +102,7 @@ class StepTracker:
         self.total_steps: int | None = None
         self.journal: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_JOURNAL)
         """What happened on the training thread, in order, for the sender's thread to make
-        records of (build()); the comm hook's callbacks append their spans to it themselves."""
+        records of (build())."""
         self.in_step = False
         """Whether a training forward ran since the last step closed (a backward() before
         one is outside any step, and not the step's loss)."""

@@ -122,8 +122,8 @@ class Heartbeat(TypedDict):
     GPU memory by its GPU (supervisor/sampler.py)."""
     collectives: NotRequired[list[Any]]
     """Collective, one per process group the rank is in: the last collective it entered and
-    completed there, from torch's flight recorder, else from ddptop's own comm hook (DDP's
-    all-reduces only); only from a rank that has sat on one step a while (trainer/flightrecorder.py)."""
+    completed there, from torch's flight recorder; only from a rank that has sat on one step a
+    while (trainer/flightrecorder.py)."""
     dropped: int
 
 
@@ -516,7 +516,7 @@ class Collective(TypedDict):
     group's collectives from 1, the same on every rank of the group."""
 
     group: str
-    """The group's id within the job (DEFAULT_GROUP; "ddp" where only ddptop's comm hook counts)."""
+    """The group's id within the job: the flight recorder's (DEFAULT_GROUP for the default group)."""
     name: str
     """What the group is called: "default group", or torch's description of it."""
     enqueued: int

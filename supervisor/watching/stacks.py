@@ -139,7 +139,7 @@ def _thread_kind(block: list[str]) -> str:
     """main, own (a thread ddptop started), other, or native (no Python frame).
 
     By what started the thread, not by what it runs now: the training thread
-    runs through ddptop's hooks (a backward, a comm hook) and is still the
+    runs through ddptop's hooks (a backward, an optimizer step) and is still the
     script's. py-spy names threads (MainThread, ddptop-sender); in a
     faulthandler dump the main thread is the one threading's _bootstrap did
     not start, and a thread is ddptop's when the function it was started
