@@ -78,7 +78,7 @@ class Probe:
         measured were still scaled; two calls in one step leave None (their norms are parts)."""
         self.clips = 0
         self.clipped: list[Any] = []
-        """The parameters the script's latest clip_grad_norm_ was given."""
+        """The parameters the script's clip_grad_norm_ was given this step (not held past it)."""
         self.covers: dict[tuple[int, ...], bool] = {}
         """Whether a script's clip covered every gradient an optimizer steps, by (optimizer, gradients,
         parameters clipped, first and last of them): found once, then looked up without a call."""
@@ -437,9 +437,9 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     """
     tracker, policy = probe.tracker, probe.policy
     scale, probe.scale = probe.scale, None
-    script = probe.script_norm
-    if probe.clips:
-        probe.script_norm, probe.clips = None, 0
+    script, clipped = probe.script_norm, probe.clipped
+    if probe.clips:  # the script's clip is this step's alone, and its parameters are not held past it
+        probe.script_norm, probe.clips, probe.clipped = None, 0, []
     grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if not grads:  # no parameter has a gradient this step: nothing to check or clip, only its losses
         probe.scale = scale
@@ -455,12 +455,11 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     on_device = cuda and probe.skips and scaler_inf is None and getattr(optimizer, "_step_supports_amp_scaling", False)
     # The script's own norm of unscaled gradients is the step's, where it measured all of them
     # (an fp16 norm is not: it overflows where the gradients do not).
-    clipped = probe.clipped
     reuse: bool | None = False
     if script is not None and clip is None and grad_scale is None and not script[1] and clipped and script[0].dtype is not torch.float16:
         reuse = probe.covers.get((id(optimizer), len(grads), len(clipped), id(clipped[0]), id(clipped[-1])))
         if reuse is None:
-            reuse = _script_covers(probe, optimizer)
+            reuse = _script_covers(probe, optimizer, clipped)
     if reuse and script is not None:
         parts, script = [script[0]], None
     else:
@@ -526,13 +525,10 @@ NAN_APPLIED_NOTICE = (
 COVERS_KEPT = 16
 
 
-def _script_covers(probe: Probe, optimizer: Any) -> bool:
+def _script_covers(probe: Probe, optimizer: Any, clipped: list[Any]) -> bool:
     """Whether the parameters the script's clip_grad_norm_ was given hold every gradient the
     optimizer steps: then its norm is the guard's (a clip of some of them leaves the rest
     unmeasured). Found once for each (optimizer, gradients, parameters clipped) and kept."""
-    clipped = probe.clipped
-    if not clipped:
-        return False
     given = {id(param) for param in clipped}
     stepped = [param for group in optimizer.param_groups for param in group["params"] if param.grad is not None]
     covers = all(id(param) in given for param in stepped)
@@ -554,7 +550,7 @@ def _losses_only(probe: Probe) -> dict[str, Any]:
     tracker = probe.tracker
     losses, tracker.losses = tracker.losses, []
     scale, probe.scale = probe.scale, None
-    probe.script_norm, probe.clips = None, 0
+    probe.script_norm, probe.clips, probe.clipped = None, 0, []
     marks = _scaled_marks(probe, len(losses))
     if not losses:
         return {}
