@@ -5,8 +5,8 @@ from __future__ import annotations
 import builders
 
 from ddptop.core.model.job import JobState
-from ddptop.core.model.metrics import COMM_SHARE, GPU_USED, GPU_UTIL
-from ddptop.core.model.stats import StepPoint
+from ddptop.core.model.metrics import COMM_MS, COMM_SHARE, GPU_USED, GPU_UTIL
+from ddptop.core.model.stats import WINDOW, StepPoint
 from ddptop.core.wire.records import WINDOWED
 
 
@@ -60,6 +60,21 @@ def test_comm_share_is_of_the_sampled_iterations_own_time_so_a_slow_one_never_re
     state.ingest(hello(1, 0))
     state.ingest(builders.step(1, 0, wall=1.0, step_ms=10.0, comm_ms=2.0))  # an earlier ddptop's record: no compute
     assert COMM_SHARE.read(state.ranks[1]) == 0.2
+
+
+def test_comm_figures_stand_until_the_next_sampled_iteration_once_the_window_has_none():
+    """DDP samples one iteration in 100, the window's length: its figures often fall out
+    of the window before the next arrive, and COMM MS and COMM % would blink to "-"."""
+    state = JobState()
+    state.ingest(hello(0, 0))
+    state.ingest(builders.step(0, 0, wall=0.0, comm_ms=4.0, compute_ms=6.0, comm_overlap_ms=2.0, comm_bytes=1024))
+    for n in range(1, 2 * WINDOW):
+        state.ingest(builders.step(0, n, wall=float(n)))
+    rank = state.ranks[0]
+    assert rank.window.mean("comm_ms") is None, "the sampled step left the window"
+    assert (COMM_MS.read(rank), COMM_SHARE.read(rank)) == (4.0, 0.5)
+    state.ingest(builders.step(0, 2 * WINDOW, wall=200.0, comm_ms=8.0, compute_ms=8.0, comm_overlap_ms=0.0, comm_bytes=1024))
+    assert (COMM_MS.read(rank), COMM_SHARE.read(rank)) == (8.0, 0.5)
 
 
 def test_a_step_value_of_the_wire_s_table_is_kept_as_the_table_says():

@@ -18,7 +18,7 @@ from ddptop.core.model.goodput import GOODPUT_TYPES, Goodput
 from ddptop.core.model.history import History, pack
 from ddptop.core.model.lag import Lag, lags
 from ddptop.core.model.metrics import COMM_MS, JOB_METRICS
-from ddptop.core.model.rank import GpuState, RankState
+from ddptop.core.model.rank import SAMPLED, GpuState, RankState
 from ddptop.core.model.stats import StepPoint, bus_bandwidth, median
 from ddptop.core.model.totals import JobTotals
 from ddptop.core.wire.records import LATEST, WINDOWED
@@ -113,6 +113,7 @@ class JobState:
         if record.get("comm_ms") is not None:
             state.interval_comm_ms += record["comm_ms"]
             state.interval_comm_steps += 1
+            state.last_sampled = {key: record[key] for key in SAMPLED if record.get(key) is not None}
         if record.get("compute_ms") is not None:
             state.add_compute(record["compute_ms"], record.get("comm_step"))
         state.window.add(StepPoint(record["wall"], record["step_ms"], **{key: record.get(key) for key in WINDOWED}))
@@ -229,7 +230,7 @@ class JobState:
             assert metric.job is not None
             figures[metric.key] = metric.job([x for r in ranks if (x := metric.read(r)) is not None])
         comm_ms = figures[COMM_MS.key]
-        comm_bytes = [x for r in ranks if (x := r.window.mean("comm_bytes")) is not None]
+        comm_bytes = [x for r in ranks if (x := r.sampled("comm_bytes")) is not None]
         busbw = None
         if comm_ms and comm_bytes:
             busbw = bus_bandwidth(median(comm_bytes) or 0.0, comm_ms / 1000.0, self.world_size)

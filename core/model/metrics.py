@@ -92,6 +92,10 @@ def _mean(attr: str) -> Callable[[RankState], float | None]:
     return lambda rank: rank.window.mean(attr)
 
 
+def _sampled(key: str) -> Callable[[RankState], float | None]:
+    return lambda rank: rank.sampled(key)
+
+
 def _latest(key: str) -> Callable[[RankState], float | None]:
     return lambda rank: rank.latest.get(key)
 
@@ -164,7 +168,7 @@ STEP_MS_P95 = Metric(
 COMM_MS = Metric(
     "comm_ms",
     "ms",
-    _mean("comm_ms"),
+    _sampled("comm_ms"),
     ms,
     job=middle,
     column="COMM MS",

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 
 from ddptop.core.model.stats import RollingWindow, median
 
+SAMPLED = ("comm_ms", "comm_overlap_ms", "comm_bytes", "compute_ms")
+"""The step values that come from DDP's sampled iterations (wire/records.py), kept together."""
+
 DDP_WARMUP_STEPS = 10
 """DDP times its iterations 1 to 10, then every 100th: the first ten are its warm-up (the
 first backward builds autograd's graph and the allocator's pools), no rank's steady pace."""
@@ -62,6 +65,10 @@ class RankState:
     scaler_skips: int = 0
     clipped: int = 0
     clip_checked: int = 0
+    last_sampled: dict[str, float] = field(default_factory=dict)
+    """The comm figures of the last step record that carried DDP's sampled timings (SAMPLED):
+    shown while the window holds none. DDP samples one iteration in 100, the window's length,
+    and its figures ride on a step up to two seconds later, so a window often holds none."""
     compute_samples: list[float] = field(default_factory=list)
     """DDP's last sampled compute times, past its warm-up (add_compute), kept past the window:
     they are 100 iterations apart."""
@@ -79,6 +86,11 @@ class RankState:
     interval_steps: int = 0
     interval_comm_steps: int = 0
 
+    def sampled(self, key: str) -> float | None:
+        """A figure of DDP's sampled iterations (SAMPLED): the window's mean of it, else the last one seen."""
+        value = self.window.mean(key)
+        return self.last_sampled.get(key) if value is None else value
+
     def comm_share(self) -> float | None:
         """The all-reduce's share of a step: of the iterations DDP sampled, their comm against
         their own time (compute, then comm less what ran beside the compute). Comm is only
@@ -86,15 +98,15 @@ class RankState:
         step several times over: against the mean of all steps it would read over 100%. Comm
         recorded without DDP's compute (a run of an earlier ddptop, replayed) is taken against
         the mean step."""
-        window = self.window
-        comm = window.mean("comm_ms")
+        figures = self.window.mean if self.window.mean("comm_ms") is not None else self.last_sampled.get
+        comm = figures("comm_ms")
         if comm is None:
             return None
-        compute = window.mean("compute_ms")
+        compute = figures("compute_ms")
         if compute is None:
-            step = window.mean("step_ms")
+            step = self.window.mean("step_ms")
             return comm / step if step else None
-        spent = compute + comm - (window.mean("comm_overlap_ms") or 0.0)
+        spent = compute + comm - (figures("comm_overlap_ms") or 0.0)
         return comm / spent if spent > 0 else None
 
     def add_compute(self, compute_ms: float, comm_step: int | None) -> None:
