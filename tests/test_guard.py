@@ -96,7 +96,7 @@ def test_a_fused_optimizer_handed_found_inf_skips_the_step_exactly():
     state = {k: {n: t.clone() for n, t in v.items()} for k, v in optimizer.state.items()}
     next(model.parameters()).grad.view(-1)[0] = math.nan
     norm = guard.total(guard.norms([p.grad for p in model.parameters()]))
-    optimizer.found_inf = guard.found_inf(norm)
+    optimizer.found_inf = guard.found_inf(norm, torch.empty((), dtype=torch.float32))
     optimizer.step()
     del optimizer.found_inf
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))

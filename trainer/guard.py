@@ -151,11 +151,10 @@ def clip_on_device(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: floa
     torchapi.foreach_mul_(grads, factor)
 
 
-def found_inf(norm: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def found_inf(norm: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """1.0 where norm is not finite, else 0.0: what a fused optimizer takes to skip a step.
-    Written into out (a float32 scalar on norm's device) where given: one op fewer."""
-    if out is None:
-        return torch.isfinite(norm).logical_not().float()
+    Written into out, a float32 scalar on norm's device made once: no new tensor, and no
+    .float() op, a step."""
     return torch.logical_not(torch.isfinite(norm), out=out)
 
 

@@ -455,13 +455,16 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     on_device = cuda and probe.skips and scaler_inf is None and getattr(optimizer, "_step_supports_amp_scaling", False)
     # The script's own norm of unscaled gradients is the step's, where it measured all of them
     # (an fp16 norm is not: it overflows where the gradients do not).
-    reuse: bool | None = False
+    borrowed: torch.Tensor | None = None
     if script is not None and clip is None and grad_scale is None and not script[1] and clipped and script[0].dtype is not torch.float16:
-        reuse = probe.covers.get((id(optimizer), len(grads), len(clipped), id(clipped[0]), id(clipped[-1])))
-        if reuse is None:
-            reuse = _script_covers(probe, optimizer, clipped)
-    if reuse and script is not None:
-        parts, script = [script[0]], None
+        key = (id(optimizer), len(grads), len(clipped), id(clipped[0]), id(clipped[-1]))
+        covers = probe.covers.get(key)
+        if covers is None:
+            covers = _script_covers(probe, optimizer, clipped, key)
+        if covers:
+            borrowed, script = script[0], None
+    if borrowed is not None:
+        parts = [borrowed]
     else:
         parts = guard.norms(grads)
         if clip is not None or on_device:
@@ -525,16 +528,15 @@ NAN_APPLIED_NOTICE = (
 COVERS_KEPT = 16
 
 
-def _script_covers(probe: Probe, optimizer: Any, clipped: list[Any]) -> bool:
+def _script_covers(probe: Probe, optimizer: Any, clipped: list[Any], key: tuple[int, ...]) -> bool:
     """Whether the parameters the script's clip_grad_norm_ was given hold every gradient the
     optimizer steps: then its norm is the guard's (a clip of some of them leaves the rest
-    unmeasured). Found once for each (optimizer, gradients, parameters clipped) and kept."""
+    unmeasured). Found once for each arrangement (key: Probe.covers) and kept."""
     given = {id(param) for param in clipped}
-    stepped = [param for group in optimizer.param_groups for param in group["params"] if param.grad is not None]
-    covers = all(id(param) in given for param in stepped)
+    covers = all(id(param) in given for group in optimizer.param_groups for param in group["params"] if param.grad is not None)
     if len(probe.covers) >= COVERS_KEPT:
         probe.covers.clear()
-    probe.covers[(id(optimizer), len(stepped), len(clipped), id(clipped[0]), id(clipped[-1]))] = covers
+    probe.covers[key] = covers
     return covers
 
 
