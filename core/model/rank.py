@@ -6,6 +6,7 @@ read from these by the metric table (metrics.py), not by each of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ddptop.core.model.stats import RollingWindow, median
@@ -87,9 +88,14 @@ class RankState:
     interval_comm_steps: int = 0
 
     def sampled(self, key: str) -> float | None:
-        """A figure of DDP's sampled iterations (SAMPLED): the window's mean of it, else the last one seen."""
-        value = self.window.mean(key)
-        return self.last_sampled.get(key) if value is None else value
+        """A figure of DDP's sampled iterations (SAMPLED): the window's mean, else the last one seen."""
+        return self._sampled_figures()(key)
+
+    def _sampled_figures(self) -> Callable[[str], float | None]:
+        """Where the sampled figures are read, all from one place: the window while it holds a
+        sampled step, else the last sampled step (a share of one iteration's figures and
+        another's would be neither's)."""
+        return self.window.mean if self.window.mean("comm_ms") is not None else self.last_sampled.get
 
     def comm_share(self) -> float | None:
         """The all-reduce's share of a step: of the iterations DDP sampled, their comm against
@@ -98,7 +104,7 @@ class RankState:
         step several times over: against the mean of all steps it would read over 100%. Comm
         recorded without DDP's compute (a run of an earlier ddptop, replayed) is taken against
         the mean step."""
-        figures = self.window.mean if self.window.mean("comm_ms") is not None else self.last_sampled.get
+        figures = self._sampled_figures()
         comm = figures("comm_ms")
         if comm is None:
             return None
