@@ -38,6 +38,8 @@ def params(model: nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+@pytest.mark.slow  # trains, stops and resumes a model twice: seconds
+@pytest.mark.oldest
 def test_resume_continues_bitwise_as_if_never_stopped(tmp_path):
     model, optimizer, scheduler = make()
     train(model, optimizer, scheduler, 5)

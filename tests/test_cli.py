@@ -213,6 +213,7 @@ def test_bad_tcp_and_multinode_input_is_one_line_and_starts_nothing(ddptop_home,
     assert not (ddptop_home / "runs").exists() or not any((ddptop_home / "runs").iterdir())
 
 
+@pytest.mark.slow  # waits out the rendezvous' own timeout
 def test_a_node_whose_rendezvous_nobody_serves_gives_up_in_one_line(ddptop_home, taken_port):
     result = run_ddptop(
         "launch",

@@ -182,6 +182,8 @@ async def test_a_stopped_rank_s_stack_is_read_by_py_spy(stopped_rank, tmp_path):
     assert source == "py-spy --nonblocking" and "train_step (<string>:" in text, text  # stopped in its sleep or its loop
 
 
+@pytest.mark.slow  # a real stopped process, read after the watchdog's wait
+@pytest.mark.oldest
 async def test_without_py_spy_a_stopped_rank_is_said_to_be_stopped(stopped_rank, tmp_path, monkeypatch):
     monkeypatch.setattr(stacks, "py_spy", lambda: None)
     assert await stacks.dump(tmp_path, 0, stopped_rank.pid) is None  # faulthandler's handler cannot run

@@ -97,6 +97,8 @@ print(json.dumps({"blocker": blocker, "calls": calls, "initialized": torch.cuda.
 """
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch and torch._dynamo: seconds
+@pytest.mark.oldest
 @pytest.mark.cuda  # and without a GPU: it holds on both, and on a GPU host it is the check that matters
 def test_the_template_imports_torch_without_initialising_cuda_or_starting_a_thread():
     """A forked CUDA context would break every rank; a forked thread would be a stopped copy."""

@@ -115,6 +115,7 @@ async def test_sort_and_reverse(job):
         await until(lambda: column(app, "rank")[0] == "2", "the slow rank first once reversed")
 
 
+@pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
 async def test_the_straggler_is_highlighted(job):
     job.feed(world=4, slow_rank=1)
     app = dashboard(job)
@@ -123,6 +124,7 @@ async def test_the_straggler_is_highlighted(job):
         assert [table(app).mark(r) for r in (0, 2, 3)] == ["", "", ""]
 
 
+@pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
 async def test_filter_and_clear(job):
     job.feed(world=4)
     app = dashboard(job)
@@ -134,6 +136,7 @@ async def test_filter_and_clear(job):
         await until(lambda: table(app).row_count == 4, "all rows back")
 
 
+@pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
 async def test_too_many_ranks_roll_up_by_node_with_the_worst_named_and_drill_down(job):
     job.feed(world=64, rate_hz=20.0, slow_rank=13)  # 8 nodes of 8 ranks
     app = dashboard(job)
@@ -167,6 +170,7 @@ async def test_pause_freezes_the_display_not_the_intake(job):
         await until(lambda: column(app, "step") != shown, "the display to resume")
 
 
+@pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
 async def test_detail_logs_and_help_screens(job):
     job.feed(world=2)
     app = dashboard(job)
@@ -192,6 +196,7 @@ async def test_detail_logs_and_help_screens(job):
         assert not isinstance(app.screen, (HelpScreen, RankDetailScreen))
 
 
+@pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
 async def test_kill_rank_asks_first(job):
     job.feed(world=4)
     app = dashboard(job)
@@ -269,6 +274,7 @@ async def test_quit_in_attach_only_detaches(job):
     assert app.return_value is None and job.commands == []
 
 
+@pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
 async def test_a_late_dashboard_sees_the_history_and_the_end(job):
     job.feed(world=2, rate_hz=100, steps=50)
     await asyncio.wait_for(job.feeder, 10)
@@ -400,6 +406,7 @@ async def test_the_stall_and_hang_alerts_stay_in_reach_under_later_notices_and_a
         assert not isinstance(app.screen, AlertsScreen)
 
 
+@pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
 async def test_p_in_a_rank_s_detail_asks_for_its_capture_and_shows_what_came_of_it(job):
     job.feed(world=2)
     app = dashboard(job)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 from builders import hello
 from conftest import until
 from test_tui_snapshots import BASE, fixed_run
@@ -38,6 +39,7 @@ def caption(app: DdptopApp) -> str:
     return str(app.query_one(Charts).caption.render())
 
 
+@pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
 async def test_w_switches_the_charts_between_the_last_minutes_and_the_whole_run(tmp_path, ddptop_home):
     app = replay(fixed_run(tmp_path / "run", seconds=1000))
     async with app.run_test(size=(160, 40)) as pilot:
@@ -56,6 +58,7 @@ async def test_w_switches_the_charts_between_the_last_minutes_and_the_whole_run(
         assert "whole run" in caption(app)
 
 
+@pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
 async def test_the_table_gets_its_rows_first_and_the_charts_the_rest(tmp_path, ddptop_home):
     app = replay(fixed_run(tmp_path / "run", seconds=120))
     async with app.run_test(size=(200, 50)) as pilot:
@@ -76,6 +79,7 @@ async def test_the_table_gets_its_rows_first_and_the_charts_the_rest(tmp_path, d
         await until(lambda: app.arranged is not None and app.arranged[0] == 2, "two rows of charts again")
 
 
+@pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
 async def test_a_run_with_no_loss_one_step_nan_and_a_silent_rank_draws_what_it_has(tmp_path, ddptop_home):
     run = rundir.create(Path("train.py"), tmp_path / "run")
     log, state = EventLog(run.events_path), JobState()

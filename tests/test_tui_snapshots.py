@@ -123,6 +123,7 @@ def test_main_screen_small(snap_compare, replay_app):
     assert snap_compare(replay_app, terminal_size=(80, 24), run_before=replayed)
 
 
+@pytest.mark.slow  # a replayed run brought to its end first: seconds
 def test_heatmap_at_64_ranks(snap_compare, replay_64):
     assert snap_compare(replay_64, terminal_size=(200, 50), run_before=replayed)
 
@@ -131,5 +132,6 @@ def test_detail_screen(snap_compare, replay_app):
     assert snap_compare(replay_app, terminal_size=(140, 30), run_before=replayed, press=["down", "down", "down", "enter"])
 
 
+@pytest.mark.slow  # a replayed run brought to its end first: seconds
 def test_help_screen(snap_compare, replay_app):
     assert snap_compare(replay_app, terminal_size=(100, 30), run_before=replayed, press=["question_mark"])
