@@ -24,6 +24,7 @@ process reads and drops.
     python bench/inrank.py --ranks 4 --blocks 100   # the example as `--gpus 4` runs it
     python bench/inrank.py --floor   # beside it, what any NaN guard must pay
     python bench/inrank.py --floor --lines   # and where in the step each job's cost falls
+    python bench/inrank.py --model gpt --floor --blocks 100   # nanoGPT's loop (bench/gpt_job.py), on a GPU
 
 The medians of blocks leave out what happens only now and then, since
 few blocks hold it: the sender's thread building and sending the records
@@ -83,8 +84,14 @@ from overhead import device
 REPO = Path(__file__).resolve().parent.parent
 
 
+LINES = ("next batch", "model(x)", "loss, zero_grad", "loss.backward()", "optimizer.step()", "monitor.step()")
+"""The lines of the example's step --lines times, as Job.run_lines splits it."""
+
+
 class Job:
     """One copy of the example's training loop: model, optimizer, data."""
+
+    LINES = LINES
 
     def __init__(self, args: argparse.Namespace, example: Any, torch_device: Any) -> None:
         import torch
@@ -98,6 +105,11 @@ class Job:
         data_args = argparse.Namespace(seed=0, samples=max(8192, 2 * args.batch_size), batch_size=args.batch_size)
         loader = example.make_loader(data_args, torch.distributed.get_rank(), torch.distributed.get_world_size())
         self.data = example.batches(loader, 0, 0)
+
+    def one_loss(self) -> Any:
+        """A forward's loss, with its graph."""
+        _, _, (x, y) = next(self.data)
+        return self.loss_fn(self.model(x.to(self.device)), y.to(self.device))
 
     def run(self, steps: int) -> None:
         from ddptop.trainer import monitor
@@ -137,8 +149,13 @@ class Job:
                 took[line].append(end - start)
 
 
-LINES = ("next batch", "model(x)", "loss, zero_grad", "loss.backward()", "optimizer.step()", "monitor.step()")
-"""The lines of the example's step --lines times, as Job.run_lines splits it."""
+def new_job(args: argparse.Namespace, example: Any, torch_device: Any) -> Any:
+    """One copy of the loop --model names: the example's (Job) or gpt_train's (gpt_job.GptJob)."""
+    if args.model == "gpt":
+        from gpt_job import GptJob
+
+        return GptJob(args, torch_device)
+    return Job(args, example, torch_device)
 
 
 def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> tuple[Job, Callable[[bool], None], Any, dict[str, Any]]:
@@ -153,7 +170,7 @@ def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> t
     sampled = Sampled()
     tracker = sending_tracker(sampled)
     probe = hooks.install(tracker, GuardPolicy(on_nan=args.on_nan), sampled)
-    job = Job(args, example, torch_device)
+    job = new_job(args, example, torch_device)
     job.optimizer.register_step_pre_hook(optimizer_hooks["pre"])
     job.optimizer.register_step_post_hook(optimizer_hooks["post"])
     optimizer_hooks["captures"] = probe.captures
@@ -207,7 +224,7 @@ def floor(args: argparse.Namespace, example: Any, torch_device: Any) -> Job:
     read late (see above); register before ddptop's hooks go in."""
     import torch
 
-    job = Job(args, example, torch_device)
+    job = new_job(args, example, torch_device)
     cuda = torch_device.type == "cuda"
     host = torch.empty((), pin_memory=cuda)
     event = torch.cuda.Event() if cuda else None
@@ -325,13 +342,14 @@ def measure(args: argparse.Namespace) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     leader = dist.get_rank() == 0
-    jobs = {"plain": Job(args, example, torch_device)}
+    jobs = {"plain": new_job(args, example, torch_device)}
     if args.floor:
         jobs[FLOOR] = floor(args, example, torch_device)
     hooked, bind, tracker, optimizer_hooks = instrumented(args, example, torch_device)
     jobs["ddptop"] = hooked
 
-    lines: dict[Job, dict[str, list[float]]] = {job: {line: [] for line in LINES} for job in jobs.values()}
+    names = jobs["plain"].LINES
+    lines: dict[Job, dict[str, list[float]]] = {job: {line: [] for line in names} for job in jobs.values()}
 
     def block(job: Job, steps: int) -> tuple[float, float]:
         bind(job is hooked)
@@ -351,7 +369,7 @@ def measure(args: argparse.Namespace) -> None:
 
     for job in jobs.values():
         block(job, 50)
-        lines[job] = {line: [] for line in LINES}
+        lines[job] = {line: [] for line in names}
     if args.profile and leader:
         profile(lambda: block(hooked, 2000))
     elif args.profile:
@@ -457,9 +475,7 @@ def zero_code_cost(job: Job, calls: int = 100_000) -> float:
     from ddptop.trainer.policy import GuardPolicy
     from ddptop.trainer.steps import StepTracker
 
-    _, _, (x, y) = next(job.data)
-    x, y = x.to(job.device), y.to(job.device)
-    loss = job.loss_fn(job.model(x), y)
+    loss = job.one_loss()
     probe = hooks.Probe(StepTracker(0, emit=lambda record: None), GuardPolicy())
     probe.tracker.forward_begin(None)
     original = torch.autograd.backward
@@ -514,11 +530,18 @@ def profile(run: Callable[[], Any]) -> None:
     stats.sort_stats("cumtime").print_stats("trainer", 20)
 
 
+def model(args: argparse.Namespace) -> str:
+    """The jobs' loop and its size, as the report's first line says it."""
+    if args.model == "gpt":
+        return f"gpt_train's loop, {args.layers} layers x {args.width}, {args.heads} heads, batch {args.batch_size} x {args.context}"
+    return f"the example's MLP, width {args.width}, batch {args.batch_size}"
+
+
 def report(args: argparse.Namespace, world: int, times: dict[str, list[tuple[float, float]]]) -> None:
     left_out = f"; without {', '.join(args.without)}" if args.without else ""
     ranks = "one rank" if world == 1 else f"rank 0 of {world}"
     print(
-        f"{ranks} on {device()} ({args.threads} CPU thread), width {args.width}, batch {args.batch_size}, --on-nan {args.on_nan}{left_out}; "
+        f"{ranks} on {device()} ({args.threads} CPU thread), {model(args)}, --on-nan {args.on_nan}{left_out}; "
         f"{args.blocks} alternating blocks of {args.block_steps} steps each, after {args.warmup_steps} untimed"
     )
     print(f"{'ms/step, median of blocks':<28}{'plain':>9}{'job':>9}{'cost µs':>9}{'ratio':>8}")
@@ -597,15 +620,24 @@ def report_lines(lines: dict[str, dict[str, list[float]]]) -> None:
         print(f"{label:<28}" + "".join(cells))
 
     print(f"{'µs a step, median by line':<28}" + "".join(f"{name[:16]:>17}" for name in names))
-    for line in LINES:
+    for line in lines[names[0]]:
         row(line, {name: medians[name][line] for name in names})
     row("sum of the lines", {name: sum(medians[name].values()) for name in names})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--model",
+        choices=("mlp", "gpt"),
+        default="mlp",
+        help="whose loop the jobs run: the example's MLP, or bench/gpt_train.py's nanoGPT-sized GPT (bench/gpt_job.py)",
+    )
+    parser.add_argument("--width", type=int, help="the model's width (default: the MLP's 256, the GPT's 384)")
+    parser.add_argument("--batch-size", type=int, help="samples a step (default: the MLP's 32, the GPT's 64)")
+    parser.add_argument("--layers", type=int, default=6, help="the GPT's layers")
+    parser.add_argument("--heads", type=int, default=6, help="the GPT's attention heads")
+    parser.add_argument("--context", type=int, default=256, help="the GPT's tokens a sample")
     parser.add_argument("--blocks", type=int, default=300, help="blocks per job, alternating")
     parser.add_argument("--block-steps", type=int, default=10)
     parser.add_argument("--warmup-steps", type=int, default=5, help="untimed steps that start each block (see above)")
@@ -630,6 +662,9 @@ def main() -> None:
         help="halfway through, capture 10 steps of ddptop's job with torch.profiler; its row after that is its own (ddptop's cost after a capture)",
     )
     args = parser.parse_args()
+    gpt = args.model == "gpt"
+    args.width = args.width or (384 if gpt else 256)
+    args.batch_size = args.batch_size or (64 if gpt else 32)
     if args.ranks > 1 and "WORLD_SIZE" not in os.environ:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks)]
         sys.exit(subprocess.run([*torchrun, __file__, *sys.argv[1:]]).returncode)
