@@ -249,10 +249,10 @@ def floor(args: argparse.Namespace, example: Any, torch_device: Any) -> Job:
 def without(parts: list[str]) -> None:
     """Leave parts of ddptop's instrumentation out, to attribute its cost:
     `guard` skips the NaN/Inf guard (no grad norm, no packed loss)."""
-    from ddptop.trainer import hooks
+    from ddptop.trainer import optimizer_step
 
     if "guard" in parts:
-        hooks._guard = lambda probe, optimizer: {}
+        optimizer_step._guard = lambda probe, optimizer: {}
 
 
 def counts(optimizer_hooks: dict[str, Any], torch_device: Any, steps: int = 100) -> dict[int, tuple[float, float]]:

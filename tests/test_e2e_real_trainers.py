@@ -15,7 +15,7 @@ import pytest
 from conftest import SCRIPTS, recorded, run_ddptop
 
 from ddptop.core import rundir
-from ddptop.trainer.hooks import RESUMED_FROM
+from ddptop.trainer.optimizer_step import RESUMED_FROM
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ddptop.trainer import guard, hooks, patches, torchapi
+from ddptop.trainer import guard, hooks, optimizer_step, patches, torchapi
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.steps import StepTracker
 
@@ -340,7 +340,7 @@ def test_a_script_that_restores_its_own_optimizer_state_goes_on_from_its_step_co
     assert [r["step"] for r in steps] == [40, 41]
     assert [r["grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-6)
     [resumed] = [r for r in records if r["type"] == "resume"]
-    assert resumed["step"] == 39 and resumed["path"] == hooks.RESUMED_FROM
+    assert resumed["step"] == 39 and resumed["path"] == optimizer_step.RESUMED_FROM
 
 
 def test_a_non_finite_step_is_skipped_and_this_rank_named_by_its_loss(records):

@@ -1,6 +1,6 @@
 """The watchdog's in-rank half: the NaN/Inf guard, enforced clipping, checksums.
 
-Called from the optimizer step pre-hook (hooks.py), so the script needs no
+Called from the optimizer step pre-hook (optimizer_step.py), so the script needs no
 change. Before the optimizer applies a step, on every step:
 
 - each gradient's norm is taken in one fused kernel (_foreach_norm, what
@@ -56,7 +56,7 @@ _HALF = 1 << 32
 class Layout(NamedTuple):
     """Where each value sits in a step's pack, and how the host reads them (`fields`).
 
-    Made once per arrangement and kept (hooks._FIELDS), not per step: a step's
+    Made once per arrangement and kept (optimizer_step._FIELDS), not per step: a step's
     pack has the same layout as the last one's but for a change of model,
     scaler or policy."""
 

@@ -92,7 +92,7 @@ class Captures:
     def __init__(self, rank: int, attempt: int, send: Send, models: Callable[[], list[Any]] = list) -> None:
         self.rank, self.attempt, self._send = rank, attempt, send
         self.models = models
-        """The rank's DDP models (hooks.py sets it): their timings, their sample rate."""
+        """The rank's DDP models (probe.py sets it): their timings, their sample rate."""
         self.active = False
         """Whether a capture waits for the next boundary or runs: the one thing a step reads."""
         self._pending: Capture | None = None

@@ -9,7 +9,7 @@ used through this module, and `missing()` says which of them the running
 torch lacks: tests/test_torchapi.py runs it against the installed torch,
 and CI runs the fast set on the oldest torch the package declares.
 
-Imported only once the script has imported torch (hooks.py, guard.py).
+Imported only once the script has imported torch (hooks.py, optimizer_step.py, guard.py).
 """
 
 from __future__ import annotations

@@ -222,7 +222,7 @@ class Checkpoint(TypedDict):
 
 class Resume(TypedDict):
     """A rank goes on from a checkpoint after `step`: monitor.resume() loaded `path` (skipping
-    the `damaged` ones), or the script restored its own optimizer state (hooks.RESUMED_FROM)."""
+    the `damaged` ones), or the script restored its own optimizer state (optimizer_step.RESUMED_FROM)."""
 
     type: Literal["resume"]
     rank: int

@@ -1,0 +1,253 @@
+"""What happens at each optimizer step of a rank: the guard before it, the step's end after.
+
+hooks.install registers `begin` and `end` as torch's global optimizer
+step pre- and post-hooks. Before the optimizer sees the gradients, `begin`
+runs the in-rank watchdog (guard.py): one fused norm of the gradients (or
+the script's own clip_grad_norm_'s, where it measured all of them), packed
+with the step's losses and scales into one tensor, one copy to the host;
+the NaN/Inf skip where the policy asks; clipping on the device; every few
+steps a checksum. After it, `end` closes the step's record, reads DDP's
+sampled timings when they are due, and gives a profiler capture its step
+boundary.
+
+This module imports torch at the top: it is only reached from hooks.py,
+once the script's own `import torch` has finished (runtime.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ddptop.trainer import guard, late, torchapi
+from ddptop.trainer.probe import Probe
+
+
+def begin(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> tuple[Any, Any] | None:
+    """A training step's optimizer step begins, unless another optimizer's
+    step is running: one stepped from inside it (ZeroRedundancyOptimizer's
+    local optimizer) is part of that step, which the outer one ends.
+
+    A step given a closure (PyTorch Lightning's, LBFGS's) runs its forward
+    and backward inside step(), after this hook: the closure is wrapped so
+    that the guard sees the gradients it makes, before the update."""
+    if probe.stepping is not None and probe.stepping is not optimizer:
+        return None
+    probe.stepping = optimizer
+    closure = kwargs.get("closure") if kwargs else None
+    if closure is None and len(args) > 1 and callable(args[1]):  # torch passes the step's args with the optimizer first
+        closure = args[1]
+    if closure is None:
+        _guarded(probe, optimizer)
+        return None
+
+    def guarded_closure() -> Any:
+        result = closure()
+        _guarded(probe, optimizer)
+        return result
+
+    if kwargs and "closure" in kwargs:
+        return args, {**kwargs, "closure": guarded_closure}
+    return (args[0], guarded_closure, *args[2:]), kwargs
+
+
+def _guarded(probe: Probe, optimizer: Any) -> None:
+    """The guard, once the step's gradients are made; and a script's own resume, at the first step."""
+    values = _guard(probe, optimizer)
+    if not probe.resume_seen:
+        probe.resume_seen = True
+        _follow_the_scripts_resume(probe, optimizer)
+    probe.tracker.optimizer_begin(values)
+
+
+RESUMED_FROM = "its optimizer's state (the script's own checkpoint)"
+
+
+def _follow_the_scripts_resume(probe: Probe, optimizer: Any) -> None:
+    """Steps go on from where a script that resumes itself goes on.
+
+    A script that restores its own checkpoint (nanoGPT's ckpt.pt, a
+    Trainer's resume_from_checkpoint) loads its optimizer's state before the
+    first step of the attempt; the step count Adam-like optimizers keep there
+    is the steps done, so ddptop's next step is that count, as under
+    monitor.resume. An optimizer that keeps no count (plain SGD) says nothing:
+    then ddptop's steps count from 0 in each attempt. A count on a GPU is not
+    read: that would wait for the device.
+    """
+    count = next((state.get("step") for state in optimizer.state.values()), None)
+    if isinstance(count, torch.Tensor):
+        if count.device.type != "cpu" or count.numel() != 1:
+            return
+        count = count.item()
+    if not isinstance(count, (int, float)) or count <= probe.tracker.step:
+        return
+    tracker = probe.tracker
+    tracker.resumed_at(int(count))
+    tracker.event(
+        {"type": "resume", "rank": tracker.rank, "wall": time.time(), "step": int(count) - 1, "path": RESUMED_FROM, "damaged": []}
+    )
+
+
+def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
+    """The guard, before the optimizer sees the gradients: the step record's values.
+
+    One fused norm per gradient, packed with the step's losses and scales
+    into one tensor, one copy to the host (guard.py says what is in it). The
+    verdict is read now where the step may have to be skipped on the host
+    (the CPU, where reading waits for nothing; `--on-nan skip` on a GPU with
+    an optimizer that takes no found_inf); a fused optimizer on a GPU is
+    handed the verdict as its found_inf, on the device; otherwise the
+    values are read a step late.
+
+    One function rather than a chain of them on purpose: it runs once a step
+    between torch's kernels, where every function called pays its own cold
+    start, so the usual step calls only torch.
+    """
+    tracker, policy = probe.tracker, probe.policy
+    scale, probe.scale = probe.scale, None
+    script, clipped = probe.script_norm, probe.clipped
+    if probe.clips:  # the script's clip is this step's alone, and its parameters are not held past it
+        probe.script_norm, probe.clips, probe.clipped = None, 0, []
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not grads:  # no parameter has a gradient this step: nothing to check or clip, only its losses
+        probe.scale = scale
+        return losses_only(probe)
+    losses, tracker.losses = tracker.losses, []
+    first = grads[0]
+    probe.cuda = cuda = first.is_cuda
+    if cuda and probe.sampled.device is None:
+        probe.sampled.device = first.device.index
+    grad_scale = getattr(optimizer, "grad_scale", None)  # a fused optimizer under GradScaler.step: still scaled
+    scaler_inf = getattr(optimizer, "found_inf", None)
+    clip = policy.clip_grad
+    on_device = cuda and probe.skips and scaler_inf is None and getattr(optimizer, "_step_supports_amp_scaling", False)
+    # The script's own norm of unscaled gradients is the step's, where it measured all of them
+    # (an fp16 norm is not: it overflows where the gradients do not).
+    borrowed: torch.Tensor | None = None
+    if script is not None and clip is None and grad_scale is None and not script[1] and clipped and script[0].dtype is not torch.float16:
+        key = (id(optimizer), len(grads), len(clipped), id(clipped[0]), id(clipped[-1]))
+        covers = probe.covers.get(key)
+        if covers is None:
+            covers = _script_covers(probe, optimizer, clipped, key)
+        if covers:
+            borrowed, script = script[0], None
+    if borrowed is not None:
+        parts = [borrowed]
+    else:
+        parts = guard.norms(grads)
+        if clip is not None or on_device:
+            parts = [guard.total(parts)]
+            if clip is not None:
+                guard.clip_on_device(grads, parts[0] if grad_scale is None else parts[0] / grad_scale, clip)
+    if on_device:
+        flag = probe.inf_flag
+        if flag is None or flag.device != first.device:
+            flag = probe.inf_flag = torch.empty((), dtype=torch.float32, device=first.device)
+        optimizer.found_inf = guard.found_inf(parts[0], flag)
+        probe.found_inf_set = optimizer
+    norms = len(parts)
+    if script is not None:
+        parts.append(script[0])
+    marks = _scaled_marks(probe, len(losses)) if probe.scaled_at else (False,) * len(losses)  # the usual step: no call
+    parts += losses
+    has_scale = False
+    if scale is not None and (True in marks or bool(script and script[1])):
+        parts.append(scale)
+        has_scale = True
+    if grad_scale is not None:
+        parts.append(grad_scale)
+    if scaler_inf is not None:
+        parts.append(scaler_inf)
+    checksum = bool(policy.desync_every) and tracker.step % policy.desync_every == 0
+    if checksum:
+        parts += guard.checksum_parts(probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]])
+    arrangement = (norms, script is not None, bool(script and script[1]), marks, has_scale, grad_scale is not None,
+                   scaler_inf is not None, checksum, clip, probe.world == 1, on_device)  # fmt: skip
+    fields = _FIELDS.get(arrangement)
+    if fields is None:
+        fields = _FIELDS[arrangement] = guard.Layout(*arrangement).fields
+    grad_mode = torch.is_grad_enabled()
+    if grad_mode:  # the losses still have their graphs: the pack needs none
+        torchapi.set_grad_enabled(False)
+    packed = guard.pack(parts)
+    if grad_mode:
+        torchapi.set_grad_enabled(True)
+    if not cuda or (policy.waits(cuda) and not on_device and scaler_inf is None):
+        values: dict[str, Any] = fields(packed.tolist())
+        if probe.skips and values.get("nonfinite"):
+            guard.skip(optimizer)
+            values["skipped"] = "nan"
+        return values
+    if policy.on_nan == "auto" and not on_device and scaler_inf is None:
+        probe.tell_once("late", NAN_APPLIED_NOTICE.format(name=type(optimizer).__name__))
+    return {late.FIELDS: late.RING.send(packed, fields)}
+
+
+_FIELDS: dict[tuple[Any, ...], Any] = {}
+"""Each arrangement's Layout.fields, looked up without a call: the usual step has the last one's."""
+
+
+NAN_APPLIED_NOTICE = (
+    "{name} on a GPU takes no found_inf tensor, so a non-finite step is seen a step late and "
+    "reaches the weights; --on-nan skip skips it exactly, at a wait for the backward pass every step"
+)
+
+
+COVERS_KEPT = 16
+
+
+def _script_covers(probe: Probe, optimizer: Any, clipped: list[Any], key: tuple[int, ...]) -> bool:
+    """Whether the parameters the script's clip_grad_norm_ was given hold every gradient the
+    optimizer steps: then its norm is the guard's (a clip of some of them leaves the rest
+    unmeasured). Found once for each arrangement (key: Probe.covers) and kept."""
+    given = {id(param) for param in clipped}
+    covers = all(id(param) in given for group in optimizer.param_groups for param in group["params"] if param.grad is not None)
+    if len(probe.covers) >= COVERS_KEPT:
+        probe.covers.clear()
+    probe.covers[key] = covers
+    return covers
+
+
+def _scaled_marks(probe: Probe, count: int) -> tuple[bool, ...]:
+    """Which of the step's count losses a GradScaler scaled, taken off the probe for the next step."""
+    marks = tuple(i in probe.scaled_at for i in range(count))
+    probe.scaled_at = []
+    return marks
+
+
+def losses_only(probe: Probe) -> dict[str, Any]:
+    """The values of a step with no gradients (a GradScaler skipped its optimizer): the losses, unscaled."""
+    tracker = probe.tracker
+    losses, tracker.losses = tracker.losses, []
+    scale, probe.scale = probe.scale, None
+    probe.script_norm, probe.clips, probe.clipped = None, 0, []
+    marks = _scaled_marks(probe, len(losses))
+    if not losses:
+        return {}
+    parts = [loss.detach() for loss in losses]
+    has_scale = scale is not None and True in marks
+    if has_scale:
+        parts.append(scale)
+    fields = guard.Layout(0, False, False, marks, has_scale, False, False, False, None, probe.world == 1).fields
+    packed = guard.pack(parts)
+    return {late.FIELDS: late.RING.send(packed, fields)} if packed.is_cuda else fields(packed.tolist())
+
+
+def end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
+    if optimizer is not probe.stepping:
+        return
+    probe.stepping = None
+    if probe.found_inf_set is optimizer:
+        del optimizer.found_inf
+        probe.found_inf_set = None
+    if probe.sampled.comm_due:  # once a second: the reducer is idle between steps (sampled.py)
+        probe.sampled.read_comm()
+    groups = optimizer.param_groups
+    if groups and type(lr := groups[0].get("lr")) is float:  # a tensor one (capturable schedules) would need a device read
+        probe.tracker.optimizer_end({"lr": lr})
+    else:
+        probe.tracker.optimizer_end({})
+    if probe.captures.active:  # a capture asked for or running (profiling.py): a step boundary for it
+        probe.captures.boundary(probe.tracker.step)

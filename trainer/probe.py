@@ -1,0 +1,88 @@
+"""What one rank's torch hooks share (hooks.py, optimizer_step.py): where records
+go, the guard's policy, the DDP models, and what the step so far told them.
+
+This module imports torch at the top: it is only reached from hooks.py,
+once the script's own `import torch` has finished (runtime.py).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ddptop.trainer.policy import GuardPolicy
+from ddptop.trainer.profiling import Captures
+from ddptop.trainer.sampled import Sampled
+from ddptop.trainer.steps import StepTracker
+
+
+class Probe:
+    """What the hooks of one rank share: where records go, the policy, the DDP
+    models (for checksums and DDP's own timings), and what the step so far told."""
+
+    def __init__(self, tracker: StepTracker, policy: GuardPolicy, sampled: Sampled | None = None, captures: Captures | None = None) -> None:
+        self.tracker = tracker
+        self.captures = captures if captures is not None else Captures(tracker.rank, 0, lambda record: None)
+        """Profiler captures asked of this rank (profiling.py): run at step boundaries."""
+        self.captures.models = self.ddp_models
+        self.policy = policy
+        self.skips = policy.skips
+        """policy.skips, read once: an attribute costs the step no call."""
+        self.sampled = sampled if sampled is not None else Sampled()
+        self.models: list[weakref.ref[Any]] = []
+        """The DDP models, weakly: their parameters are what the checksum covers."""
+        self.world = 1
+        """The DDP models' group size: at 1 a non-finite gradient is this rank's own."""
+        self.groups: dict[int, Any] = {}
+        """The DDP models' process groups, held to the rank's end and past it (keep_groups says why)."""
+        self.scale: torch.Tensor | None = None
+        """The scale a GradScaler multiplied this step's loss by (None: no scaler, or a disabled one)."""
+        self.unscaled = False
+        """Whether GradScaler.unscale_ ran since that scale(): the gradients are unscaled."""
+        self.script_norm: tuple[torch.Tensor, bool] | None = None
+        """What the script's clip_grad_norm_ returned this step, and whether the gradients it
+        measured were still scaled; two calls in one step leave None (their norms are parts)."""
+        self.clips = 0
+        self.clipped: list[Any] = []
+        """The parameters the script's clip_grad_norm_ was given this step (not held past it)."""
+        self.covers: dict[tuple[int, ...], bool] = {}
+        """Whether a script's clip covered every gradient an optimizer steps, by (optimizer, gradients,
+        parameters clipped, first and last of them): found once, then looked up without a call."""
+        self.inf_flag: torch.Tensor | None = None
+        """The found_inf ddptop hands a fused optimizer, made once and written on the device each step."""
+        self.resume_seen = False
+        """Whether the first optimizer step has looked for a script's own resume (once a process)."""
+        self.stepping: Any = None
+        """The optimizer whose step() is running. One that raised is left
+        here, and its next step() begins afresh."""
+        self.found_inf_set: Any = None
+        """The optimizer ddptop handed a found_inf to for the step running (taken back after it)."""
+        self.cuda = False
+        """Whether the latest step's gradients were on a GPU."""
+        self.scaled_at: list[int] = []
+        """Which of the step's losses (tracker.losses, by position) a GradScaler scaled."""
+        self.scaled: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        """Tensors a GradScaler scaled, by id, with the id of the tensor they were scaled from
+        (the latest SCALED_KEPT kept): the loss that goes to backward() is read unscaled, and
+        monitor.step(loss=) of the unscaled one is known to be the same loss."""
+        self.notice: Callable[[str], None] = lambda text: None
+        """Where a one-time notice goes (the supervisor's alert panel, through the tracker)."""
+        self.noticed: set[str] = set()
+
+    def ddp_models(self) -> list[Any]:
+        return [model for ref in self.models if (model := ref()) is not None]
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [p for ref in self.models if (model := ref()) is not None for p in model.module.parameters()]
+
+    def tell_once(self, key: str, text: str) -> None:
+        if key not in self.noticed:
+            self.noticed.add(key)
+            self.notice(text)
+
+
+SCALED_KEPT = 16
+"""How many tensors a GradScaler scaled a probe remembers (Probe.scaled)."""
