@@ -19,11 +19,12 @@ import argparse
 import time
 from typing import Any
 
+from gpt_train import GPT, LOSS_READ_EVERY, train_step
+
 LINES = ("next batch", "model(x)", "loss.backward()", "clip_grad_norm_", "optimizer.step()", "zero_grad, loss read")
 """The lines of the step --lines times, as GptJob.run_lines splits it."""
 
 VOCAB = 65
-LOSS_READ_EVERY = 10
 
 
 class GptJob:
@@ -33,7 +34,6 @@ class GptJob:
 
     def __init__(self, args: argparse.Namespace, torch_device: Any) -> None:
         import torch
-        from gpt_train import GPT
 
         cuda = torch_device.type == "cuda"
         if cuda:
@@ -60,21 +60,13 @@ class GptJob:
         import torch
 
         for _ in range(steps):
-            ids = torch.randint(VOCAB, (self.batch_size, self.context + 1), device=self.device)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16):
-                loss = self.model(ids[:, :-1], ids[:, 1:])
-            self.scaler.scale(loss).backward()
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
             self.iteration += 1
-            if self.iteration % LOSS_READ_EVERY == 0:
-                loss.item()
+            ids = torch.randint(VOCAB, (self.batch_size, self.context + 1), device=self.device)
+            train_step(self.model, self.optimizer, self.scaler, ids, self.iteration)
 
     def run_lines(self, steps: int, took: dict[str, list[float]]) -> None:
-        """run(), with each line's wall time added to took[line] (bench/inrank.py --lines)."""
+        """run(), its train_step's lines written out, each line's wall time added to took[line]
+        (bench/inrank.py --lines)."""
         import torch
 
         clock = time.perf_counter

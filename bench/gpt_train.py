@@ -87,6 +87,23 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, ids: torch.Tensor, iteration: int) -> None:
+    """One of nanoGPT's iterations on a batch of token ids (bench/gpt_job.py runs it too)."""
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16):
+        loss = model(ids[:, :-1], ids[:, 1:])
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    if iteration % LOSS_READ_EVERY == 0:
+        loss.item()  # nanoGPT's log line: the host waits for the device every 10 iterations
+
+
+LOSS_READ_EVERY = 10
+
+
 def thread_times() -> dict[str, tuple[str, int, int]]:
     """This process's threads by id: name, ns on a CPU, ns runnable and waiting for one ({} off Linux)."""
     times: dict[str, tuple[str, int, int]] = {}
@@ -155,24 +172,13 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(1337 + dist.get_rank())
-    dtype = torch.bfloat16
     model = GPT(args.vocab, args.context, args.layers, args.width, args.heads).to(device)
     model = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=cuda)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 autocast: nanoGPT enables it only for fp16
 
     def step(iteration: int) -> None:
-        ids = torch.randint(args.vocab, (args.batch_size, args.context + 1), device=device)
-        with torch.autocast(device.type, dtype=dtype):
-            loss = model(ids[:, :-1], ids[:, 1:])
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        if iteration % 10 == 0:
-            loss.item()  # nanoGPT's log line: the host waits for the device every 10 iterations
+        train_step(model, optimizer, scaler, torch.randint(args.vocab, (args.batch_size, args.context + 1), device=device), iteration)
 
     started, threads = time.perf_counter(), thread_times()
     for iteration in range(args.iters):
