@@ -19,12 +19,10 @@ import argparse
 import time
 from typing import Any
 
-from gpt_train import GPT, LOSS_READ_EVERY, train_step
+from gpt_train import LOSS_READ_EVERY, batch, loss_of, make, train_step
 
 LINES = ("next batch", "model(x)", "loss.backward()", "clip_grad_norm_", "optimizer.step()", "zero_grad, loss read")
 """The lines of the step --lines times, as GptJob.run_lines splits it."""
-
-VOCAB = 65
 
 
 class GptJob:
@@ -35,34 +33,24 @@ class GptJob:
     def __init__(self, args: argparse.Namespace, torch_device: Any) -> None:
         import torch
 
-        cuda = torch_device.type == "cuda"
-        if cuda:
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
         torch.manual_seed(0)
         self.device = torch_device
         self.batch_size, self.context = args.batch_size, args.context
-        module = GPT(VOCAB, args.context, args.layers, args.width, args.heads).to(torch_device)
-        self.model = torch.nn.parallel.DistributedDataParallel(module, device_ids=[torch_device.index] if cuda else None)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=cuda)
-        self.scaler = torch.amp.GradScaler(torch_device.type, enabled=False)
+        self.model, self.optimizer, self.scaler = make(torch_device, args.context, args.layers, args.width, args.heads)
         self.iteration = 0
+
+    def tokens(self) -> Any:
+        """A batch of random token ids on the job's device."""
+        return batch(self.batch_size, self.context, self.device)
 
     def one_loss(self) -> Any:
         """A forward's loss, with its graph."""
-        import torch
-
-        ids = torch.randint(VOCAB, (self.batch_size, self.context + 1), device=self.device)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16):
-            return self.model(ids[:, :-1], ids[:, 1:])
+        return loss_of(self.model, self.tokens())
 
     def run(self, steps: int) -> None:
-        import torch
-
         for _ in range(steps):
             self.iteration += 1
-            ids = torch.randint(VOCAB, (self.batch_size, self.context + 1), device=self.device)
-            train_step(self.model, self.optimizer, self.scaler, ids, self.iteration)
+            train_step(self.model, self.optimizer, self.scaler, self.tokens(), self.iteration)
 
     def run_lines(self, steps: int, took: dict[str, list[float]]) -> None:
         """run(), its train_step's lines written out, each line's wall time added to took[line]
@@ -72,10 +60,9 @@ class GptJob:
         clock = time.perf_counter
         for _ in range(steps):
             t0 = clock()
-            ids = torch.randint(VOCAB, (self.batch_size, self.context + 1), device=self.device)
+            ids = self.tokens()
             t1 = clock()
-            with torch.autocast(self.device.type, dtype=torch.bfloat16):
-                loss = self.model(ids[:, :-1], ids[:, 1:])
+            loss = loss_of(self.model, ids)
             t2 = clock()
             self.scaler.scale(loss).backward()
             t3 = clock()

@@ -87,10 +87,40 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+VOCAB = 65
+"""nanoGPT's character-level vocabulary."""
+
+LOSS_READ_EVERY = 10
+
+
+def make(
+    device: torch.device, context: int, layers: int, width: int, heads: int, vocab: int = VOCAB
+) -> tuple[DistributedDataParallel, torch.optim.Optimizer, torch.amp.GradScaler]:
+    """The GPT under DDP on device, its optimizer (torch's fused AdamW on a GPU) and its
+    GradScaler (off: bf16 autocast, which nanoGPT's enables only for fp16); seed torch first."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    model = DistributedDataParallel(GPT(vocab, context, layers, width, heads).to(device), device_ids=[device.index] if cuda else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=cuda)
+    return model, optimizer, torch.amp.GradScaler(device.type, enabled=False)
+
+
+def batch(batch_size: int, context: int, device: torch.device, vocab: int = VOCAB) -> torch.Tensor:
+    """Random token ids, one more than the context a sample: inputs and their next tokens."""
+    return torch.randint(vocab, (batch_size, context + 1), device=device)
+
+
+def loss_of(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """The forward under bf16 autocast: the loss of predicting each next token."""
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16):
+        return model(ids[:, :-1], ids[:, 1:])
+
+
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, ids: torch.Tensor, iteration: int) -> None:
     """One of nanoGPT's iterations on a batch of token ids (bench/gpt_job.py runs it too)."""
-    with torch.autocast(ids.device.type, dtype=torch.bfloat16):
-        loss = model(ids[:, :-1], ids[:, 1:])
+    loss = loss_of(model, ids)
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -99,9 +129,6 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch
     optimizer.zero_grad(set_to_none=True)
     if iteration % LOSS_READ_EVERY == 0:
         loss.item()  # nanoGPT's log line: the host waits for the device every 10 iterations
-
-
-LOSS_READ_EVERY = 10
 
 
 def thread_times() -> dict[str, tuple[str, int, int]]:
@@ -159,7 +186,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--width", type=int, default=384)
     parser.add_argument("--heads", type=int, default=6)
-    parser.add_argument("--vocab", type=int, default=65)
+    parser.add_argument("--vocab", type=int, default=VOCAB)
     parser.add_argument("--traced", type=int, default=20, help="iterations traced on a GPU for gpu-busy-ms (0: none)")
     args = parser.parse_args()
 
@@ -169,16 +196,11 @@ def main() -> None:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(1337 + dist.get_rank())
-    model = GPT(args.vocab, args.context, args.layers, args.width, args.heads).to(device)
-    model = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=cuda)
-    scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 autocast: nanoGPT enables it only for fp16
+    model, optimizer, scaler = make(device, args.context, args.layers, args.width, args.heads, args.vocab)
 
     def step(iteration: int) -> None:
-        train_step(model, optimizer, scaler, torch.randint(args.vocab, (args.batch_size, args.context + 1), device=device), iteration)
+        train_step(model, optimizer, scaler, batch(args.batch_size, args.context, device, args.vocab), iteration)
 
     started, threads = time.perf_counter(), thread_times()
     for iteration in range(args.iters):
