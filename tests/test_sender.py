@@ -117,6 +117,33 @@ def test_a_listener_that_goes_away_mid_run_is_survived(listener):
     sender.close(timeout=3)
 
 
+def test_a_supervisor_that_hangs_up_costs_drops_until_the_rank_reconnects(listener):
+    """Hanging up (shutdown, so the rank's sends still succeed) is noticed by reading,
+    and a rank that noticed so waits before reconnecting, as after a failed send:
+    what it made meanwhile is counted, not silently sent to a fresh connection."""
+    server, address = listener
+    sender = Sender(address, HELLO, heartbeat)
+    sender.start()
+    training = threading.Event()
+
+    def train() -> None:
+        while not training.wait(0.001):
+            sender.put(step(0))
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    server.settimeout(10)
+    first, _ = server.accept()
+    first.shutdown(socket.SHUT_WR)
+    second, _ = server.accept()
+    training.set()
+    trainer.join(5)
+    assert sender.dropped > 0
+    sender.close(timeout=3)
+    first.close()
+    second.close()
+
+
 def test_no_listener_at_all(tmp_path):
     sender = Sender(f"unix:{tmp_path / 'missing'}", HELLO, heartbeat)
     sender.start()

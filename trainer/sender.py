@@ -8,7 +8,10 @@ jobs), adds a heartbeat about once a second, and writes it to the
 supervisor's socket. When the supervisor
 is slow or gone, records are dropped and counted, never waited for: the
 socket has a send timeout, and while there is no connection the thread
-empties the queue into the drop count instead of letting it fill.
+empties the queue into the drop count instead of letting it fill. A lost
+connection, whether a send fails or the supervisor hangs up, is tried again
+RECONNECT_S later, not at the next flush: a supervisor that is gone refuses
+or drops the connection again, and the records of that second are counted.
 """
 
 from __future__ import annotations
@@ -143,12 +146,11 @@ class Sender:
             self.sent += len(items)
         except (OSError, wire.FrameError):
             self._dropped_unsent += len(items)
-            self._disconnect()
-            self._next_connect = now + RECONNECT_S
+            self._lost(now)
             return
-        self._receive()
+        self._receive(now)
 
-    def _receive(self) -> None:
+    def _receive(self, now: float) -> None:
         """What the supervisor sent this rank (rank_command), read without waiting."""
         assert self._sock is not None
         try:
@@ -158,10 +160,10 @@ class Sender:
                 return
             data = self._sock.recv(RECEIVE_BYTES)
         except OSError:
-            self._disconnect()
+            self._lost(now)
             return
-        if not data:  # the supervisor closed: the next flush reconnects
-            self._disconnect()
+        if not data:  # the supervisor hung up
+            self._lost(now)
             return
         try:
             for frame in self._decoder.feed(data):
@@ -179,6 +181,10 @@ class Sender:
             self._next_connect = now + RECONNECT_S
             return
         self._sock = sock
+
+    def _lost(self, now: float) -> None:
+        self._disconnect()
+        self._next_connect = now + RECONNECT_S
 
     def _disconnect(self) -> None:
         if self._sock is not None:
