@@ -178,11 +178,12 @@ class Sender:
             sock.settimeout(SEND_TIMEOUT_S)
             sock.sendall(wire.encode(self._hello))
         except OSError:
-            self._next_connect = now + RECONNECT_S
+            self._lost(now)
             return
         self._sock = sock
 
     def _lost(self, now: float) -> None:
+        """No connection, or none to be had: the next try is RECONNECT_S from now."""
         self._disconnect()
         self._next_connect = now + RECONNECT_S
 
