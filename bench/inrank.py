@@ -173,7 +173,7 @@ def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> t
     job = new_job(args, example, torch_device)
     job.optimizer.register_step_pre_hook(optimizer_hooks["pre"])
     job.optimizer.register_step_post_hook(optimizer_hooks["post"])
-    optimizer_hooks["captures"] = probe.captures
+    optimizer_hooks["probe"] = probe
     return job, lambda on: monitor.bind(tracker if on else None), tracker, optimizer_hooks
 
 
@@ -255,14 +255,19 @@ def without(parts: list[str]) -> None:
         optimizer_step._guard = lambda probe, optimizer: {}
 
 
-def counts(optimizer_hooks: dict[str, Any], torch_device: Any, steps: int = 100) -> dict[int, tuple[float, float]]:
-    """By buckets (2, 8): ddptop's Python calls and torch ops a step on the training thread (see above)."""
+def counts(optimizer_hooks: dict[str, Any], torch_device: Any, steps: int = 100) -> tuple[dict[int, tuple[float, float]], float]:
+    """By buckets (2, 8): ddptop's Python calls and torch ops a step on the training thread (see above);
+    and of those ops, the parameter checksum's share, averaged over the steps between two checksums.
+
+    The checksum covers every DDP model the rank built, so while counting it is pointed at the
+    counted model alone: a one-model job's count, not one that includes the bench's other jobs."""
     import torch
     from torch import nn
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from ddptop.core.places import is_ddptop
-    from ddptop.trainer import patches
+    from ddptop.trainer import guard, patches
+    from ddptop.trainer.policy import GuardPolicy
 
     class Ops(TorchDispatchMode):
         def __init__(self) -> None:
@@ -276,6 +281,9 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, steps: int = 100)
     width, layers = 256, 8
     layer_bytes = (width * width + width) * 4
     found: dict[int, tuple[float, float]] = {}
+    probe = optimizer_hooks["probe"]
+    jobs_models = probe.models
+    checksum_ops = 0.0
     for buckets in (2, 8):
 
         def make(hooked: bool, buckets: int = buckets) -> tuple[Any, Any]:
@@ -307,6 +315,8 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, steps: int = 100)
         ops = {}
         for hooked in (False, True):
             model, optimizer = make(hooked)
+            if hooked:
+                probe.models = probe.models[-1:]  # the model just built, registered by ddptop's DDP hook
             run(model, optimizer, 20, hooked)  # steady: buckets rebuilt, DDP's sampled iterations 1-10 past
             with Ops() as counted:
                 run(model, optimizer, steps, hooked)
@@ -318,7 +328,11 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, steps: int = 100)
             sizes = str(model._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
             assert len(sizes.split(",")) == buckets, sizes
         found[buckets] = (calls / steps, ops[True] - ops[False])
-    return found
+        with Ops() as counted:
+            guard.checksum_parts(probe.parameters())
+        checksum_ops = counted.count / GuardPolicy().desync_every
+    probe.models = jobs_models
+    return found, checksum_ops
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -380,7 +394,7 @@ def measure(args: argparse.Namespace) -> None:
     for i in range(args.blocks):
         if args.capture and i == args.blocks // 2:  # the rotation's second half comes after a capture
             before, times = times, {name: [] for name in jobs}
-            capture(optimizer_hooks["captures"], hooked, block)
+            capture(optimizer_hooks["probe"].captures, hooked, block)
         # Each job takes each place in the rotation equally often.
         shift = i % len(order)
         for name, job in order[shift:] + order[:shift]:
@@ -399,7 +413,7 @@ def measure(args: argparse.Namespace) -> None:
     sender_us = sender_cost(hooked, tracker, args.block_steps)
     checksum_us = checksum_cost(hooked)
     sampled = heartbeat_samples(lambda: hooked.run(args.block_steps))
-    counted = counts(optimizer_hooks, torch_device) if world == 1 else {}
+    counted, checksum_ops = counts(optimizer_hooks, torch_device) if world == 1 else ({}, 0.0)
     loss_us = zero_code_cost(hooked)  # last: its stand-in backward stays among patches.py's replacements
     dist.destroy_process_group()
     if leader:
@@ -420,16 +434,17 @@ def measure(args: argparse.Namespace) -> None:
             f"backward() was called on (the wrapper around torch.autograd.backward, less the backward)"
         )
         if counted:
-            report_counts(counted)
+            report_counts(counted, checksum_ops, every)
 
 
-def report_counts(counted: dict[int, tuple[float, float]]) -> None:
+def report_counts(counted: dict[int, tuple[float, float]], checksum_ops: float, every: int) -> None:
     (few, (calls_few, ops_few)), (many, (calls_many, ops_many)) = sorted(counted.items())
     per_bucket = ((calls_many - calls_few) / (many - few), (ops_many - ops_few) / (many - few))
     print(
         "ddptop on the training thread, a step of a DDP MLP (8 layers, AdamW), 100 steady steps: "
         f"{few} buckets {calls_few:.1f} Python calls into ddptop and {ops_few:.1f} torch ops; "
-        f"{many} buckets {calls_many:.1f} calls, {ops_many:.1f} ops; per bucket {per_bucket[0]:.2f} calls, {per_bucket[1]:.2f} ops"
+        f"{many} buckets {calls_many:.1f} calls, {ops_many:.1f} ops; per bucket {per_bucket[0]:.2f} calls, {per_bucket[1]:.2f} ops; "
+        f"of the ops, the checksum's every {every} steps, averaged: {checksum_ops:.2f} a step"
     )
 
 
