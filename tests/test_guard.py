@@ -130,6 +130,21 @@ def test_checksum_is_exact_order_sensitive_and_read_off_the_pack_alike():
     assert packed["checksum"] == guard.checksum([a, b])
 
 
+def test_a_checksum_of_parameters_under_grad_mode_records_no_graph_and_leaves_them_trainable():
+    """The checksum runs in the optimizer's pre-hook with grad mode on, over parameters that
+    require grad, without detaching them first: the integer view of each takes no part in autograd."""
+    model = torch.nn.Linear(8, 4)
+    plain = [p.detach().clone() for p in model.parameters()]
+    with torch.enable_grad():
+        parts = guard.checksum_parts(list(model.parameters()))
+    assert all(part.grad_fn is None and not part.requires_grad for part in parts)
+    assert guard.checksum(model.parameters()) == guard.checksum(plain)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    assert guard.checksum(model.parameters()) != guard.checksum(plain)
+
+
 @pytest.mark.parametrize(
     "on_nan, skips, waits_on_cuda",
     [("auto", True, False), ("skip", True, True), ("restart", True, True), ("stop", True, True), ("warn", False, False)],

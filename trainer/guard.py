@@ -160,10 +160,18 @@ def found_inf(norm: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 def checksum_parts(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """The parameters' checksum (checksum()) as two float64 tensors, its high and low 32 bits,
-    exact in a float pack, unread."""
-    sums = [t.detach().view(_INT_VIEW[t.element_size()]).sum(dtype=torch.int64) for t in tensors]
+    exact in a float pack, unread.
+
+    Two ops a tensor, its integer view and the view's sum, and no detach: an integer tensor
+    takes no part in autograd, so the view of a parameter records nothing. A model's tensors
+    are most often on one device, so the sums are stacked as they are, and moved to the first
+    one's device only when the stack finds them apart (a model split over GPUs)."""
+    sums = [t.view(_INT_VIEW[t.element_size()]).sum(dtype=torch.int64) for t in tensors]
     device = sums[0].device
-    stacked = torch.stack([s.to(device) for s in sums])
+    try:
+        stacked = torch.stack(sums)
+    except RuntimeError:
+        stacked = torch.stack([s.to(device) for s in sums])
     weights = torch.arange(1, len(sums) + 1, device=device, dtype=torch.int64)
     summed = (stacked * weights).sum()
     return [torch.bitwise_right_shift(summed, 32).double(), torch.bitwise_and(summed, _HALF - 1).double()]
