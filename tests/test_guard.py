@@ -130,6 +130,25 @@ def test_checksum_is_exact_order_sensitive_and_read_off_the_pack_alike():
     assert packed["checksum"] == guard.checksum([a, b])
 
 
+@pytest.mark.parametrize(
+    "dtype, shape", [(torch.float32, (256, 33)), (torch.bfloat16, (256, 32)), (torch.float16, (256, 33)), (torch.float64, (999,))]
+)
+def test_a_checksum_copies_no_parameter(dtype: torch.dtype, shape: tuple[int, ...]):
+    """Every 100 steps on the training thread, over the whole model: a copy of a parameter (a
+    sum into a wider integer makes one, inside the sum's kernel) would take memory a GPU's
+    allocator keeps. Only views and sums: torch's profiler sees no allocation of a parameter's
+    size, only scalars."""
+    tensors = [torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiled:
+        guard.checksum_parts(tensors)
+    allocated = [(event.name, event.cpu_memory_usage) for event in profiled.events() if event.cpu_memory_usage > 0]
+    assert allocated, "the profiler saw no allocation: it cannot tell a copy from none"
+    assert max(size for _, size in allocated) < tensors[0].nbytes // 8, allocated
+    nudged = tensors[1].clone()
+    nudged.view(-1)[-1] = torch.nextafter(nudged.view(-1)[-1], torch.tensor(math.inf, dtype=dtype))
+    assert guard.checksum([tensors[0], nudged]) != guard.checksum(tensors)
+
+
 def test_a_checksum_of_parameters_under_grad_mode_records_no_graph_and_leaves_them_trainable():
     """The checksum runs in the optimizer's pre-hook with grad mode on, over parameters that
     require grad, without detaching them first: the integer view of each takes no part in autograd."""

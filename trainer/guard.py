@@ -163,10 +163,11 @@ def checksum_parts(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     exact in a float pack, unread.
 
     Two ops a tensor, its integer view and the view's sum, and no detach: an integer tensor
-    takes no part in autograd, so the view of a parameter records nothing. A model's tensors
-    are most often on one device, so the sums are stacked as they are, and moved to the first
-    one's device only when the stack finds them apart (a model split over GPUs)."""
-    sums = [t.view(_INT_VIEW[t.element_size()]).sum(dtype=torch.int64) for t in tensors]
+    takes no part in autograd, so the view of a parameter records nothing. Each view is summed
+    in its own width (_bits says why). A model's tensors are most often on one device, so the
+    sums are stacked as they are, and moved to the first one's device only when the stack finds
+    them apart (a model split over GPUs)."""
+    sums = [(bits := _bits(t)).sum(dtype=bits.dtype) for t in tensors]
     device = sums[0].device
     try:
         stacked = torch.stack(sums)
@@ -177,11 +178,29 @@ def checksum_parts(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.bitwise_right_shift(summed, 32).double(), torch.bitwise_and(summed, _HALF - 1).double()]
 
 
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """tensor's bits as integers, a view: 32 bits wide where its shape allows (16-bit floats in
+    pairs), else as wide as its elements.
+
+    The view is summed in its own dtype, wrapping around: still exact, since integer sums
+    modulo 2**bits do not depend on their order. A sum into int64 would first copy the whole
+    tensor to int64, up to four times its size, which a GPU's allocator then keeps reserved. A
+    half-precision tensor is summed in pairs of elements because a 16-bit sum would miss one
+    change of many elements in 2**16, a 32-bit one one in 2**32."""
+    size = tensor.element_size()
+    if size < 4 and tensor.dim() and tensor.shape[-1] % (4 // size) == 0:
+        try:
+            return tensor.view(torch.int32)
+        except RuntimeError:  # strides or an offset that a wider view cannot cover
+            pass
+    return tensor.view(_INT_VIEW[size])
+
+
 def checksum(tensors: Iterable[torch.Tensor]) -> int | None:
     """An exact fingerprint of tensors' bits, equal on ranks whose tensors are, read now.
 
-    Each tensor's bits are summed as integers (exact, so the order of the
-    reduction cannot matter) and the sums weighted by position, so two
+    Each tensor's bits are summed as integers of their view's width (_bits; exact, so the
+    order of the reduction cannot matter), and the sums weighted by position, so two
     swapped tensors do not cancel out. A two's complement sum split into
     high (signed) and low 32 bits gives back the same number mod 2^63.
     """
