@@ -283,7 +283,6 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, steps: int = 100)
     found: dict[int, tuple[float, float]] = {}
     probe = optimizer_hooks["probe"]
     jobs_models = probe.models
-    checksum_ops = 0.0
     for buckets in (2, 8):
 
         def make(hooked: bool, buckets: int = buckets) -> tuple[Any, Any]:
@@ -328,10 +327,10 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, steps: int = 100)
             sizes = str(model._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
             assert len(sizes.split(",")) == buckets, sizes
         found[buckets] = (calls / steps, ops[True] - ops[False])
-        with Ops() as counted:
-            guard.checksum_parts(probe.parameters())
-        checksum_ops = counted.count / GuardPolicy().desync_every
+    with Ops() as counted:
+        guard.checksum_parts(probe.parameters())
     probe.models = jobs_models
+    checksum_ops = counted.count / GuardPolicy().desync_every
     return found, checksum_ops
 
 
