@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ddptop.core import rundir
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
 from ddptop.supervisor.watching.rules import nan
-from ddptop.trainer import flightrecorder, hooks, late, patches
+from ddptop.trainer import flightrecorder, guard, hooks, late, patches
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.sampled import Sampled
 from ddptop.trainer.steps import StepTracker
@@ -168,6 +168,28 @@ def test_an_sgd_nan_step_on_a_gpu_is_said_to_be_applied_once(nccl_world_of_one):
     notes = [r for r in job.records if r["type"] == "rank_note"]
     job.finish()
     assert len(notes) == 1 and "--on-nan skip" in notes[0]["text"] and "SGD" in notes[0]["text"]
+
+
+def test_a_checksum_on_the_gpu_copies_no_parameter_waits_for_nothing_and_equals_the_cpus():
+    """The checksum sums each tensor's bits in their own width, wrapping around: the GPU's
+    kernels must wrap as the CPU's do (4M random int32 words overflow), make no copy of a
+    parameter, and not synchronise."""
+    tensors = [
+        torch.randn(4096, 1024, device="cuda"),
+        torch.randn(4096, 1024, device="cuda").bfloat16(),
+        torch.randn(999, device="cuda").half(),
+    ]
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        parts = guard.checksum_parts(tensors)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.cuda.max_memory_allocated() - before < tensors[0].nbytes // 8
+    high, low = (int(part) for part in parts)
+    assert (high * 2**32 + low) % 2**63 == guard.checksum([tensor.cpu() for tensor in tensors])
 
 
 def test_the_nccl_flight_recorder_is_read_for_a_collective_completed_and_one_still_running(nccl_world_of_one):
