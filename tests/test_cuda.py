@@ -187,9 +187,8 @@ def test_a_checksum_on_the_gpu_copies_no_parameter_waits_for_nothing_and_equals_
         parts = guard.checksum_parts(tensors)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert torch.cuda.max_memory_allocated() - before < tensors[0].nbytes // 8
-    high, low = (int(part) for part in parts)
-    assert (high * 2**32 + low) % 2**63 == guard.checksum([tensor.cpu() for tensor in tensors])
+    assert len(parts) == 2 and torch.cuda.max_memory_allocated() - before < tensors[0].nbytes // 8
+    assert guard.checksum(tensors) == guard.checksum([tensor.cpu() for tensor in tensors])
 
 
 def test_the_nccl_flight_recorder_is_read_for_a_collective_completed_and_one_still_running(nccl_world_of_one):

@@ -164,15 +164,11 @@ def checksum_parts(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 
     Two ops a tensor, its integer view and the view's sum, and no detach: an integer tensor
     takes no part in autograd, so the view of a parameter records nothing. Each view is summed
-    in its own width (_bits says why). A model's tensors are most often on one device, so the
-    sums are stacked as they are, and moved to the first one's device only when the stack finds
-    them apart (a model split over GPUs)."""
+    in its own width (_bits says why). The sums are stacked as the step's pack is: moved to the
+    first one's device only when they are apart (a model split over GPUs)."""
     sums = [(bits := _bits(t)).sum(dtype=bits.dtype) for t in tensors]
-    device = sums[0].device
-    try:
-        stacked = torch.stack(sums)
-    except RuntimeError:
-        stacked = torch.stack([s.to(device) for s in sums])
+    stacked = pack(sums)
+    device = stacked.device
     weights = torch.arange(1, len(sums) + 1, device=device, dtype=torch.int64)
     summed = (stacked * weights).sum()
     return [torch.bitwise_right_shift(summed, 32).double(), torch.bitwise_and(summed, _HALF - 1).double()]
