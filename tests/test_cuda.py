@@ -13,6 +13,8 @@ import json
 import math
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -37,6 +39,16 @@ os.environ.setdefault(flightrecorder.FR_ENV[0], flightrecorder.FR_ENTRIES)  # be
 SLEEP_CYCLES = 2_000_000_000
 """torch.cuda._sleep spins the GPU this many cycles: about a second, long enough that
 the host is still far ahead of the device when it asks."""
+
+
+@contextmanager
+def any_sync_raises() -> Iterator[None]:
+    """Inside, any wait of the host on the device raises: what a steady step must never do."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 @pytest.fixture(autouse=True)
@@ -121,12 +133,9 @@ def test_a_steady_instrumented_step_never_synchronises_and_reports_the_right_val
     for _ in range(12):
         job.step()
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with any_sync_raises():
         for _ in range(30):
             job.step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     rows = job.finish()
     assert [r["step"] for r in rows] == list(range(42))
@@ -147,14 +156,11 @@ def test_a_nan_step_is_skipped_on_the_device_for_a_fused_optimizer_without_a_syn
         job.step()
     torch.cuda.synchronize()
     before = [p.detach().clone() for p in job.model.parameters()]
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with any_sync_raises():
         job.step(nan_loss=True)
         after = [p.detach().clone() for p in job.model.parameters()]
         for _ in range(5):
             job.step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     rows = job.finish()
     assert all(torch.equal(b, a) for b, a in zip(before, after)), "the NaN step reached the weights"
     assert rows[12]["nonfinite"] and rows[12]["skipped"] == "nan" and rows[12]["local_nonfinite"]
@@ -182,11 +188,8 @@ def test_a_checksum_on_the_gpu_copies_no_parameter_waits_for_nothing_and_equals_
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with any_sync_raises():
         parts = guard.checksum_parts(tensors)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     assert len(parts) == 2 and torch.cuda.max_memory_allocated() - before < tensors[0].nbytes // 8
     assert guard.checksum(tensors) == guard.checksum([tensor.cpu() for tensor in tensors])
 
