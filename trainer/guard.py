@@ -164,19 +164,18 @@ def checksum_parts(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 
     Two ops a tensor, its integer view and the view's sum, and no detach: an integer tensor
     takes no part in autograd, so the view of a parameter records nothing. Each view is summed
-    in its own width (_bits says why). The sums are stacked as the step's pack is: moved to the
+    in its own width (_bit_sum says why). The sums are stacked as the step's pack is: moved to the
     first one's device only when they are apart (a model split over GPUs)."""
-    sums = [(bits := _bits(t)).sum(dtype=bits.dtype) for t in tensors]
+    sums = [_bit_sum(t) for t in tensors]
     stacked = pack(sums)
-    device = stacked.device
-    weights = torch.arange(1, len(sums) + 1, device=device, dtype=torch.int64)
+    weights = torch.arange(1, len(sums) + 1, device=stacked.device, dtype=torch.int64)
     summed = (stacked * weights).sum()
     return [torch.bitwise_right_shift(summed, 32).double(), torch.bitwise_and(summed, _HALF - 1).double()]
 
 
-def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    """tensor's bits as integers, a view: 32 bits wide where its shape allows (16-bit floats in
-    pairs), else as wide as its elements.
+def _bit_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of tensor's bits viewed as integers: 32 bits wide where its shape allows (16-bit
+    floats in pairs), else as wide as its elements.
 
     The view is summed in its own dtype, wrapping around: still exact, since integer sums
     modulo 2**bits do not depend on their order. A sum into int64 would first copy the whole
@@ -184,18 +183,18 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
     half-precision tensor is summed in pairs of elements because a 16-bit sum would miss one
     change of many elements in 2**16, a 32-bit one one in 2**32."""
     size = tensor.element_size()
-    if size < 4 and tensor.dim() and tensor.shape[-1] % (4 // size) == 0:
-        try:
-            return tensor.view(torch.int32)
-        except RuntimeError:  # strides or an offset that a wider view cannot cover
-            pass
-    return tensor.view(_INT_VIEW[size])
+    paired = size < 4 and tensor.dim() > 0 and tensor.shape[-1] % (4 // size) == 0
+    try:
+        bits = tensor.view(torch.int32 if paired else _INT_VIEW[size])
+    except RuntimeError:  # strides or an offset that the paired view cannot cover
+        bits = tensor.view(_INT_VIEW[size])
+    return bits.sum(dtype=bits.dtype)  # without dtype, an integer sum would go to int64 by a copy
 
 
 def checksum(tensors: Iterable[torch.Tensor]) -> int | None:
     """An exact fingerprint of tensors' bits, equal on ranks whose tensors are, read now.
 
-    Each tensor's bits are summed as integers of their view's width (_bits; exact, so the
+    Each tensor's bits are summed as integers of their view's width (_bit_sum; exact, so the
     order of the reduction cannot matter), and the sums weighted by position, so two
     swapped tensors do not cancel out. A two's complement sum split into
     high (signed) and low 32 bits gives back the same number mod 2^63.
