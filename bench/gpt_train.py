@@ -189,6 +189,8 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=VOCAB)
     parser.add_argument("--traced", type=int, default=20, help="iterations traced on a GPU for gpu-busy-ms (0: none)")
     args = parser.parse_args()
+    if args.width % args.heads:
+        parser.error(f"--width {args.width} is not a multiple of --heads {args.heads}: each head takes width/heads")
 
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")

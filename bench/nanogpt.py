@@ -8,7 +8,7 @@ ddptop/plain: 1.01 is 1% slower under ddptop. Alternating rounds spread the
 machine's drift over both sides.
 
     python bench/nanogpt.py --ranks 1 --rounds 3            # on a GPU: the issue's job
-    python bench/nanogpt.py --rounds 2 -- --layers 2 --width 64 --batch-size 4 --context 64   # a CPU-sized smoke run
+    python bench/nanogpt.py --rounds 2 -- --layers 2 --width 64 --heads 2 --batch-size 4 --context 64   # a CPU-sized smoke run
 
 Last, each run's rank 0 as its last round found it: its threads' time on
 a CPU and time waiting for one, per iteration, and on a GPU the kernel
