@@ -5,7 +5,11 @@ as nanoGPT trains it; see there) alternately under `torchrun` and under
 `ddptop launch --headless`, same ranks, iterations and seed, and reports
 each side's iteration time (rank 0's, after the warm-up) and the ratio
 ddptop/plain: 1.01 is 1% slower under ddptop. Alternating rounds spread the
-machine's drift over both sides.
+machine's drift over both sides, but not the spread between processes. On
+an H200 host the same plain job took 13.5 ms and then 15.1 ms an iteration
+in two rounds. So a few rounds here say whether ddptop costs tens of
+percent. For the last percent, run `bench/inrank.py --model gpt`: the same
+loop as jobs in one process (docs/benchmarks.md).
 
     python bench/nanogpt.py --ranks 1 --rounds 3            # on a GPU: the issue's job
     python bench/nanogpt.py --rounds 2 -- --layers 2 --width 64 --heads 2 --batch-size 4 --context 64   # a CPU-sized smoke run
