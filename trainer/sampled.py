@@ -11,7 +11,12 @@ as long as a backward hangs in its all-reduce: a read on the sender's
 thread then would stop its heartbeats exactly when they matter. So the
 sender's thread only marks a read due, once a second (`comm_due`), and the
 training thread makes it after its next optimizer step, where the reducer
-is idle: a dictionary copy once a second. A reading not seen before goes
+is idle: a dictionary copy once a second. Until the first reading is
+found it is marked due at every read instead: DDP publishes an iteration's
+timings only at the next forward, so the first read of all, made as the
+job starts, finds none, and a job shorter than a second would otherwise
+have none at all (at its exit the script's model is usually gone). A
+reading not seen before goes
 with the next step record the sender makes, which says the step it
 measured (`comm_step`: the step whose span holds the sampled iteration's
 forward, by the wall clock DDP stamps it with).
@@ -68,6 +73,8 @@ class Sampled:
         figures (comm_ms, comm_overlap_ms, comm_bytes, comm_wall: the sampled iteration's forward,
         in Unix seconds) and the allocator's memory. {} between reads."""
         if not now and self._clock() < self._next:
+            if not self._seen:  # no reading yet: ask at every read until DDP's first one is found (see above)
+                self.comm_due = True
             return {}
         self._next = self._clock() + self._every
         if now:  # on the training thread, at its exit: the reducer is idle

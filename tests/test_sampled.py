@@ -1,0 +1,56 @@
+"""DDP's sampled comm timings as a rank reads them (trainer/sampled.py): real DDP on gloo at world size 1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddptop.trainer import hooks, patches
+from ddptop.trainer.policy import GuardPolicy
+from ddptop.trainer.sampled import Sampled
+from ddptop.trainer.steps import StepTracker
+
+
+@pytest.fixture
+def gloo_world_of_one() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_ddps_first_timings_are_asked_for_at_every_read_until_found_then_once_a_second(gloo_world_of_one):
+    """DDP publishes an iteration's timings at the next forward, so the read made as the job
+    starts finds none. Asked for again only a second later, a job shorter than that would
+    report no comm figures at all; so until the first is found, every read asks."""
+    now = [0.0]
+    sampled = Sampled(clock=lambda: now[0])
+    hooks.install(StepTracker(0, emit=lambda record: None), GuardPolicy(), sampled)
+    try:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step() -> None:
+            model(torch.randn(4, 8)).pow(2).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        assert "comm_ms" not in sampled.read() and sampled.comm_due  # the sender's first read, as the job starts
+        step()  # the training thread reads after it: DDP has published nothing yet
+        assert not sampled.comm_due
+        sampled.read()  # the sender's next read, within the same second
+        assert sampled.comm_due, "no reading found yet: asked for again at once"
+        step()  # its forward published the first iteration's timings; read after it
+        sampled.read()
+        assert not sampled.comm_due, "found: the next is asked for a second after the last"
+        now[0] = 1.0
+        values = sampled.read()
+        assert values["comm_ms"] > 0 and values["comm_bytes"] == (8 * 16 + 16 + 16 * 2 + 2) * 4, values
+        assert sampled.comm_due
+    finally:
+        patches.undo()
