@@ -1,7 +1,9 @@
 """Two ranks, each slow in its own way, for `ddptop profile` to tell apart.
 
 Rank 0's data loader sleeps in every batch (--data-ms); rank 1's model does
-extra matrix products in its forward (--compute-reps). Under DDP the other
+extra matrix products in its forward for --compute-ms. Both are times, not
+counts of work: a faster machine would otherwise shrink rank 1's extra
+forward below what `ddptop profile` calls a difference. Under DDP the other
 rank waits for each in the all-reduce. It runs until --seconds have passed.
 """
 
@@ -17,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=60.0)
 parser.add_argument("--data-ms", type=float, default=40.0)
-parser.add_argument("--compute-reps", type=int, default=60)
+parser.add_argument("--compute-ms", type=float, default=15.0)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -45,7 +47,8 @@ class Model(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if rank == 1:
             h = torch.randn(32, 256)
-            for _ in range(args.compute_reps):
+            until = time.perf_counter() + args.compute_ms / 1000
+            while time.perf_counter() < until:
                 h = torch.tanh(h @ self.extra)
         return self.body(x)
 
