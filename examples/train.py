@@ -20,7 +20,7 @@ first by default), so a restarted group runs clean:
     explode   the gradients are scaled by 1e6
     desync    that rank nudges one parameter after optimizer.step
     hang      that rank blocks forever before its next all-reduce
-    slow      that rank sleeps 5x its step time from then on
+    slow      that rank sleeps 5x its step time (0.1 s at least) from then on
     crash     that rank exits with code 3
     segv      that rank kills itself with SIGSEGV
     kill      that rank kills itself with SIGKILL
@@ -57,6 +57,7 @@ from ddptop.trainer import monitor
 TORCH_IMPORTED = time.time()
 
 FAULTS = ("nan", "inf-grad", "explode", "desync", "hang", "slow", "crash", "segv", "kill", "ckpt-kill")
+SLOW_MIN_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,9 @@ def params_sha256(model: nn.Module) -> str:
 def inject_before_step(faults: Faults, step: int, step_s: float, model: nn.Module) -> None:
     """The faults that strike before the forward pass; step_s is this attempt's mean step time."""
     if faults.at(step, "slow"):
-        faults.slow_s = 5 * step_s
+        # At least SLOW_MIN_S: on a fast machine 5 steps can be 40 ms, and a short job's
+        # slow steps would then end before the watchdog's 3 s of a straggler in a row.
+        faults.slow_s = max(5 * step_s, SLOW_MIN_S)
     if faults.slow_s:
         time.sleep(faults.slow_s)
     for kind, die in (
