@@ -92,6 +92,17 @@ def ddptop_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture(scope="module")
+def gloo_world_of_one() -> Iterator[None]:
+    """A real process group of this process alone, on gloo: for the tests of ddptop's torch
+    hooks in this process. torch is imported here, not above: the dashboard's tests import none."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 def run_ddptop(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the installed `ddptop` command as a user would."""
     return subprocess.run([DDPTOP, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -26,13 +25,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ddptop.trainer import guard, hooks, optimizer_step, patches, torchapi
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.steps import StepTracker
-
-
-@pytest.fixture(scope="module")
-def gloo_world_of_one() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 class Records(list[dict[str, Any]]):

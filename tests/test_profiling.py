@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from conftest import wait_for
 from torch import nn
 
@@ -22,12 +22,11 @@ from ddptop.trainer.profiling import Captures as RankCaptures
 from ddptop.trainer.steps import StepTracker
 
 
-@pytest.fixture
-def gloo_world_of_one():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+@pytest.fixture(autouse=True)
+def torch_put_back() -> Iterator[None]:
+    """Each test's hooks come off after it, whatever happened (patches.py)."""
     yield
     patches.undo()
-    dist.destroy_process_group()
 
 
 def test_a_rank_captures_the_steps_asked_for_from_its_next_boundary_and_writes_a_trace(gloo_world_of_one, tmp_path):

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -14,13 +10,6 @@ from ddptop.trainer import hooks, patches
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.sampled import Sampled
 from ddptop.trainer.steps import StepTracker
-
-
-@pytest.fixture
-def gloo_world_of_one() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_ddps_first_timings_are_asked_for_at_every_read_until_found_then_once_a_second(gloo_world_of_one):
