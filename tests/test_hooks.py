@@ -13,6 +13,8 @@ import copy
 import importlib
 import io
 import math
+import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -344,6 +346,28 @@ def test_a_non_finite_step_is_skipped_and_this_rank_named_by_its_loss(records):
     record = last_step(records, model)
     assert record["nonfinite"] and record["local_nonfinite"] and record["skipped"] == "nan"
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_a_finite_cpu_step_is_read_at_once_and_decoded_off_the_training_thread(records):
+    """The training thread reads a CPU step's pack (the verdict needs it now) but leaves making the
+    record's fields of it to the sender's thread (late.Read): Python it need not run cold."""
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(model)
+    expected = norm_of(model.parameters())
+    decoded: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is guard.Layout.fields.__code__:
+            decoded.append(threading.current_thread().name)
+
+    sys.setprofile(profile)
+    try:
+        optimizer.step()
+    finally:
+        sys.setprofile(None)
+    assert decoded == []
+    assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
 
 
 def test_a_model_whose_ddp_registers_a_comm_hook_in_its_constructor_is_built(records):

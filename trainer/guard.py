@@ -12,7 +12,7 @@ change. Before the optimizer applies a step, on every step:
   returned, a fused optimizer's found_inf, and on checksum steps the
   parameters' checksum. One copy, into a slot of a pinned ring, read a
   step or more late on the sender's thread (late.py); on the CPU it is
-  read at once, which costs no wait;
+  read at once, which costs no wait, and decoded on the sender's thread;
 - a non-finite step is skipped where the policy asks: on the CPU by
   setting the gradients to None (every torch optimizer then leaves the
   parameter and its state be), read now; on a GPU, for an optimizer that
@@ -84,8 +84,8 @@ class Layout(NamedTuple):
     """ddptop handed the optimizer a found_inf of its own: a non-finite step was skipped."""
 
     def fields(self, values: list[float]) -> dict[str, Any]:
-        """The step record's values, read off the pack on the host. No comprehension or
-        generator: on a CPU rank this runs on the training thread, where each is a call."""
+        """The step record's values, read off the pack on the host: on the sender's thread,
+        or on the training thread for a non-finite step that may be skipped there."""
         at = self.norms
         norms = values[:at]
         norm = math.sqrt(math.fsum(map(operator.mul, norms, norms))) if at > 1 else abs(values[0]) if at else None

@@ -16,6 +16,7 @@ once the script's own `import torch` has finished (runtime.py).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -99,7 +100,9 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     (the CPU, where reading waits for nothing; `--on-nan skip` on a GPU with
     an optimizer that takes no found_inf); a fused optimizer on a GPU is
     handed the verdict as its found_inf, on the device; otherwise the
-    values are read a step late.
+    values are read a step late. Either way they are decoded into the
+    record's fields on the sender's thread (late.Read, late.RingRead),
+    except a non-finite step's that the training thread may skip.
 
     One function rather than a chain of them on purpose: it runs once a step
     between torch's kernels, where every function called pays its own cold
@@ -175,8 +178,13 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     if grad_mode:
         torchapi.set_grad_enabled(True)
     if not cuda or (policy.waits(cuda) and not on_device and scaler_inf is None):
-        values: dict[str, Any] = fields(packed.tolist())
-        if probe.skips and values.get("nonfinite"):
+        read = packed.tolist()
+        # The verdict needs only the norms: the global norm is finite when each one is. The
+        # rest is decoded on the sender's thread, unless a non-finite step may be skipped.
+        if not probe.skips or all(map(math.isfinite, read[:norms])):
+            return {late.FIELDS: late.Read((read, fields))}
+        values: dict[str, Any] = fields(read)
+        if values.get("nonfinite"):
             guard.skip(optimizer)
             values["skipped"] = "nan"
         return values

@@ -28,10 +28,11 @@ closed until a training forward is read, and the record of a step is made
 only then (or at the next step's close, or at exit): a rank whose training
 stopped (a long evaluation, a hang) has all its steps but the last sent all
 the same. The values the guard packs (the grad norm, the losses; guard.py) are
-read on the training thread on the CPU, where that waits for nothing, and
-on a GPU are one Late value (FIELDS) that the record takes its fields from
-once read: a record leaves only when all of its values can be read without
-waiting (a step late, usually). What the sender's thread samples about once
+one Late value (FIELDS) that the record takes its fields from: read on the
+training thread on the CPU, where that waits for nothing, and decoded here;
+on a GPU read here too, once their copy has passed. A record leaves only
+when all of its values can be read without waiting (on a GPU a step late,
+usually). What the sender's thread samples about once
 a second (sampled.py: DDP's comm timings, GPU memory) goes with the next
 record it makes.
 No torch here: the tracker is plain Python and tested as such.
@@ -336,7 +337,7 @@ class StepTracker:
         if self._sampled:
             self._take_sampled(record)
         if not self._waiting and late.PLAIN.issuperset(map(type, record.values())):  # None is not: it leaves its field out
-            self._emit(record)  # the CPU case: every value a number already
+            self._emit(record)  # every value a number already (no guard ran: a step without an optimizer's)
         else:
             self._waiting.append(_split(record))
             self._send_ready()
