@@ -177,7 +177,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     packed = guard.pack(parts)
     if grad_mode:
         torchapi.set_grad_enabled(True)
-    if not cuda or (policy.waits(cuda) and not on_device and scaler_inf is None):
+    if not cuda or (probe.waits_on_gpu and not on_device and scaler_inf is None):
         read = packed.tolist()
         # The verdict needs only the norms: the global norm is finite when each one is. The
         # rest is decoded on the sender's thread, unless a non-finite step may be skipped.
@@ -188,7 +188,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
             guard.skip(optimizer)
             values["skipped"] = "nan"
         return values
-    if policy.on_nan == "auto" and not on_device and scaler_inf is None:
+    if policy.on_nan == "auto" and not on_device and scaler_inf is None and "late" not in probe.noticed:  # no call once told
         probe.tell_once("late", NAN_APPLIED_NOTICE.format(name=type(optimizer).__name__))
     return {late.FIELDS: late.RING.send(packed, fields)}
 

@@ -31,6 +31,8 @@ class Probe:
         self.policy = policy
         self.skips = policy.skips
         """policy.skips, read once: an attribute costs the step no call."""
+        self.waits_on_gpu = policy.waits(cuda=True)
+        """policy.waits on a GPU, read once, as skips is."""
         self.sampled = sampled if sampled is not None else Sampled()
         self.models: list[weakref.ref[Any]] = []
         """The DDP models, weakly: their parameters are what the checksum covers."""
