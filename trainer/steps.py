@@ -386,7 +386,17 @@ def _record(rank: int, fact: list[Any], wall: float, total_steps: int | None) ->
     record.update(fact[_VALUES])
     if fact[_LOSS] is not None:
         record["loss"] = fact[_LOSS]  # taken on the training thread already: a number, or a Late
+    read = record.get(late.FIELDS)
+    if type(read) is late.Read:  # a CPU step's pack, read on the host already: decoded now, not queued as a Late
+        del record[late.FIELDS]
+        _add_fields(record, read.get())
     return record
+
+
+def _add_fields(record: wire.Frame, fields: dict[str, Any]) -> None:
+    """The guard's fields (late.FIELDS), added without replacing what the record has (monitor.step's loss)."""
+    for name, field in fields.items():
+        record.setdefault(name, field)
 
 
 def _split(record: wire.Frame) -> tuple[wire.Frame, dict[str, late.Late]]:
@@ -410,8 +420,7 @@ def _resolve(record: wire.Frame, lates: dict[str, late.Late], wait: bool) -> wir
             if got is None:
                 continue
             if key == late.FIELDS:
-                for name, field in got.items():
-                    record.setdefault(name, field)
+                _add_fields(record, got)
             else:
                 record[key] = got
     return record
