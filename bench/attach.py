@@ -24,9 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import tempfile
 import time
 from pathlib import Path
+
+from scratch import scratch_folder
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import EventLog
@@ -153,7 +154,7 @@ def main() -> None:
     parser.add_argument("--crash-steps", type=int, default=30_000)
     args = parser.parse_args()
     seconds = int(args.hours * 3600)
-    base = Path(tempfile.mkdtemp(prefix="ddptop-bench-attach-"))
+    base = Path(scratch_folder("ddptop-bench-attach-"))
 
     started = time.perf_counter()
     state = JobState()

@@ -15,12 +15,12 @@ import argparse
 import asyncio
 import multiprocessing
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+from scratch import scratch_folder
 from synthetic import synthetic_job
 
 from ddptop.core import rundir
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window")
     args = parser.parse_args()
 
-    run = rundir.create(Path("synthetic.py"), Path(tempfile.mkdtemp(prefix="ddptop-bench-")) / "run")
+    run = rundir.create(Path("synthetic.py"), Path(scratch_folder("ddptop-bench-")) / "run")
     child = multiprocessing.get_context("spawn").Process(target=serve, args=(str(run.path), args.ranks, args.rate, args.seconds + 30))
     child.start()
     while not run.socket_path.exists():

@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 from overhead import device
+from scratch import scratch_folder
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -193,13 +194,12 @@ def sending_tracker(sampled: Any) -> Any:
     """A StepTracker whose records a real Sender builds and sends, as in a rank (with what it samples
     once a second), to a socket drained here."""
     import socket
-    import tempfile
     import threading
 
     from ddptop.trainer.sender import Sender
     from ddptop.trainer.steps import StepTracker
 
-    path = os.path.join(tempfile.mkdtemp(prefix="ddptop-inrank-"), "sink.sock")
+    path = os.path.join(scratch_folder("ddptop-inrank-"), "sink.sock")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(1)
@@ -583,9 +583,7 @@ def report(args: argparse.Namespace, world: int, times: dict[str, list[tuple[flo
 
 def capture(captures: Any, hooked: Job, block: Callable[[Job, int], Any]) -> None:
     """A profiler capture of 10 of the instrumented job's steps (trainer/profiling.py), run to its end."""
-    import tempfile
-
-    captures.ask({"id": "bench", "steps": 10, "folder": tempfile.mkdtemp(prefix="ddptop-inrank-profile-")})
+    captures.ask({"id": "bench", "steps": 10, "folder": scratch_folder("ddptop-inrank-profile-")})
     while captures.active:
         block(hooked, 1)
     if captures._writing is not None:

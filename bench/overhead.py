@@ -31,9 +31,10 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+from scratch import scratch_folder
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "train.py"
@@ -130,7 +131,7 @@ def main() -> None:
 
     job = [str(EXAMPLE), "--steps", str(args.steps), "--width", str(args.width), "--batch-size", str(args.batch_size)]
     plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks), *job]
-    home = tempfile.mkdtemp(prefix="ddptop-bench-")
+    home = scratch_folder("ddptop-bench-")
     env = {**os.environ, "DDPTOP_HOME": home}
     checks = ["--desync-every", str(args.desync_every)]
     if args.clip_grad is not None:

@@ -32,10 +32,10 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 from overhead import DDPTOP, EXAMPLE, alternating
+from scratch import scratch_folder
 
 DEATH = re.compile(r"injected kill at step \d+, wall ([0-9.]+)")
 RESUMED = re.compile(r"first step \d+ of attempt 1 done, wall ([0-9.]+)")
@@ -120,14 +120,14 @@ def main() -> None:
             "--checkpoint-every",
             "10",
             "--checkpoint-dir",
-            tempfile.mkdtemp(prefix=f"ddptop-bench-{name}-"),
+            scratch_folder(f"ddptop-bench-{name}-"),
             "--inject",
             f"kill@{args.kill_at}:{min(1, args.ranks - 1)}",
         ]
 
     env = {
         **os.environ,
-        "DDPTOP_HOME": tempfile.mkdtemp(prefix="ddptop-bench-"),
+        "DDPTOP_HOME": scratch_folder("ddptop-bench-"),
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "LOGLEVEL": "INFO",  # torchrun's own log lines mark the agent's phases

@@ -30,13 +30,13 @@ import asyncio
 import multiprocessing
 import resource
 import statistics
-import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import psutil
+from scratch import scratch_folder
 from synthetic import synthetic_job
 
 from ddptop.core import rundir, wire
@@ -114,7 +114,7 @@ async def watch_latency(socket_path: Path, ranks: int, window: tuple[float, floa
 
 def one(ranks: int, rate: float, seconds: float, warmup: float) -> dict:
     ctx = multiprocessing.get_context("spawn")
-    run = rundir.create(Path("synthetic.py"), Path(tempfile.mkdtemp(prefix="ddptop-scale-")) / "run")
+    run = rundir.create(Path("synthetic.py"), Path(scratch_folder("ddptop-scale-")) / "run")
     results: multiprocessing.Queue = ctx.Queue()
     stop_read, stop_write = multiprocessing.Pipe(duplex=False)
     supervisor = ctx.Process(target=supervise, args=(str(run.path), results, stop_read))
