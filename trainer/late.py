@@ -126,12 +126,10 @@ class Read(tuple[list[Any], Callable[[list[Any]], Any]]):
     """Values read on the host already, which decode makes a record's fields of on the sender's
     thread: `Read((values, decode))`, a CPU step's pack. Decoding is Python that the training
     thread need not run (on the CPU it cost the example's step about 8 us, run cold between
-    torch's kernels). A tuple, so that making one runs no Python: no __init__ to call."""
+    torch's kernels). Not a Late: nothing waits for it, so the step's record decodes it as it
+    is made (steps._record). A tuple, so that making one runs no Python: no __init__ to call."""
 
     __slots__ = ()
-
-    def ready(self) -> bool:
-        return True
 
     def get(self) -> Any:
         values, decode = self

@@ -28,9 +28,10 @@ closed until a training forward is read, and the record of a step is made
 only then (or at the next step's close, or at exit): a rank whose training
 stopped (a long evaluation, a hang) has all its steps but the last sent all
 the same. The values the guard packs (the grad norm, the losses; guard.py) are
-one Late value (FIELDS) that the record takes its fields from: read on the
-training thread on the CPU, where that waits for nothing, and decoded here;
-on a GPU read here too, once their copy has passed. A record leaves only
+one value (FIELDS) that the record takes its fields from: on the CPU read on
+the training thread, where that waits for nothing, and decoded here as the
+record is made (late.Read); on a GPU a Late, read here once its copy has
+passed. A record leaves only
 when all of its values can be read without waiting (on a GPU a step late,
 usually). What the sender's thread samples about once
 a second (sampled.py: DDP's comm timings, GPU memory) goes with the next
@@ -387,7 +388,7 @@ def _record(rank: int, fact: list[Any], wall: float, total_steps: int | None) ->
     if fact[_LOSS] is not None:
         record["loss"] = fact[_LOSS]  # taken on the training thread already: a number, or a Late
     read = record.get(late.FIELDS)
-    if type(read) is late.Read:  # a CPU step's pack, read on the host already: decoded now, not queued as a Late
+    if type(read) is late.Read:  # a CPU step's pack, read on the host already: decoded now
         del record[late.FIELDS]
         _add_fields(record, read.get())
     return record
