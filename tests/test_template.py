@@ -27,6 +27,24 @@ def misfit(argv, env=ENV, cwd="/", imported=("torch", "numpy")):
     return fit.misfit(argv, env, cwd, ENV, set(imported))
 
 
+BECOME = (
+    "import os, sys; from ddptop.trainer.template import child; "
+    "child.become(child.Request([sys.executable, 'train.py'], dict(os.environ), os.getcwd(), [], int(sys.argv[1]))); print('alive')"
+)
+
+
+def test_a_child_whose_template_ended_before_it_became_a_rank_ends_itself():
+    """The template can be killed between its fork and the child's arming of the parent-death
+    signal (the supervisor killed, and the kill running down torchrun and the template): the child
+    must then end itself, not run on as an orphan, whose parent reads as 1 by then."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan = subprocess.run([PY, "-c", BECOME, str(gone.pid)], capture_output=True, text=True, timeout=60)
+    assert orphan.returncode == -9 and orphan.stdout == "", orphan.stderr[-2000:]
+    parented = subprocess.run([PY, "-c", BECOME, str(os.getpid())], capture_output=True, text=True, timeout=60)
+    assert parented.stdout == "alive\n", parented.stderr[-2000:]
+
+
 def test_a_script_or_a_module_under_this_python_is_forked(script):
     assert misfit([PY, "-u", str(script), "--lr", "3"]) is None
     assert misfit([PY, "-u", "train.py"], cwd=str(script.parent)) is None

@@ -32,6 +32,8 @@ class Request:
     env: dict[str, str]
     cwd: str
     fds: list[int]
+    template: int
+    """The template's pid, taken before the fork: the child's parent for as long as the template lives."""
 
 
 def become(request: Request) -> None:
@@ -44,7 +46,9 @@ def become(request: Request) -> None:
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
-    os.environ[AGENT_PID_ENV] = str(os.getppid())  # its parent is the template, not torchrun
+    # Its parent is the template, not torchrun. Not os.getppid(): a template killed since the fork
+    # would leave 1 there, which the check would take for a live parent and the rank run orphaned.
+    os.environ[AGENT_PID_ENV] = str(request.template)
     die_with_parent(AGENT_PID_ENV)
     _reseed()
     _start_ddptop()

@@ -72,7 +72,7 @@ def serve() -> Request:
             if got is None:
                 _end(children)
             message, fds = got
-            request = Request(list(message["argv"]), dict(message["env"]), str(message["cwd"]), fds)
+            request = Request(list(message["argv"]), dict(message["env"]), str(message["cwd"]), fds, os.getpid())
             why = blocker or fit.misfit(request.argv, request.env, request.cwd, template_env, imported)
             request.env = {**set_by_imports, **request.env}
             if why is not None:
