@@ -91,3 +91,20 @@ def test_the_options_are_typed_and_built_once():
     dests = {action.dest for action in option_parser()._actions}
     assert dests == {f.name for f in dataclasses.fields(LaunchOptions)}, "one field per option, no more"
     assert LaunchOptions.parse([]) == LaunchOptions(), "the parser's defaults are the dataclass's"
+
+
+def test_every_option_with_a_default_says_which_in_its_help():
+    import re
+
+    from ddptop.supervisor.launching.args import OPTIONS, LaunchOptions
+
+    defaults = LaunchOptions()
+    for spellings, kwargs in OPTIONS:
+        value = getattr(defaults, spellings[0][2:].replace("-", "_"))
+        if value is None or value is False:  # unset, or a flag
+            continue
+        if "choices" in kwargs:
+            assert f"{value} (default)" in kwargs["help"], spellings[0]
+        else:
+            said = re.search(r"default ([0-9.]+)", kwargs["help"])
+            assert said and float(said.group(1)) == value, spellings[0]

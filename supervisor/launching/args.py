@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ddptop.core.usage import OneLineParser, UsageError
 from ddptop.supervisor.launching.style import STYLES, StyleChoice
+from ddptop.supervisor.launching.torchrun import RESTART_BACKOFF_S
 from ddptop.supervisor.watching.policy import CRASH_LOOP, CRASH_LOOP_WINDOW_S, HANG_TIMEOUT_S, NO_PROGRESS
 from ddptop.trainer.policy import DESYNC_EVERY, ON_DESYNC, ON_HANG, ON_NAN, OnDesync, OnHang, OnNan
 
@@ -53,6 +54,9 @@ _non_negative_int.__name__ = "non-negative integer"
 _positive_float.__name__ = "positive number"
 _non_negative_float.__name__ = "non-negative number"
 
+SUMMARY_EVERY_S = 5.0
+"""Seconds between the summary lines a headless supervisor prints."""
+
 # (spellings, argparse keyword arguments); the first spelling names the dest.
 OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     (("--gpus",), {"type": _positive_int, "help": "ranks on this node, one GPU each (CPU ranks on gloo without a GPU)"}),
@@ -61,7 +65,7 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
         ("--launch-style",),
         {
             "choices": STYLES,
-            "help": "how the script starts its ranks: torchrun (one copy per GPU), spawn (the script starts them itself), single (one process, nn.DataParallel); auto reads the script",
+            "help": "how the script starts its ranks: torchrun (one copy per GPU), spawn (the script starts them itself), single (one process, nn.DataParallel); auto (default) reads the script",
         },
     ),
     (("--nnodes",), {"help": "number of nodes, or MIN:MAX"}),
@@ -85,7 +89,7 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
         ("--restart-backoff",),
         {
             "type": _non_negative_float,
-            "help": "seconds before the 2nd restart, doubling for each after (the 1st is at once; 0: no waits)",
+            "help": f"seconds before the 2nd restart, doubling for each after (the 1st is at once; default {RESTART_BACKOFF_S:g}; 0: no waits)",
         },
     ),
     (
@@ -118,12 +122,12 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     ),
     (("--headless",), {"action": "store_true", "help": "no dashboard: summaries on stdout, alerts on stderr"}),
     (("--run-dir",), {"type": Path, "help": "the run directory (default: a new one under ~/.local/state/ddptop/runs)"}),
-    (("--summary-every",), {"type": _positive_float, "help": "seconds between headless summary lines"}),
+    (("--summary-every",), {"type": _positive_float, "help": f"seconds between headless summary lines (default {SUMMARY_EVERY_S:g})"}),
     (
         ("--on-nan",),
         {
             "choices": ON_NAN,
-            "help": "a step with NaN/Inf loss or gradients: skip it on all ranks, restart, stop, or warn (and apply it); auto skips on CPU ranks and warns on CUDA ranks, where skipping costs a sync per step",
+            "help": "a step with NaN/Inf loss or gradients: skip it on all ranks, restart, stop, or warn (and apply it); auto (default) skips it where that costs no wait: on CPU ranks, and on GPU ranks whose optimizer takes a found_inf (fused Adam, AdamW, SGD); with another optimizer on a GPU it is applied and alerted a step late",
         },
     ),
     (
@@ -132,16 +136,19 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     ),
     (
         ("--desync-every",),
-        {"type": _non_negative_int, "help": "steps between parameter checksums compared across ranks (0: off)"},
+        {"type": _non_negative_int, "help": f"steps between parameter checksums compared across ranks (default {DESYNC_EVERY}; 0: off)"},
     ),
-    (("--on-desync",), {"choices": ON_DESYNC, "help": "ranks whose parameters differ: warn, restart or stop"}),
+    (("--on-desync",), {"choices": ON_DESYNC, "help": "ranks whose parameters differ: warn (default), restart or stop"}),
     (
         ("--hang-timeout",),
-        {"type": _positive_float, "help": "seconds without a step before the job counts as hung"},
+        {
+            "type": _positive_float,
+            "help": f"seconds without a step, every rank still, before the job counts as hung (default {HANG_TIMEOUT_S:g})",
+        },
     ),
     (
         ("--on-hang",),
-        {"choices": ON_HANG, "help": "a hang, once the stacks are collected: restart the group or stop"},
+        {"choices": ON_HANG, "help": "a hang, once the stacks are collected: restart (default) restarts the group, stop stops the job"},
     ),
 ]
 
@@ -182,14 +189,14 @@ class LaunchOptions:
     token_file: Path | None = None
     prometheus: str | None = None
     max_restarts: int = 3
-    restart_backoff: float = 1.0
+    restart_backoff: float = RESTART_BACKOFF_S
     crash_loop: int = CRASH_LOOP
     crash_loop_window: float = CRASH_LOOP_WINDOW_S
     no_progress: int = NO_PROGRESS
     no_template: bool = False
     headless: bool = False
     run_dir: Path | None = None
-    summary_every: float = 5.0
+    summary_every: float = SUMMARY_EVERY_S
     on_nan: OnNan = "auto"
     clip_grad: float | None = None
     desync_every: int = DESYNC_EVERY

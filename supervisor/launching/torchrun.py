@@ -40,6 +40,8 @@ NO_TEMPLATE_ENV = "DDPTOP_NO_TEMPLATE"
 serve): the probe starts every worker the plain way."""
 STOP_GRACE_S = 10.0
 """How long torchrun gets to stop its workers after SIGTERM before SIGKILL."""
+RESTART_BACKOFF_S = 1.0
+"""Seconds before a job's second restart; each later one waits twice the one before."""
 
 
 @dataclass
@@ -55,7 +57,7 @@ class JobPlan:
     cpu_only: bool
     stacks_dir: Path
     guard: GuardPolicy = field(default_factory=GuardPolicy)
-    restart_backoff: float = 1.0
+    restart_backoff: float = RESTART_BACKOFF_S
     visible_gpus: list[int] | None = None
     nnodes: str | None = None
     node_rank: int | None = None
