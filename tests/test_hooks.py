@@ -490,6 +490,23 @@ def test_the_loss_is_what_backward_was_called_on_summed_over_accumulation_and_to
     assert record["loss"] == expected and record["tokens"] == 3 * 4 * 5
 
 
+def test_two_ddp_models_in_a_step_count_its_samples_once_by_the_model_that_began_it(records):
+    """A GAN's steps: the discriminator's on a real and a generated batch (the generator's
+    forward in between is the same samples), then the generator's through the discriminator."""
+    torch.manual_seed(0)
+    generator = DistributedDataParallel(nn.Linear(4, 8))
+    discriminator = DistributedDataParallel(nn.Linear(8, 1))
+    d_opt = torch.optim.SGD(discriminator.parameters(), lr=0.1)
+    g_opt = torch.optim.SGD(generator.parameters(), lr=0.1)
+    real = discriminator(torch.randn(16, 8)).mean()
+    (real - discriminator(generator(torch.randn(16, 4)).detach()).mean()).backward()
+    d_opt.step()
+    discriminator(generator(torch.randn(16, 4))).mean().backward()
+    g_opt.step()
+    records.tracker.flush()
+    assert [r["samples"] for r in records if r["type"] == "step"] == [32, 16]
+
+
 def test_a_grad_scaler_s_loss_is_recorded_unscaled(records):
     model = ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

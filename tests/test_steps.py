@@ -57,6 +57,26 @@ def test_step_time_data_wait_and_samples_over_accumulated_forwards():
     assert second["grad_norm"] == 2.0 and second["comm_ms"] == 1.5 and second["comm_bytes"] == 400
 
 
+def test_a_step_s_samples_and_tokens_are_the_batches_of_the_model_that_began_it():
+    """An encoder's batch fed on to a decoder, a GAN's discriminator stepping on real and
+    generated batches: the second model's forwards are the same samples, not more. The
+    next step may begin with the other model (a GAN's generator step)."""
+    tracker, out, clock = make()
+    encoder, decoder = 101, 202
+    for _ in range(2):  # gradient accumulation: each micro-batch through both
+        tracker.forward_begin(8, 64, encoder)
+        tracker.forward_begin(8, 64, decoder)
+    clock.now += 0.1
+    tracker.optimizer_begin({})
+    tracker.optimizer_end({})
+    tracker.forward_begin(4, None, decoder)
+    tracker.forward_begin(4, None, encoder)
+    tracker.optimizer_begin({})
+    tracker.optimizer_end({})
+    tracker.flush()
+    assert [(r["samples"], r.get("tokens")) for r in out] == [(16, 128), (4, None)]
+
+
 def test_explicit_values_after_optimizer_step_join_that_step():
     tracker, out, clock = make()
     run_step(tracker, clock, 0.0, 0.1)

@@ -279,9 +279,9 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
         if self.training and torch.is_grad_enabled():
             if args and not kwargs and isinstance(first := args[0], torch.Tensor) and (shape := first.shape):  # model(x)
                 tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in _TOKEN_DTYPES else None
-                tracker.forward_begin(shape[0], tokens)
+                tracker.forward_begin(shape[0], tokens, id(self))
             else:
-                tracker.forward_begin(_batch_size(args, kwargs), _tokens(args, kwargs))
+                tracker.forward_begin(_batch_size(args, kwargs), _tokens(args, kwargs), id(self))
         output = original(self, *args, **kwargs)
         tracker.phase = "backward"
         return output

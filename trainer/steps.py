@@ -9,7 +9,8 @@ monitor.step(). The tracker owns the step boundaries and the record:
 - data wait is the time from the end of one step to the next step's first
   forward;
 - samples is the batch dimension of the DDP forward input, summed over the
-  forwards of the step (gradient accumulation), unless the script says;
+  forwards of the step (gradient accumulation) by the model that began it
+  (`leader`), unless the script says;
 - tokens, the elements of the forward's token ids (hooks.py finds them),
   summed the same way; loss, the sum of what the script called backward()
   on during the step (hooks.py), unless the script says;
@@ -108,6 +109,11 @@ class StepTracker:
         self.in_step = False
         """Whether a training forward ran since the last step closed (a backward() before
         one is outside any step, and not the step's loss)."""
+        self.leader: int | None = None
+        """The id of the model whose training forward began the step in progress: only its
+        forwards' batches are the step's samples and tokens. Another model's forward in the
+        same step (an encoder's decoder, a GAN's generator feeding its discriminator) is fed
+        what the first was fed or made from it, and counting it would count samples twice."""
         self.losses: list[Any] = []
         """What backward() was called on in this step, as hooks.py hands it over (detached
         tensors; a tuple (tensor, True) for one a GradScaler scaled): the guard packs them,
@@ -151,12 +157,15 @@ class StepTracker:
         self._spans: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=STEPS_KEPT)
         """(step, start, end) of the steps closed last, on the clock: where a sampled reading falls."""
 
-    def forward_begin(self, samples: int | None, tokens: int | None = None) -> None:
-        """A training forward begins."""
+    def forward_begin(self, samples: int | None, tokens: int | None = None, model: int | None = None) -> None:
+        """A training forward of the model whose id is model begins."""
         if self._held is not None:
             self._take_held(self._held)
         if not self.in_step:
             self.loss_ids = []
+            self.leader = model
+        elif model != self.leader:
+            samples = tokens = None
         self.in_step = True
         self.journal.append((FORWARD, self._clock(), samples, tokens))
         self.phase = "forward"
