@@ -267,5 +267,7 @@ def test_restarts_that_make_no_progress_stop_the_job_in_one_line(ddptop_home, tm
     [stop] = job.alerts("no-progress")
     assert stop["text"].startswith("3 attempts in a row got no further (past step 15: attempt 1 to step 15"), stop["text"]
     assert stop["action"] == "stop" and not job.alerts("crash-loop")
+    first = job.alerts("crash")[0]["text"]  # raised after its optimizer step: in its data wait, not at its exit
+    assert "after step 15 (in data): RuntimeError: disk quota exceeded at no_progress.py:22 in <module>" in first, first
     assert {r["restart"] for r in job.of("rank_hello")} == {0, 1, 2, 3}, "no fifth attempt"
     assert "ddptop: stopping the job after the no-progress alert" in job.proc.stderr.splitlines()

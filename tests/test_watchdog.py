@@ -282,6 +282,42 @@ def test_crash_quotes_the_ranks_own_exception():
     assert v.text == "rank 0 failed with exit code 1 after step 4 (in data): ValueError: bad batch"
 
 
+DDP_UNUSED = """Traceback (most recent call last):
+  File "/job/train.py", line 16, in <module>
+    loss = nn.functional.cross_entropy(m(x), y)
+                                       ^^^^
+  File "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 1775, in _pre_forward
+    if torch.is_grad_enabled() and self.reducer._rebuild_buckets():
+                                   ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.
+making sure all `forward` function outputs participate in calculating loss.
+Parameter indices which did not receive grad for rank 0: 4 5
+ In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL
+"""
+
+
+def test_a_crash_quotes_the_line_that_names_the_exception_and_the_phase_it_was_raised_in():
+    """DDP's error goes on for lines of hints below the line that says what went wrong; and
+    once the rank raised, its heartbeats say it is exiting, not where it failed."""
+    dog, state, _ = make(world=1)
+    feed(dog, state, step(0, 0))
+    feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": DDP_UNUSED, "phase": "forward"})
+    feed(dog, state, {"type": "heartbeat", "rank": 0, "wall": 0.0, "phase": "exit", "step": 1, "dropped": 0})
+    feed(dog, state, failure(0, 1))
+    [v] = dog.tick(final=True)
+    assert v.text == (
+        "rank 0 failed with exit code 1 after step 0 (in forward): RuntimeError: Expected to have finished "
+        "reduction in the prior iteration before starting a new one. at train.py:16 in <module>"
+    ), v.text
+
+
+def test_a_traceback_in_a_rank_s_log_is_read_for_its_exception_torchrun_s_prefixes_and_all():
+    log = [f"[rank0]:{' ' if line and not line[0].isspace() else ''}{line}" for line in DDP_UNUSED.splitlines()]
+    assert last_error_line(log).startswith("RuntimeError: Expected to have finished reduction"), last_error_line(log)
+    cut = ["RuntimeError: a message", "with a second line"]  # the frames cut away: the last words
+    assert last_error_line(cut) == "with a second line"
+
+
 def test_a_crash_is_read_from_the_log_of_the_attempt_that_failed_before_its_hello_arrived():
     """The failure (torchrun's probe) and the rank's hello travel on different
     connections: a usage error in the third attempt is read from that

@@ -113,17 +113,18 @@ Report = Callable[[BaseException], None]
 """Sends an exception's traceback to the supervisor (for a failure the interpreter's excepthook never sees)."""
 
 
-def report_uncaught(put: Callable[[wire.Frame], None], rank: int) -> Report:
+def report_uncaught(put: Callable[[wire.Frame], None], rank: int, phase: Callable[[], str]) -> Report:
     """Send an uncaught exception's traceback to the supervisor, then print it as usual.
 
     So the crash alert can quote the first failing rank's own error without
-    the script decorating its main with torchrun's @record.
+    the script decorating its main with torchrun's @record, and say where in
+    its step the rank raised it (phase), which its heartbeats no longer tell.
     """
     previous = sys.excepthook
 
     def report(value: BaseException) -> None:
         text = "".join(traceback.format_exception(type(value), value, value.__traceback__))[-TRACEBACK_MAX:]
-        put({"type": "exception", "rank": rank, "wall": time.time(), "text": text})
+        put({"type": "exception", "rank": rank, "wall": time.time(), "text": text, "phase": phase()})
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         report(value.with_traceback(tb))
@@ -177,7 +178,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
 
     captures = Captures(tracker.rank, hello["restart"], lambda record: sender.put(record))
     sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat, collect=lambda: tracker.build(sampled.read()), on_command=captures.ask)
-    report = report_uncaught(sender.put, tracker.rank)
+    report = report_uncaught(sender.put, tracker.rank, lambda: tracker.phase)
     monitor.bind(tracker)
     sender.start()
 

@@ -239,6 +239,9 @@ class Uncaught(TypedDict):
     rank: int
     wall: float
     text: str
+    phase: NotRequired[str]
+    """Where in its step the rank was when it raised (Heartbeat.phase): its heartbeats say
+    "exit" from then on, as the interpreter shuts down."""
 
 
 class Batch(TypedDict):

@@ -36,7 +36,9 @@ def last_error_line(log: list[str]) -> str | None:
 
     faulthandler's report of a fatal signal ends with a list of extension
     modules; the telling part is the error and the innermost Python frame of
-    the thread that took the signal (listed after the other threads).
+    the thread that took the signal (listed after the other threads). A
+    traceback's telling line is its exception's (exception_line); any other
+    log's, its last.
     """
     for index, line in enumerate(log):
         if line.startswith("Fatal Python error"):
@@ -44,10 +46,30 @@ def last_error_line(log: list[str]) -> str | None:
             current = next((i for i, f in enumerate(report) if f.startswith("Current thread")), 0)
             frame = next((f.strip() for f in report[current:] if f.strip().startswith("File ")), None)
             return line.strip() + (f" in {frame}" if frame else "")
-    return next((line.strip() for line in reversed(log) if line.strip()), None)
+    return exception_line(log) or next((line.strip() for line in reversed(log) if line.strip()), None)
 
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
+
+_RANK_PREFIX = re.compile(r"^\[[^\]]*\]: ?")
+"""What torchrun writes before each line of a rank's output ("[rank0]: ")."""
+
+
+def exception_line(lines: list[str]) -> str | None:
+    """The line that names a traceback's last exception: its type and its message's first line.
+
+    Python prints the exception below the traceback's frames, and a message of several
+    lines goes on below that: torch's errors add hints (DDP's unused parameters, the
+    environment variable that would say more), so the text's last line is the end of a
+    hint, not what went wrong. It is the first line after the last frame that is not
+    indented (the frames' source lines and carets are). None where no frame is found
+    (a traceback cut short, or none at all).
+    """
+    bare = [_RANK_PREFIX.sub("", line, count=1) for line in lines]
+    last = max((i for i, line in enumerate(bare) if _FRAME.match(line)), default=None)
+    if last is None:
+        return None
+    return next((line.strip() for line in bare[last + 1 :] if line.strip() and not line[0].isspace()), None)
 
 
 def script_frame(traceback_text: str) -> str | None:

@@ -36,6 +36,8 @@ class Liveness:
     """rank -> when its connection closed."""
     exceptions: dict[int, str] = field(default_factory=dict)
     """rank -> the traceback of the exception it died of, in its current attempt."""
+    raised_in: dict[int, str] = field(default_factory=dict)
+    """rank -> the phase it was in when it raised that exception (its heartbeats say "exit" after)."""
 
     def observe(self, record: wire.Frame, now: float) -> None:
         kind = record.get("type")
@@ -48,6 +50,7 @@ class Liveness:
             self.collectives.pop(rank, None)
             self.stepped.discard(rank)
             self.exceptions.pop(rank, None)
+            self.raised_in.pop(rank, None)
             self.gone.pop(rank, None)
         elif kind == "step":
             rank = record["rank"]
@@ -57,6 +60,8 @@ class Liveness:
             self._heartbeat(record, now)
         elif kind == "exception":
             self.exceptions[record["rank"]] = record["text"]
+            if "phase" in record:
+                self.raised_in[record["rank"]] = record["phase"]
         elif kind == "rank_gone":
             self.gone[record["rank"]] = now
 

@@ -21,7 +21,7 @@ from ddptop.core import wire
 from ddptop.core.model.events import exit_reason
 from ddptop.core.model.job import JobState
 from ddptop.core.rundir import single_node
-from ddptop.supervisor.watching.failures import last_error_line, port_in_use, script_frame, spawned_failure
+from ddptop.supervisor.watching.failures import exception_line, last_error_line, port_in_use, script_frame, spawned_failure
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.crash_loop import CrashLoop, alike, repeated_before_first_step, same_words
@@ -116,10 +116,12 @@ class CrashRule:
         # A rank killed at once leaves its last records unsent; its peers in the attempt stepped with it.
         reached = max((r.step for r in self.state.ranks.values() if r.restart == first["restart"]), default=-1)
         step = -1 if state is None else max(state.step, reached)
-        where = "" if state is None else (" before its first step" if step < 0 else f" after step {step} (in {state.phase})")
+        # A rank that raised says where; its heartbeats since say only that it was shutting down.
+        phase = self.liveness.raised_in.get(rank) or (state.phase if state is not None else "")
+        where = "" if state is None else (" before its first step" if step < 0 else f" after step {step} (in {phase})")
         exceptions = self.liveness.exceptions
         traceback = exceptions.get(rank) or first.get("message")
-        error = traceback.strip().splitlines()[-1] if traceback and traceback.strip() else self._error_line(first, tail)
+        error = _quoted(traceback) if traceback and traceback.strip() else self._error_line(first, tail)
         frame = script_frame(traceback or "\n".join(tail))
         text = f"rank {rank} {'failed with ' if exitcode >= 0 else 'was '}{exit_reason(exitcode)}{where}"
         if error is not None:
@@ -190,8 +192,14 @@ class CrashRule:
         return order, self.liveness.gone.get(failure["rank"], float("inf")), failure["wall"]
 
     def _error_line(self, failure: wire.Frame, tail: list[str] | None = None) -> str | None:
-        """The last line of a failed rank's own exception, or of its stderr (tail, if already read)."""
+        """The line of a failed rank's own exception that names it, or of its stderr (tail, if already read)."""
         error = self.liveness.exceptions.get(failure["rank"]) or failure.get("message")
         if error and error.strip():
-            return error.strip().splitlines()[-1]
+            return _quoted(error)
         return last_error_line(self.log_tail(failure) if tail is None else tail)
+
+
+def _quoted(traceback: str) -> str:
+    """What a crash alert quotes of a rank's exception: the line that names it, else its text's last line."""
+    lines = traceback.strip().splitlines()
+    return exception_line(lines) or lines[-1]
