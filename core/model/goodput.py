@@ -38,9 +38,9 @@ from ddptop.core.model.stats import median
 STALL_FACTOR = 20.0
 STALL_MIN_S = 15.0
 GOODPUT_TYPES = frozenset({"run", "rank_hello", "step", "checkpoint", "exit", "alert"})
+"""The records the fold reads."""
 STUCK_KINDS = frozenset({"stall", "hang"})
 """Verdicts that say the job stopped stepping: the time from its last step on was stalled."""
-"""The records the fold reads."""
 PARTS = ("productive", "startup", "restarts", "recomputed", "skipped", "stalled", "other")
 
 
