@@ -116,9 +116,11 @@ class CrashRule:
         # A rank killed at once leaves its last records unsent; its peers in the attempt stepped with it.
         reached = max((r.step for r in self.state.ranks.values() if r.restart == first["restart"]), default=-1)
         step = -1 if state is None else max(state.step, reached)
-        # A rank that raised says where; its heartbeats since say only that it was shutting down.
-        phase = self.liveness.raised_in.get(rank) or (state.phase if state is not None else "")
-        where = "" if state is None else (" before its first step" if step < 0 else f" after step {step} (in {phase})")
+        where = ""
+        if state is not None:
+            # A rank that raised said where; its heartbeats since say only that it was shutting down.
+            phase = self.liveness.raised_in.get(rank) or state.phase
+            where = " before its first step" if step < 0 else f" after step {step} (in {phase})"
         exceptions = self.liveness.exceptions
         traceback = exceptions.get(rank) or first.get("message")
         error = _quoted(traceback) if traceback and traceback.strip() else self._error_line(first, tail)
