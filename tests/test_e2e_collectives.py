@@ -26,10 +26,17 @@ def line_of(marker: str) -> int:
 def stall_of(tmp_path: Path, mode: str) -> tuple[dict, list[dict], float]:
     """The job's stall alert (after its stacks are in), its records, and when the hang began."""
     run = rundir.RunDir(tmp_path / "run")
-    mark = tmp_path / "onset"
+    mark, go = tmp_path / "onset", tmp_path / "go"
     command = [DDPTOP, "launch", "--headless", "--run-dir", str(run.path), str(SCRIPT), "--gpus", "3", "--mode", mode, "--mark", str(mark)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*command, "--go", str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+
+        def every_rank_heard() -> bool:
+            records = rundir.read_events(run) if run.events_path.exists() else []
+            return len({r["rank"] for r in records if r["type"] == "rank_hello"}) == 3
+
+        wait_for(every_rank_heard, timeout=60, what="every rank's hello", interval=0.2)
+        go.touch()
 
         def stacks_in() -> list[dict]:
             records = list(rundir.read_events(run)) if run.events_path.exists() else []

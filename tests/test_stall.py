@@ -9,11 +9,13 @@ import sys
 
 import pytest
 from conftest import wait_for
-from test_watchdog import feed, make, seconds, step
+from test_watchdog import Clock, feed, hello, make, seconds, step
 
+from ddptop.core.model.job import JobState
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.stall import MOVING_S, STALL_MIN_S, STALL_PACE
 from ddptop.supervisor.watching.stuck import Standing, describe, in_collectives
+from ddptop.supervisor.watching.watchdog import Watchdog
 from ddptop.trainer import flightrecorder
 
 
@@ -313,3 +315,25 @@ def test_neither_a_warm_up_nor_one_unlucky_sampled_iteration_nor_a_tiny_data_wai
     assert run(range(0, 500), slow={200}) == []
     # Its second slow sample makes the median of three, at step 700; then 3 s over, 100 steps.
     assert run(range(500, 900), slow={600, 700, 800}) == [(819, [3])]
+
+
+def test_a_rank_of_the_world_never_heard_from_is_named_in_the_stall():
+    """Rank 2 stopped (or held the GIL) before its first word reached the supervisor: its peers
+    wait for it in the all-reduce, and only the world size its peers told says it exists."""
+    state, clock = JobState(), Clock()
+    dog = Watchdog(WatchPolicy(), state, lambda failure: [], clock)
+    for rank in (0, 1):
+        feed(dog, state, hello(rank, world=3))
+    stepping(2, 30, clock, dog, state)
+    verdicts = []
+    for _ in range(int(STALL_MIN_S) + 2):
+        clock.now += 1.0
+        for rank in (0, 1):
+            feed(dog, state, beat(rank, 30, "all-reduce", where="train.py:51 in train_step"))
+        verdicts += [v for v in dog.tick() if v.kind == "stall"]
+    [stall] = verdicts
+    assert stall.text.endswith("; rank 2 never heard from in this attempt"), stall.text
+    feed(dog, state, hello(2, world=3))
+    assert dog.liveness.unheard() == []
+    feed(dog, state, hello(0, restart=1, world=2))  # a smaller world in the next attempt
+    assert dog.liveness.unheard() == [1]

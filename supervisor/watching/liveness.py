@@ -38,11 +38,18 @@ class Liveness:
     """rank -> the traceback of the exception it died of, in its current attempt."""
     raised_in: dict[int, str] = field(default_factory=dict)
     """rank -> the phase it was in when it raised that exception (its heartbeats say "exit" after)."""
+    world_size: int = 0
+    """The newest attempt's world size, as its ranks' hellos tell it: the ranks to hear from."""
 
     def observe(self, record: wire.Frame, now: float) -> None:
         kind = record.get("type")
         if kind == "rank_hello":
             rank = record["rank"]
+            newest = self.newest_attempt()
+            if record["restart"] > newest or not self.attempt:
+                self.world_size = record["world_size"]
+            elif record["restart"] == newest:
+                self.world_size = max(self.world_size, record["world_size"])
             self.attempt[rank] = record["restart"]
             self.progress[rank] = self.heard[rank] = self.moved[rank] = now
             self.done.pop(rank, None)
@@ -98,3 +105,11 @@ class Liveness:
 
     def newest_attempt(self) -> int:
         return max(self.attempt.values(), default=0)
+
+    def unheard(self) -> list[int]:
+        """Ranks of the newest attempt's world that have not said hello in it. A rank that stops,
+        or holds the GIL in native code, before its first word reached the supervisor is one,
+        and so is one whose way to the supervisor is cut: its peers can wait for it in a
+        collective while nothing else names it."""
+        newest = self.newest_attempt()
+        return [rank for rank in range(self.world_size) if self.attempt.get(rank) != newest]

@@ -39,13 +39,17 @@ class Standing:
 def named(ranks: list[int], state: JobState, seen: Liveness, now: float, silent_after: float) -> tuple[dict[int, Standing], str]:
     """Where each of ranks stands (those heard from in the last silent_after seconds), and the text
     that names them all, the silent ones (with what the system says of their process and the
-    last place they told), and the collective each group waits in (in_collectives)."""
+    last place they told), the collective each group waits in (in_collectives), and the ranks
+    of the world never heard from (Liveness.unheard)."""
     silent = {r: now - seen.heard.get(r, 0.0) for r in ranks if now - seen.heard.get(r, 0.0) > silent_after}
     places = {r: standing(r, state, seen) for r in ranks if r not in silent}
     quiet = {r: now - seen.heard.get(r, 0.0) for r in ranks}
     reports = {r: seen.collectives[r] for r in ranks if r in seen.collectives}
     said = {r: quiet_rank(state.ranks.get(r)) for r in silent}
-    return places, describe(places, {r: seen.still(r, now) for r in places}, silent, in_collectives(reports, ranks, quiet), said)
+    text = describe(places, {r: seen.still(r, now) for r in places}, silent, in_collectives(reports, ranks, quiet), said)
+    if unheard := seen.unheard():
+        text += f"; {ranks_text(unheard)} never heard from in this attempt"
+    return places, text
 
 
 PROCESS_STATES = {

@@ -7,6 +7,9 @@
   broadcast rank 0 sends, and everyone then waits for a checkpoint, so only that group hangs.
 
 --mark FILE: the rank that hangs writes when it did (the onset).
+--go FILE: at step 20 every rank waits for FILE first: the test makes it once every rank has
+  been heard from, since a rank that stops or holds the GIL before its first word to ddptop
+  is a rank ddptop never knew (a case of its own).
 """
 
 import argparse
@@ -23,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=("skip", "sigstop", "native", "subgroup"), required=True)
 parser.add_argument("--mark")
+parser.add_argument("--go")
 args = parser.parse_args()
 
 
@@ -30,6 +34,12 @@ def mark() -> None:
     if args.mark:
         with open(args.mark, "w") as out:
             out.write(str(time.time()))
+
+
+def wait_for_go() -> None:
+    deadline = time.monotonic() + 120
+    while args.go and not os.path.exists(args.go) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def wait_for_checkpoint() -> None:
@@ -58,6 +68,8 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if step == 20:
+            wait_for_go()
         if step == 20 and rank == 2 and args.mode == "sigstop":
             mark()
             os.kill(os.getpid(), signal.SIGSTOP)
