@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
+from conftest import wait_for
 
+from ddptop.supervisor.launching.template import Template
 from ddptop.supervisor.launching.torchrun import BOOTSTRAP_DIR
 from ddptop.trainer.template import fit
 
@@ -125,3 +128,35 @@ def test_the_template_imports_torch_without_initialising_cuda_or_starting_a_thre
     out = subprocess.run([PY, "-c", WARM_CHECK], capture_output=True, text=True, timeout=120, check=True, env=env).stdout
     seen = json.loads(out.strip().splitlines()[-1])
     assert seen == {"blocker": None, "calls": [], "initialized": False, "threads": 1, "dynamo": True}
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of a process (Z: a zombie), None once it is gone (reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.slow  # a real template imports torch: seconds
+def test_a_forked_rank_that_exits_stays_a_zombie_until_torchrun_s_side_heard_so_its_group_can_be_signalled(tmp_path):
+    """torchrun stops the workers it has not seen exit with os.killpg(pid). Two ranks that fail
+    together: the second can exit before torchrun hears of it, and a template that had reaped
+    it made that killpg fail (ESRCH), which ended torchrun with a traceback (seen in CI)."""
+    script = tmp_path / "train.py"
+    script.write_text("import sys; sys.exit(2)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([BOOTSTRAP_DIR, os.environ.get("PYTHONPATH", "")])}
+    env.pop("DDPTOP_ADDRESS", None)
+    template = Template.start(env)
+    try:
+        with open(os.devnull, "r+") as null:
+            forked = template.fork([PY, "-u", str(script)], env, [null.fileno()] * 3)
+        assert not isinstance(forked, str), forked
+        wait_for(lambda: process_state(forked.pid) == "Z", timeout=60, what="the rank to exit, unreaped")
+        os.killpg(forked.pid, signal.SIGTERM)  # what torchrun does to a worker whose exit it has not heard of
+        assert forked.wait(timeout=30) == 2
+        wait_for(lambda: process_state(forked.pid) is None, timeout=30, what="the template to reap it once heard")
+    finally:
+        template.proc.kill()
+        template.proc.wait()

@@ -25,6 +25,10 @@ FORK_WAIT_S = 120.0
 """How long a worker's start waits for the template's answer: the first waits
 for its import of torch, which a slow shared file system can make long."""
 
+REAP_SEND_S = 5.0
+"""How long telling the template to reap a child may wait: the template reads at once, so
+only a template that is stuck makes it wait at all."""
+
 ENTRY = f"import sys; del sys.path[0]; from {MARK}.server import main; main()"
 """The template's program (`python -u -c`): the working folder leaves sys.path, as
 it is not on a script's; the forked ranks put their own first entry back."""
@@ -133,11 +137,22 @@ class Template:
                 message, fds = got
                 for fd in fds:
                     os.close(fd)
-                if "exited" in message and (child := self._children.pop(int(message["exited"]), None)) is not None:
-                    child.returncode = int(message["returncode"])
+                if "exited" in message:
+                    self._heard_exit(int(message["exited"]), int(message["returncode"]))
                 elif "id" in message:
                     self._replies[int(message["id"])] = message
                 timeout = 0.0
+
+    def _heard_exit(self, pid: int, returncode: int) -> None:
+        """A child exited: its returncode for torchrun, and the template may reap it now (it kept it
+        a zombie so far, so that torchrun's os.killpg of a worker it has not seen exit finds it)."""
+        if (child := self._children.pop(pid, None)) is not None:
+            child.returncode = returncode
+        try:
+            self._sock.settimeout(REAP_SEND_S)  # pump() may have left it non-blocking
+            channel.send(self._sock, {"reap": pid})
+        except OSError as exc:
+            self._lose(f"the template is gone ({exc})")
 
     def _lose(self, why: str) -> str:
         """The template cannot go on: its ranks died with it (each has its parent-death signal)."""

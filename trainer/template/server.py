@@ -4,6 +4,13 @@ Started by torchrun's probe as `python -u -c "...server.main()"`. It waits
 on its channel (requests) and on one pidfd per live child (exits), so it
 costs nothing between restarts. In a forked child serve() returns the
 request, and main() runs the script in that child (child.py).
+
+A child that exits is told to the probe at once but reaped only when the
+probe says it heard (`reap`): until then it is a zombie, as a worker that
+torchrun's own Popen started stays until torchrun polls it. torchrun stops
+the workers it has not seen exit with os.killpg(pid), which finds a
+zombie's group but fails (ESRCH) on a reaped one, and that failure ends
+torchrun.
 """
 
 from __future__ import annotations
@@ -59,19 +66,27 @@ def serve() -> Request:
     as they would have in a rank that imported them itself."""
     children: dict[int, int] = {}
     """pidfd -> pid of each live child."""
+    exited: dict[int, int] = {}
+    """pid -> pidfd of each child that exited, a zombie until the probe has heard (see above)."""
     while True:
         ready, _, _ = select.select([ctl.fileno(), *children], [], [])
         for fd in ready:
             if fd in children:
                 pid = children.pop(fd)
-                os.close(fd)
-                _, status = os.waitpid(pid, 0)
-                channel.send(ctl, {"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
+                exited[pid] = fd
+                status = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+                assert status is not None  # without WNOHANG it returns the exit its pidfd told of
+                channel.send(ctl, {"exited": pid, "returncode": _returncode(status)})
                 continue
             got = channel.receive(ctl)
             if got is None:
                 _end(children)
             message, fds = got
+            if "reap" in message:
+                if (pidfd := exited.pop(int(message["reap"]), None)) is not None:
+                    os.waitpid(int(message["reap"]), 0)
+                    os.close(pidfd)
+                continue
             request = Request(list(message["argv"]), dict(message["env"]), str(message["cwd"]), fds, os.getpid())
             why = blocker or fit.misfit(request.argv, request.env, request.cwd, template_env, imported)
             request.env = {**set_by_imports, **request.env}
@@ -82,7 +97,7 @@ def serve() -> Request:
             pid = os.fork()
             if pid == 0:
                 ctl.close()
-                _close_all(children)
+                _close_all([*children, *exited.values()])
                 return request
             _close_all(fds)
             children[os.pidfd_open(pid)] = pid
@@ -109,6 +124,11 @@ def warm() -> str | None:
         names = ", ".join(t.name for t in threading.enumerate() if t is not threading.current_thread())
         return f"a thread was started while Python started ({names}): a fork would copy it stopped"
     return None
+
+
+def _returncode(status: os.waitid_result) -> int:
+    """A child's exit status as Popen.returncode gives it: its code, or minus the signal that ended it."""
+    return status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
 
 
 def _close_all(fds: Iterable[int]) -> None:
