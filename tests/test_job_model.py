@@ -60,6 +60,10 @@ def test_comm_share_is_of_the_sampled_iterations_own_time_so_a_slow_one_never_re
     state.ingest(hello(1, 0))
     state.ingest(builders.step(1, 0, wall=1.0, step_ms=10.0, comm_ms=2.0))  # an earlier ddptop's record: no compute
     assert COMM_SHARE.read(state.ranks[1]) == 0.2
+    # A GAN's discriminator, sampled in its generator's step: DDP timed 0.03 ms of compute, 0.28 beside the comm.
+    state.ingest(hello(2, 0))
+    state.ingest(builders.step(2, 0, wall=1.0, step_ms=5.0, comm_ms=3.0, compute_ms=0.03, comm_overlap_ms=0.28))
+    assert COMM_SHARE.read(state.ranks[2]) == 1.0
 
 
 def test_comm_figures_stand_until_the_next_sampled_iteration_once_the_window_has_none():

@@ -112,7 +112,9 @@ class RankState:
         if compute is None:
             step = self.window.mean("step_ms")
             return comm / step if step else None
-        spent = compute + comm - (figures("comm_overlap_ms") or 0.0)
+        # DDP can time more overlap than compute (a model whose sampled iteration's backward
+        # was another model's, a GAN's discriminator in its generator's step): never over 100%.
+        spent = max(compute + comm - (figures("comm_overlap_ms") or 0.0), comm)
         return comm / spent if spent > 0 else None
 
     def add_compute(self, compute_ms: float, comm_step: int | None) -> None:
