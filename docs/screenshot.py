@@ -12,6 +12,7 @@ straggler from step 1400 of the restarted attempt; then replays the run in the r
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import tempfile
@@ -35,8 +36,9 @@ def run_job(work: Path) -> rundir.RunDir:
         *("--inject", "nan@400:1", "--inject", "kill@900:2", "--inject", "slow@1400:3/1"),
     ]
     ddptop = Path(sys.executable).parent / "ddptop"  # the venv's, beside its interpreter
+    env = {**os.environ, "DDPTOP_HOME": str(work / "home")}  # the run is listed there, not among the user's runs
     with open(work / "launch.log", "w") as log:
-        done = subprocess.run([str(ddptop), "launch", *job], stdout=log, stderr=subprocess.STDOUT)
+        done = subprocess.run([str(ddptop), "launch", *job], stdout=log, stderr=subprocess.STDOUT, env=env)
     if done.returncode != 0:
         sys.exit(f"the job failed (exit {done.returncode}); its output:\n{(work / 'launch.log').read_text()[-4000:]}")
     return rundir.RunDir(run_dir)
