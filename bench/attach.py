@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import time
 from pathlib import Path
 
@@ -155,6 +156,7 @@ def main() -> None:
     args = parser.parse_args()
     seconds = int(args.hours * 3600)
     base = Path(scratch_folder("ddptop-bench-attach-"))
+    os.environ["DDPTOP_HOME"] = str(base / "home")  # the bench's runs are listed there, not among the user's
 
     started = time.perf_counter()
     state = JobState()
