@@ -24,11 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import time
 from pathlib import Path
 
-from scratch import scratch_folder
+from scratch import scratch_folder, scratch_home
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import EventLog
@@ -156,7 +155,7 @@ def main() -> None:
     args = parser.parse_args()
     seconds = int(args.hours * 3600)
     base = Path(scratch_folder("ddptop-bench-attach-"))
-    os.environ["DDPTOP_HOME"] = str(base / "home")  # the bench's runs are listed there, not among the user's
+    scratch_home()
 
     started = time.perf_counter()
     state = JobState()

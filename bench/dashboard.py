@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-from scratch import scratch_folder
+from scratch import scratch_folder, scratch_home
 from synthetic import synthetic_job
 
 from ddptop.core import rundir
@@ -101,6 +101,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="steps per second per rank")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window")
     args = parser.parse_args()
+    scratch_home()
 
     run = rundir.create(Path("synthetic.py"), Path(scratch_folder("ddptop-bench-")) / "run")
     child = multiprocessing.get_context("spawn").Process(target=serve, args=(str(run.path), args.ranks, args.rate, args.seconds + 30))

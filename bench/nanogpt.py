@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from overhead import DDPTOP, alternating, ddptop_commands, device, printed, report, variant
-from scratch import scratch_folder
+from scratch import scratch_home
 
 JOB = Path(__file__).resolve().parent / "gpt_train.py"
 SCHED_SHOWN = 6
@@ -50,7 +50,8 @@ def main() -> None:
     job = [str(JOB), "--iters", str(args.iters), *args.job]
     plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks), *job]
     with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *job]
-    env = {**os.environ, "DDPTOP_HOME": scratch_folder("ddptop-bench-")}
+    scratch_home()
+    env = dict(os.environ)
     sched: dict[str, dict[str, list[str]]] = {}
     commands = {"plain torchrun": (plain, env), **ddptop_commands(with_ddptop, env, args.also)}
     runs: dict[str, Callable[[], float]] = {}

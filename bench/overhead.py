@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from scratch import scratch_folder
+from scratch import scratch_home
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "train.py"
@@ -131,8 +131,8 @@ def main() -> None:
 
     job = [str(EXAMPLE), "--steps", str(args.steps), "--width", str(args.width), "--batch-size", str(args.batch_size)]
     plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks), *job]
-    home = scratch_folder("ddptop-bench-")
-    env = {**os.environ, "DDPTOP_HOME": home}
+    scratch_home()
+    env = dict(os.environ)
     checks = ["--desync-every", str(args.desync_every)]
     if args.clip_grad is not None:
         checks += ["--clip-grad", str(args.clip_grad)]

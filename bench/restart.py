@@ -35,7 +35,7 @@ import sys
 import time
 
 from overhead import DDPTOP, EXAMPLE, alternating
-from scratch import scratch_folder
+from scratch import scratch_folder, scratch_home
 
 DEATH = re.compile(r"injected kill at step \d+, wall ([0-9.]+)")
 RESUMED = re.compile(r"first step \d+ of attempt 1 done, wall ([0-9.]+)")
@@ -125,9 +125,9 @@ def main() -> None:
             f"kill@{args.kill_at}:{min(1, args.ranks - 1)}",
         ]
 
+    scratch_home()
     env = {
         **os.environ,
-        "DDPTOP_HOME": scratch_folder("ddptop-bench-"),
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "LOGLEVEL": "INFO",  # torchrun's own log lines mark the agent's phases

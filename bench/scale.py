@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import psutil
-from scratch import scratch_folder
+from scratch import scratch_folder, scratch_home
 from synthetic import synthetic_job
 
 from ddptop.core import rundir, wire
@@ -170,6 +170,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="measured window per N")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds for the ranks to connect first")
     args = parser.parse_args()
+    scratch_home()
     print(f"{args.rate:g} steps/s per rank, {args.seconds:g} s measured after {args.warmup:g} s, one supervisor")
     print(
         f"{'ranks':>6} {'sup CPU':>8} {'RSS start':>10} {'RSS end':>9} {'records/s':>10} {'dropped':>8} "

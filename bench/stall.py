@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from overhead import DDPTOP
+from scratch import scratch_home
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tests" / "scripts" / "stuck_loader.py"
@@ -68,6 +69,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stuck-at", type=int, default=50, help="the step whose batch never comes")
     args = parser.parse_args()
+    scratch_home()
     from ddptop.supervisor.watching.policy import HANG_TIMEOUT_S
 
     took = []
