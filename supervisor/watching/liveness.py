@@ -46,7 +46,7 @@ class Liveness:
         if kind == "rank_hello":
             rank = record["rank"]
             newest = self.newest_attempt()
-            if record["restart"] > newest or not self.attempt:
+            if record["restart"] > newest:
                 self.world_size = record["world_size"]
             elif record["restart"] == newest:
                 self.world_size = max(self.world_size, record["world_size"])

@@ -83,8 +83,9 @@ def serve() -> Request:
                 _end(children)
             message, fds = got
             if "reap" in message:
-                if (pidfd := exited.pop(int(message["reap"]), None)) is not None:
-                    os.waitpid(int(message["reap"]), 0)
+                reaped = int(message["reap"])
+                if (pidfd := exited.pop(reaped, None)) is not None:
+                    os.waitpid(reaped, 0)
                     os.close(pidfd)
                 continue
             request = Request(list(message["argv"]), dict(message["env"]), str(message["cwd"]), fds, os.getpid())
