@@ -32,6 +32,12 @@ Which rank it came from is what each rank's own loss says (packed anyway);
 gradients that overflow in backward from a finite loss name no rank.
 Every `desync_every` steps a checksum of the parameters as the step found
 them goes with the step record; the supervisor compares ranks.
+
+Gradients sharded over ranks (DTensors: FSDP2, tensor parallelism) break
+that premise: each rank holds a part. Their step is checked on its own
+shards, is never skipped, and takes the grad norm only where a reduction
+was made anyway (sharded_norms says which); sharded parameters are left
+out of the checksum.
 """
 
 from __future__ import annotations
@@ -82,6 +88,9 @@ class Layout(NamedTuple):
     """A one-rank group: a non-finite gradient is this rank's own."""
     skipped_on_device: bool = False
     """ddptop handed the optimizer a found_inf of its own: a non-finite step was skipped."""
+    local_norms: bool = False
+    """The norms are of this rank's shards of sharded gradients (sharded_norms): they tell
+    whether the step is finite, not its grad norm."""
 
     def fields(self, values: list[float]) -> dict[str, Any]:
         """The step record's values, read off the pack on the host: on the sender's thread,
@@ -120,7 +129,7 @@ class Layout(NamedTuple):
         unscaled = norm / grad_scale
         if script is not None:
             out["grad_norm"] = script / scale if self.script_scaled else script
-        else:
+        elif not self.local_norms:
             out["grad_norm"] = unscaled
         if self.clip is not None:
             out["clipped"] = unscaled > self.clip
@@ -151,6 +160,24 @@ def clip_on_device(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: floa
     torchapi.foreach_mul_(grads, factor)
 
 
+def sharded_norms(grads: list[Any], clip: float | None, grad_scale: torch.Tensor | None) -> tuple[list[torch.Tensor], bool]:
+    """The norms a step of sharded gradients packs (DTensors: FSDP2's fully_shard, tensor
+    parallelism), and whether they are of this rank's shards alone.
+
+    Without a clip to enforce, the norm of each gradient's local shard: enough for the
+    verdict (a non-finite shard makes its gradient non-finite), but not the grad norm, which
+    needs every rank's shards, a collective ddptop does not add for a figure (the script's
+    own clip_grad_norm_ gives it, hooks.py). With --clip-grad the global norm is what clipping
+    needs: taken as clip_grad_norm_ takes it on DTensors, the shards' norms reduced over the
+    ranks that hold them, the only collective ddptop issues, and asked for by that option;
+    then each rank's shards are clipped with it on the device."""
+    if clip is None:
+        return norms([grad.to_local() for grad in grads]), True
+    whole = torchapi.replicated(total(norms(grads))).to_local()
+    clip_on_device([grad.to_local() for grad in grads], whole if grad_scale is None else whole / grad_scale, clip)
+    return [whole], False
+
+
 def found_inf(norm: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """1.0 where norm is not finite, else 0.0: what a fused optimizer takes to skip a step.
     Written into out, a float32 scalar on norm's device made once: no new tensor, and no
@@ -160,13 +187,26 @@ def found_inf(norm: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 def checksum_parts(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """The parameters' checksum (checksum()) as two float64 tensors, its high and low 32 bits,
-    exact in a float pack, unread.
+    exact in a float pack, unread; none when no tensor is one that ranks hold equal.
 
     Two ops a tensor, its integer view and the view's sum, and no detach: an integer tensor
     takes no part in autograd, so the view of a parameter records nothing. Each view is summed
     in its own width (_bit_sum says why). The sums are stacked as the step's pack is: moved to the
-    first one's device only when they are apart (a model split over GPUs)."""
-    sums = [_bit_sum(t) for t in tensors]
+    first one's device only when they are apart (a model split over GPUs).
+
+    Only tensors every rank should hold equal are compared: plain tensors, and the local tensor
+    of a DTensor replicated on every dimension of its mesh. A DTensor sharded over ranks (FSDP2's
+    parameters) holds a different part on each rank: left out."""
+    sums = []
+    tensor: Any
+    for tensor in tensors:
+        if type(tensor) is not torch.nn.Parameter and type(tensor) is not torch.Tensor and torchapi.is_dtensor(tensor):
+            if not all(placement.is_replicate() for placement in tensor.placements):
+                continue
+            tensor = tensor.to_local()
+        sums.append(_bit_sum(tensor))
+    if not sums:
+        return []
     stacked = pack(sums)
     weights = torch.arange(1, len(sums) + 1, device=stacked.device, dtype=torch.int64)
     summed = (stacked * weights).sum()
@@ -199,10 +239,10 @@ def checksum(tensors: Iterable[torch.Tensor]) -> int | None:
     swapped tensors do not cancel out. A two's complement sum split into
     high (signed) and low 32 bits gives back the same number mod 2^63.
     """
-    tensors = list(tensors)
-    if not tensors:
+    parts = checksum_parts(tensors)
+    if not parts:
         return None
-    high, low = (float(part) for part in checksum_parts(tensors))
+    high, low = (float(part) for part in parts)
     return (int(high) * _HALF + int(low)) % _MOD
 
 

@@ -200,11 +200,19 @@ def _wrap_clip_grad_norm(probe: Probe) -> None:
         norm = original(*args, **kwargs)
         probe.clipped = clipped
         probe.clips += 1
-        probe.script_norm = (norm, probe.scale is not None and not probe.unscaled) if probe.clips == 1 else None
+        whole = norm
+        if type(norm) is not torch.Tensor and torchapi.is_dtensor(norm):  # a plain norm costs no call
+            # Of sharded gradients, a DTensor that clipping has reduced to replicated: its local tensor is the whole norm.
+            whole = torchapi.replicated(norm).to_local()
+        probe.script_norm = (whole, probe.scale is not None and not probe.unscaled) if probe.clips == 1 else None
         return norm
 
     patches.replace(clip_grad, "clip_grad_norm_", clip_grad_norm_)
     patches.replace(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_)
+
+
+LOSSES_KEPT = 1024
+"""The most backward() values a step of a job with no DDP model holds for its loss."""
 
 
 def _wrap_backward(probe: Probe) -> None:
@@ -214,7 +222,8 @@ def _wrap_backward(probe: Probe) -> None:
     original returns (a backward that raised records nothing), what it was
     called on is handed to the tracker, if a training forward of a DDP model
     ran since the last step ended (a backward outside any DDP step is not the
-    step's loss), and the step's loss is the sum of each scalar, real
+    step's loss), or if the job has no DDP model (an FSDP2 job, one process
+    alone), and the step's loss is the sum of each scalar, real
     floating-point tensor among them. So gradient accumulation sums its
     micro-steps, as the script's own loop optimises them (a loop that divides
     each micro-batch's loss by the accumulation steps gets the step's mean),
@@ -236,7 +245,9 @@ def _wrap_backward(probe: Probe) -> None:
         if not one:
             tensors = tuple(tensors)  # the original takes any iterable: read it once, for both
         result = original(tensors, *args, **kwargs)
-        if not tracker.in_step:
+        # A job with no DDP model (FSDP2's) has no DDP forward to begin its steps: its losses count
+        # from any backward, up to LOSSES_KEPT in a step (a loop no optimizer closes holds no more).
+        if not tracker.in_step and (probe.models or len(tracker.losses) >= LOSSES_KEPT):
             return result
         if one and not probe.scaled and not tensors.dim() and tensors.is_floating_point():
             tracker.losses.append(tensors)

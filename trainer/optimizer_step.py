@@ -119,13 +119,17 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         return losses_only(probe)
     losses, tracker.losses = tracker.losses, []
     first = grads[0]
+    sharded = type(first) is not torch.Tensor and torchapi.is_dtensor(first)  # the usual step: no call
+    if sharded and "sharded" not in probe.noticed:
+        probe.tell_once("sharded", SHARDED_NOTICE)
+    skips = probe.skips and not sharded
     probe.cuda = cuda = first.is_cuda
     if cuda and probe.sampled.device is None:
         probe.sampled.device = first.device.index
     grad_scale = getattr(optimizer, "grad_scale", None)  # a fused optimizer under GradScaler.step: still scaled
     scaler_inf = getattr(optimizer, "found_inf", None)
     clip = policy.clip_grad
-    on_device = cuda and probe.skips and scaler_inf is None and getattr(optimizer, "_step_supports_amp_scaling", False)
+    on_device = cuda and skips and scaler_inf is None and getattr(optimizer, "_step_supports_amp_scaling", False)
     # The script's own norm of unscaled gradients is the step's, where it measured all of them
     # (an fp16 norm is not: it overflows where the gradients do not).
     borrowed: torch.Tensor | None = None
@@ -136,8 +140,11 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
             covers = _script_covers(probe, optimizer, clipped, key)
         if covers:
             borrowed, script = script[0], None
+    local = False
     if borrowed is not None:
         parts = [borrowed]
+    elif sharded:
+        parts, local = guard.sharded_norms(grads, clip, grad_scale)
     else:
         parts = guard.norms(grads)
         if clip is not None or on_device:
@@ -165,9 +172,11 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         parts.append(scaler_inf)
     checksum = bool(policy.desync_every) and tracker.step % policy.desync_every == 0
     if checksum:
-        parts += guard.checksum_parts(probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]])
+        summed = guard.checksum_parts(probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]])
+        checksum = bool(summed)  # none where every parameter is sharded (FSDP2's): no rank holds another's
+        parts += summed
     arrangement = (norms, script is not None, bool(script and script[1]), marks, has_scale, grad_scale is not None,
-                   scaler_inf is not None, checksum, clip, probe.world == 1, on_device)  # fmt: skip
+                   scaler_inf is not None, checksum, clip, probe.world == 1, on_device, local)  # fmt: skip
     fields = _FIELDS.get(arrangement)
     if fields is None:
         fields = _FIELDS[arrangement] = guard.Layout(*arrangement).fields
@@ -177,24 +186,32 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     packed = guard.pack(parts)
     if grad_mode:
         torchapi.set_grad_enabled(True)
-    if not cuda or (probe.waits_on_gpu and not on_device and scaler_inf is None):
+    if not cuda or (probe.waits_on_gpu and skips and not on_device and scaler_inf is None):
         read = packed.tolist()
         # The verdict needs only the norms: the global norm is finite when each one is. The
         # rest is decoded on the sender's thread, unless a non-finite step may be skipped.
-        if not probe.skips or all(map(math.isfinite, read[:norms])):
+        if not skips or all(map(math.isfinite, read[:norms])):
             return {late.FIELDS: late.Read((read, fields))}
         values: dict[str, Any] = fields(read)
         if values.get("nonfinite"):
             guard.skip(optimizer)
             values["skipped"] = "nan"
         return values
-    if policy.on_nan == "auto" and not on_device and scaler_inf is None and "late" not in probe.noticed:  # no call once told
+    if policy.on_nan == "auto" and skips and not on_device and scaler_inf is None and "late" not in probe.noticed:  # no call once told
         probe.tell_once("late", NAN_APPLIED_NOTICE.format(name=type(optimizer).__name__))
     return {late.FIELDS: late.RING.send(packed, fields)}
 
 
 _FIELDS: dict[tuple[Any, ...], Any] = {}
 """Each arrangement's Layout.fields, looked up without a call: the usual step has the last one's."""
+
+
+SHARDED_NOTICE = (
+    "the gradients are sharded over ranks (DTensor: FSDP2's fully_shard or tensor parallelism): a non-finite "
+    "step is reported but not skipped, since a rank cannot tell the others without a collective, and "
+    "ranks that skipped alone would hold shards a step apart; the grad norm shown is the one the "
+    "script's clip_grad_norm_ returns (or --clip-grad's); sharded parameters take no part in the desync checksum"
+)
 
 
 NAN_APPLIED_NOTICE = (

@@ -14,6 +14,7 @@ Imported only once the script has imported torch (hooks.py, optimizer_step.py, g
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,25 @@ def _foreach_norm_takes_dtype() -> bool:
 
 FOREACH_NORM_DTYPE = _foreach_norm_takes_dtype()
 """Whether _foreach_norm takes the dtype to compute in (fp16 gradients' norms in fp32)."""
+
+
+_DTENSOR_MODULES = ("torch.distributed.tensor", "torch.distributed._tensor")
+"""Where torch keeps DTensor and its placements (the second before torch 2.5)."""
+
+
+def is_dtensor(tensor: Any) -> bool:
+    """Whether tensor is a DTensor: a parameter or gradient that FSDP2's fully_shard or tensor
+    parallelism split over ranks. Its module is looked up, not imported: a DTensor exists only
+    once its module is imported, and a DDP job need not pay for the import."""
+    return any(isinstance(tensor, getattr(sys.modules.get(name), "DTensor", ())) for name in _DTENSOR_MODULES)
+
+
+def replicated(tensor: Any) -> Any:
+    """A DTensor whole on every rank: redistributed to Replicate on every dimension of its mesh
+    (a reduction over the ranks for a partial one, nothing for one already replicated)."""
+    module = next(sys.modules[name] for name in _DTENSOR_MODULES if isinstance(tensor, getattr(sys.modules.get(name), "DTensor", ())))
+    mesh = tensor.device_mesh
+    return tensor.redistribute(mesh, [module.Replicate()] * mesh.ndim)
 
 
 def scaler_scale(scaler: Any) -> torch.Tensor | None:

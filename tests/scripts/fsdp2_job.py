@@ -1,0 +1,38 @@
+"""A model sharded with FSDP2's fully_shard (torchtitan's way: each layer, then the root), on
+gloo, with AdamW and the script's own clip_grad_norm_. ddptop is never mentioned.
+
+Each rank prints, per step, its loss and the norm its clip_grad_norm_ returned (a DTensor:
+`.full_tensor()`), as `[loss] STEP VALUE` and `[norm] STEP VALUE`, so a test can compare
+what ddptop shows with them.
+"""
+
+import argparse
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=30)
+args = parser.parse_args()
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+for layer in model:
+    if isinstance(layer, nn.Linear):
+        fully_shard(layer)
+fully_shard(model)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = torch.Generator().manual_seed(rank)
+for step in range(args.steps):
+    x = torch.randn(16, 32, generator=data)
+    loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).full_tensor()
+    optimizer.step()
+    optimizer.zero_grad()
+    print(f"[loss] {step} {loss.item()!r}\n[norm] {step} {norm.item()!r}", flush=True)
+dist.destroy_process_group()

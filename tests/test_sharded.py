@@ -1,0 +1,138 @@
+"""ddptop's hooks on a model FSDP2 shards (fully_shard: DTensor parameters and gradients).
+
+ddptop is for DDP jobs, but a script that shards its model must still run
+as it does under torchrun, and be shown nothing wrong: the guard cannot pack
+a DTensor with plain tensors, a rank's shard is not the gradient's norm, and
+ranks' shards differ by design, so they must not be compared for a desync.
+These run in this process at world size 1 (one shard, the whole tensor);
+tests/test_e2e_sharded.py runs two ranks, whose shards differ.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from ddptop.trainer import guard, hooks, patches
+from ddptop.trainer.optimizer_step import SHARDED_NOTICE
+from ddptop.trainer.policy import GuardPolicy
+from ddptop.trainer.steps import StepTracker
+
+fsdp = pytest.importorskip("torch.distributed.fsdp")
+if not hasattr(fsdp, "fully_shard"):
+    pytest.skip("FSDP2's public fully_shard is torch 2.6's", allow_module_level=True)
+
+
+class Records(list[dict[str, Any]]):
+    """What the hooks emitted, and the tracker that emitted it."""
+
+    tracker: StepTracker
+
+    def steps(self) -> list[dict[str, Any]]:
+        """The step records, once the held ones are made (they are built on the sender's thread: steps.py)."""
+        self.tracker.flush()
+        return [r for r in self if r["type"] == "step"]
+
+
+@pytest.fixture
+def records(gloo_world_of_one: None, request: pytest.FixtureRequest) -> Iterator[Records]:
+    """ddptop's hooks installed as in a rank, with the test's policy (indirect), else a checksum
+    every step; what they emit."""
+    out = Records()
+    out.tracker = StepTracker(0, emit=out.append)
+    hooks.install(out.tracker, getattr(request, "param", GuardPolicy(desync_every=1)))
+    yield out
+    out.tracker.flush()
+    patches.undo()
+
+
+def sharded_model() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    for layer in (model[0], model[2]):
+        fsdp.fully_shard(layer)
+    fsdp.fully_shard(model)
+    return model
+
+
+def test_a_sharded_step_shows_the_scripts_norm_and_its_loss_and_takes_no_checksum(records):
+    model = sharded_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    expected = []
+    for _ in range(3):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        expected.append((loss.item(), norm.full_tensor().item()))
+        optimizer.step()
+        optimizer.zero_grad()
+    got = [(r["loss"], r["grad_norm"]) for r in records.steps()]
+    assert got == [pytest.approx(pair, rel=1e-6) for pair in expected]
+    assert not any("checksum" in r for r in records.steps()), "a rank's shards are not the others': nothing to compare"
+    assert [r["text"] for r in records if r["type"] == "rank_note"] == [SHARDED_NOTICE]
+
+
+def test_without_the_scripts_clip_a_sharded_step_shows_no_norm_rather_than_its_shards(records):
+    model = sharded_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    optimizer.step()
+    (record,) = records.steps()
+    assert "grad_norm" not in record and "nonfinite" not in record and "loss" in record
+
+
+def test_a_non_finite_sharded_step_is_reported_and_not_skipped(records):
+    """Skipping on the ranks whose shards went non-finite alone would leave them a step apart
+    from the others: the step is reported (the supervisor's --on-nan restart or stop still act)."""
+    model = sharded_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    before = [p.full_tensor().clone() for p in model.parameters()]
+    (model(torch.randn(4, 8)).pow(2).mean() * math.inf).backward()
+    optimizer.step()
+    (record,) = records.steps()
+    assert record["nonfinite"] and "skipped" not in record
+    assert not all(torch.equal(b, p.full_tensor()) for b, p in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("records", [GuardPolicy(clip_grad=0.5)], indirect=True)
+def test_clip_grad_clips_sharded_gradients_by_their_global_norm_as_torch_does(records):
+    model = sharded_model()
+    twin = sharded_model()  # the same seed: the same parameters
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 8)
+    with patches.suspended():
+        twin(x).pow(2).sum().backward()
+        torch_norm = torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.5).full_tensor().item()
+    model(x).pow(2).sum().backward()
+    seen: list[torch.Tensor] = []
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.extend(p.grad.full_tensor().clone() for p in model.parameters()))
+    optimizer.step()
+    (record,) = records.steps()
+    assert record["grad_norm"] == pytest.approx(torch_norm, rel=1e-6) and record["clipped"] and torch_norm > 0.5
+    assert all(torch.allclose(got, p.grad.full_tensor()) for got, p in zip(seen, twin.parameters()))
+
+
+def test_a_loop_that_no_optimizer_closes_holds_a_bounded_number_of_losses(records):
+    """A job with no DDP model takes its losses from any backward(): one that never steps a torch
+    optimizer (or calls monitor.step) must not hold every loss it ever made."""
+    model = sharded_model()
+    for _ in range(hooks.LOSSES_KEPT + 10):
+        model(torch.randn(2, 8)).sum().backward()
+    assert len(records.tracker.losses) == hooks.LOSSES_KEPT
+
+
+def test_the_checksum_compares_replicated_dtensors_and_leaves_sharded_ones_out(gloo_world_of_one):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (1,))
+    plain = torch.randn(4, 4)
+    whole = distribute_tensor(plain, mesh, [Replicate()])
+    split = distribute_tensor(torch.randn(4, 4), mesh, [Shard(0)])
+    assert guard.checksum([whole, split]) == guard.checksum([plain]) is not None
+    assert guard.checksum([split]) is None
