@@ -15,6 +15,7 @@ import io
 import math
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,6 +53,9 @@ def records(gloo_world_of_one: None, request: pytest.FixtureRequest) -> Iterator
 
 
 def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
+    from torch._dynamo import trace_rules  # imported: ddptop's skip list entry goes in at install, not at its import
+
+    skipped = list(trace_rules.SKIP_DIRS)
     before = {name: getattr(DistributedDataParallel, name) for name in ("__init__", "forward", "__setstate__", "register_comm_hook")}
     originals = (
         torch.autograd.backward,
@@ -61,11 +65,13 @@ def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     )
     hooks.install(StepTracker(0, emit=lambda record: None), GuardPolicy())
     changed = patches.applied()
-    assert "torch.nn.utils.clip_grad.clip_grad_norm_" in changed and len(changed) == 13, changed
+    assert "torch.nn.utils.clip_grad.clip_grad_norm_" in changed and len(changed) == 14, changed
+    assert trace_rules.check_file(hooks.__file__).skipped, "torch.compile runs ddptop's hooks untraced"
     assert not any("comm_hook" in change for change in changed), "DDP keeps its own all-reduce"
     assert torch.autograd.backward is not originals[0]
     patches.undo()
     assert patches.applied() == [] and {name: getattr(DistributedDataParallel, name) for name in before} == before
+    assert trace_rules.SKIP_DIRS == skipped and not trace_rules.check_file(hooks.__file__).skipped
     assert (
         torch.autograd.backward,
         torch.distributed.init_process_group,
@@ -565,3 +571,30 @@ def test_a_step_given_a_closure_is_guarded_after_the_closure_made_its_gradients(
     records.tracker.flush()
     steps = [r for r in records if r["type"] == "step"]
     assert [(r["loss"], r.get("grad_norm")) for r in steps] == [pytest.approx(pair, rel=1e-6) for pair in made], steps
+
+
+def test_a_compiled_ddp_model_and_optimizer_step_are_measured_and_ddptop_adds_no_recompile_or_warning(records):
+    """torch.compile(DDP(model)), as PyTorch's DDP notes write it, and a compiled optimizer step,
+    as its tutorial does: dynamo must not trace ddptop's hooks. Traced, the forward wrapper's clock
+    breaks the graph (with a UserWarning in the rank's log) and its forward count recompiles it
+    every forward, and the guard's step count recompiles the optimizer's. The hooks still measure."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = torch.compile(ddp_model(), backend="eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = torch.compile(optimizer.step, backend="eager")
+    expected = []
+    with warnings.catch_warnings(record=True) as said, torch._dynamo.config.patch(error_on_recompile=True):
+        warnings.simplefilter("always")
+        for _ in range(4):
+            model(torch.randn(4, 8)).pow(2).sum().backward()
+            expected.append(norm_of(model.parameters()))
+            step()
+            optimizer.zero_grad()
+    torch._dynamo.reset()
+    assert not [str(w.message) for w in said if "perf_counter" in str(w.message)]
+    records.tracker.flush()
+    steps = [r for r in records if r["type"] == "step"]
+    assert [r["samples"] for r in steps] == [4, 4, 4, 4] and all("loss" in r for r in steps)
+    assert [r["grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-6)

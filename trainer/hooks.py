@@ -44,7 +44,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddptop.trainer import late, optimizer_step, patches, torchapi
+from ddptop.trainer import importwatch, late, optimizer_step, patches, torchapi
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.probe import SCALED_KEPT, Probe
 from ddptop.trainer.profiling import Captures
@@ -69,8 +69,16 @@ def install(tracker: StepTracker, policy: GuardPolicy, sampled: Sampled | None =
         "torch.optim global step post-hook",
         register_optimizer_step_post_hook(functools.partial(optimizer_step.end, probe)),
     )
+    importwatch.after_import("torch._dynamo", _skipped_by_torch_compile)
     atexit.register(keep_groups, probe)
     return probe
+
+
+def _skipped_by_torch_compile() -> None:
+    """torch.compile runs ddptop's hooks as they are (torchapi.dynamo_skips says why)."""
+    skip = torchapi.dynamo_skips("ddptop.trainer")
+    if skip is not None:
+        patches.registered("torch.compile's skip list: ddptop.trainer", skip)
 
 
 def keep_groups(probe: Probe) -> None:

@@ -45,7 +45,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def after_import(name: str, callback: Callable[[], None]) -> None:
-    """Call callback once `name` (a top-level module) is imported; now if it is."""
+    """Call callback once module `name` is imported (a submodule's package must be); now if it is."""
     if name in sys.modules:
         callback()
     else:

@@ -14,6 +14,7 @@ Imported only once the script has imported torch (hooks.py, optimizer_step.py, g
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -58,6 +59,34 @@ def replicated(tensor: Any) -> Any:
     return tensor.redistribute(mesh, [module.Replicate()] * mesh.ndim)
 
 
+class _SkipDirs:
+    """Directories put on torch.compile's skip list, and how to take them off again."""
+
+    def __init__(self, trace_rules: Any, added: list[str]) -> None:
+        self._trace_rules = trace_rules
+        self._added = added
+
+    def remove(self) -> None:
+        for directory in self._added:
+            self._trace_rules.SKIP_DIRS.remove(directory)
+        self._trace_rules._recompile_re()
+
+
+def dynamo_skips(package: str) -> _SkipDirs | None:
+    """Put package's files on torch.compile's skip list, as torch's own DDP forward is: dynamo
+    runs its functions as they are, never traced, and compiles what they call. ddptop's
+    wrappers count and time; traced, a wrapper of DDP's forward breaks the graph at its clock
+    (with a UserWarning in the rank's log) and recompiles as its counts change, and a compiled
+    optimizer step would trace the guard. Called once torch._dynamo is imported (DDP's
+    constructor imports it), never importing it: that costs a rank most of a second."""
+    trace_rules = sys.modules.get("torch._dynamo.trace_rules")
+    if trace_rules is None or not hasattr(trace_rules, "add"):
+        return None
+    before = set(trace_rules.SKIP_DIRS)
+    trace_rules.add(package)
+    return _SkipDirs(trace_rules, [directory for directory in trace_rules.SKIP_DIRS if directory not in before])
+
+
 def scaler_scale(scaler: Any) -> torch.Tensor | None:
     """The scale a GradScaler multiplies the loss by; None before its first scale() or when disabled."""
     scale: torch.Tensor | None = getattr(scaler, "_scale", None)
@@ -78,6 +107,8 @@ def missing() -> list[str]:
     instance attributes are looked for on fresh instances)."""
     absent = [name for name in ("_foreach_norm", "_foreach_mul_") if not hasattr(torch, name)]
     absent += [f"DistributedDataParallel.{n}" for n in ("_get_ddp_logging_data",) if not hasattr(DistributedDataParallel, n)]
+    trace_rules = importlib.import_module("torch._dynamo.trace_rules")  # imported here only: dynamo_skips never does
+    absent += [f"torch._dynamo.trace_rules.{n}" for n in ("add", "SKIP_DIRS", "_recompile_re") if not hasattr(trace_rules, n)]
     scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if scaler_class is None:
         absent.append("torch.amp.GradScaler")
