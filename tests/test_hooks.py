@@ -55,7 +55,7 @@ def records(gloo_world_of_one: None, request: pytest.FixtureRequest) -> Iterator
 def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     from torch._dynamo import trace_rules  # imported: ddptop's skip list entry goes in at install, not at its import
 
-    skipped = list(trace_rules.SKIP_DIRS)
+    skip_list = list(trace_rules.SKIP_DIRS)
     before = {name: getattr(DistributedDataParallel, name) for name in ("__init__", "forward", "__setstate__", "register_comm_hook")}
     originals = (
         torch.autograd.backward,
@@ -71,7 +71,7 @@ def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     assert torch.autograd.backward is not originals[0]
     patches.undo()
     assert patches.applied() == [] and {name: getattr(DistributedDataParallel, name) for name in before} == before
-    assert trace_rules.SKIP_DIRS == skipped and not trace_rules.check_file(hooks.__file__).skipped
+    assert list(trace_rules.SKIP_DIRS) == skip_list and not trace_rules.check_file(hooks.__file__).skipped
     assert (
         torch.autograd.backward,
         torch.distributed.init_process_group,
