@@ -598,3 +598,27 @@ def test_a_compiled_ddp_model_and_optimizer_step_are_measured_and_ddptop_adds_no
     steps = [r for r in records if r["type"] == "step"]
     assert [r["samples"] for r in steps] == [4, 4, 4, 4] and all("loss" in r for r in steps)
     assert [r["grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-6)
+
+
+class CheckpointedLoss(nn.Module):
+    """A model whose last segment, which makes a scalar, is recomputed in backward by
+    torch.utils.checkpoint's reentrant variant: its backward calls torch.autograd.backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(lambda h: h.pow(2).mean(), self.layer(x), use_reentrant=True)
+
+
+def test_a_backward_that_a_backward_runs_adds_nothing_to_the_loss(records):
+    torch.manual_seed(0)
+    model = DistributedDataParallel(CheckpointedLoss())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(torch.randn(4, 8)) * 3.0
+    loss.backward()
+    optimizer.step()
+    assert last_step(records, model)["loss"] == pytest.approx(loss.item(), rel=1e-6)

@@ -237,7 +237,9 @@ def _wrap_backward(probe: Probe) -> None:
     each micro-batch's loss by the accumulation steps gets the step's mean),
     and a second backward in one step (a GAN's two losses, retain_graph) adds
     to it. A backward on a non-scalar (with a gradient), integer or complex
-    tensor records nothing for it. monitor.step(loss=...) wins.
+    tensor records nothing for it, and neither does a backward that a backward
+    runs (torch.utils.checkpoint's reentrant one, on its segment's outputs).
+    monitor.step(loss=...) wins.
 
     The wrapper only hands the tensor over: it is read with the guard's pack
     (guard.py), a step late on a GPU. A loss a GradScaler scaled is marked
@@ -245,7 +247,7 @@ def _wrap_backward(probe: Probe) -> None:
     usual backward, one scalar loss and no scaler, costs one call and no op.
     """
     original = torch.autograd.backward
-    tracker, tensor_type = probe.tracker, torch.Tensor
+    tracker, tensor_type, graph_task = probe.tracker, torch.Tensor, torchapi.current_graph_task_id
 
     @functools.wraps(original)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
@@ -256,6 +258,8 @@ def _wrap_backward(probe: Probe) -> None:
         # A job with no DDP model (FSDP2's) has no DDP forward to begin its steps: its losses count
         # from any backward, up to LOSSES_KEPT in a step (a loop no optimizer closes holds no more).
         if not tracker.in_step and (probe.models or len(tracker.losses) >= LOSSES_KEPT):
+            return result
+        if graph_task() != -1:  # called by a backward running (a reentrant checkpoint's recomputation): not a loss
             return result
         if one and not probe.scaled and not tensors.dim() and tensors.is_floating_point():
             tracker.losses.append(tensors)

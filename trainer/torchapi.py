@@ -26,6 +26,8 @@ foreach_norm: Callable[..., Any] = torch._foreach_norm
 foreach_mul_: Callable[..., Any] = torch._foreach_mul_
 set_grad_enabled: Callable[[bool], None] = torch._C._set_grad_enabled
 """Grad mode on or off with no context manager around it (a Python call fewer a step)."""
+current_graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
+"""The backward running on this thread, -1 outside one: a backward() called inside another."""
 
 
 def _foreach_norm_takes_dtype() -> bool:
@@ -106,6 +108,7 @@ def missing() -> list[str]:
     """The private names above that the running torch lacks (a GradScaler's and a DDP model's
     instance attributes are looked for on fresh instances)."""
     absent = [name for name in ("_foreach_norm", "_foreach_mul_") if not hasattr(torch, name)]
+    absent += [f"torch._C.{n}" for n in ("_set_grad_enabled", "_current_graph_task_id") if not hasattr(torch._C, n)]
     absent += [f"DistributedDataParallel.{n}" for n in ("_get_ddp_logging_data",) if not hasattr(DistributedDataParallel, n)]
     trace_rules = importlib.import_module("torch._dynamo.trace_rules")  # imported here only: dynamo_skips never does
     absent += [f"torch._dynamo.trace_rules.{n}" for n in ("add", "SKIP_DIRS", "_recompile_re") if not hasattr(trace_rules, n)]
