@@ -13,6 +13,7 @@ from ddptop.supervisor.watching.rules.hang import STARTUP_GRACE_S
 from ddptop.supervisor.watching.rules.per_step import GATHER_S
 from ddptop.supervisor.watching.verdict import Verdict
 from ddptop.supervisor.watching.watchdog import Watchdog
+from ddptop.trainer import runtime
 
 
 class Clock:
@@ -309,6 +310,29 @@ def test_a_crash_quotes_the_line_that_names_the_exception_and_the_phase_it_was_r
         "rank 0 failed with exit code 1 after step 0 (in forward): RuntimeError: Expected to have finished "
         "reduction in the prior iteration before starting a new one. at train.py:16 in <module>"
     ), v.text
+
+
+def test_a_crash_whose_message_runs_to_thousands_of_lines_quotes_its_first():
+    """torch's "Could not run 'aten::...' with arguments from the 'SparseCPU' backend" goes on
+    with a line for each of its dispatcher's backends, past what a rank sends of a traceback:
+    the frames and the message's first line must be what is kept, not its last lines."""
+    backends = "".join(f"\nBackend{i}: registered at /__w/pytorch/aten/src/kernel.cpp:{i} [kernel]" for i in range(400))
+
+    def forward() -> None:
+        raise NotImplementedError("Could not run 'aten::linalg_vector_norm' with arguments from the 'SparseCPU' backend." + backends)
+
+    try:
+        forward()
+    except NotImplementedError as error:
+        text = runtime.traceback_text(error)
+    assert len(text) <= runtime.TRACEBACK_MAX
+    dog, state, _ = make(world=1)
+    feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": text, "phase": "optimizer"})
+    feed(dog, state, failure(0, 1))
+    [v] = dog.tick(final=True)
+    assert ": NotImplementedError: Could not run 'aten::linalg_vector_norm' with arguments from the 'SparseCPU' backend. at" in v.text, (
+        v.text
+    )
 
 
 def test_a_traceback_in_a_rank_s_log_is_read_for_its_exception_torchrun_s_prefixes_and_all():

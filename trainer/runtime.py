@@ -37,7 +37,9 @@ ADDRESS_ENV = "DDPTOP_ADDRESS"
 
 EXIT_FLUSH_S = 1.0
 TRACEBACK_MAX = 8192
-"""Characters of an uncaught exception's traceback sent along (its end)."""
+"""Characters of an uncaught exception's traceback sent along (traceback_text says which)."""
+MESSAGE_MAX = 2048
+"""Of those, the most the exception's own message keeps (its start) when it is longer."""
 
 
 def rank_hello(given: tuple[int, int] | None = None) -> wire.Frame:
@@ -123,8 +125,7 @@ def report_uncaught(put: Callable[[wire.Frame], None], rank: int, phase: Callabl
     previous = sys.excepthook
 
     def report(value: BaseException) -> None:
-        text = "".join(traceback.format_exception(type(value), value, value.__traceback__))[-TRACEBACK_MAX:]
-        put({"type": "exception", "rank": rank, "wall": time.time(), "text": text, "phase": phase()})
+        put({"type": "exception", "rank": rank, "wall": time.time(), "text": traceback_text(value), "phase": phase()})
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         report(value.with_traceback(tb))
@@ -132,6 +133,21 @@ def report_uncaught(put: Callable[[wire.Frame], None], rank: int, phase: Callabl
 
     sys.excepthook = hook
     return report
+
+
+def traceback_text(value: BaseException) -> str:
+    """value's traceback as Python prints it, in at most TRACEBACK_MAX characters: the frames
+    nearest the error and the start of its message. A torch error can run to thousands of
+    lines (a dispatcher's list of backends, one a line, after "Could not run ..."): its end
+    alone would leave neither the frames nor the line that says what went wrong."""
+    text = "".join(traceback.format_exception(type(value), value, value.__traceback__))
+    if len(text) <= TRACEBACK_MAX:
+        return text
+    message = "".join(traceback.format_exception_only(type(value), value))
+    frames = text[: len(text) - len(message)] if text.endswith(message) else ""
+    if len(message) > MESSAGE_MAX:
+        message = message[:MESSAGE_MAX] + "\n[... the message goes on]\n"
+    return (frames[-(TRACEBACK_MAX - len(message)) :] if frames else "") + message[-TRACEBACK_MAX:]
 
 
 def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGENT_PID_ENV) -> Report:
