@@ -622,3 +622,35 @@ def test_a_backward_that_a_backward_runs_adds_nothing_to_the_loss(records):
     loss.backward()
     optimizer.step()
     assert last_step(records, model)["loss"] == pytest.approx(loss.item(), rel=1e-6)
+
+
+class SparseEmbeddingModel(nn.Module):
+    """A recommender's shape: a sparse embedding (its gradient a sparse COO tensor) and a dense head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(50, 4, sparse=True)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding(ids).mean(1))
+
+
+def test_a_sparse_gradient_is_normed_and_guarded_like_a_dense_one(records):
+    """_foreach_norm takes no sparse tensor: a model with nn.Embedding(sparse=True) must still step,
+    with the norm of all its gradients, and a non-finite step be skipped."""
+    torch.manual_seed(0)
+    model = DistributedDataParallel(SparseEmbeddingModel())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.randint(0, 50, (6, 5))
+    model(ids).pow(2).mean().backward()
+    assert model.module.embedding.weight.grad.is_sparse
+    expected = math.sqrt(sum(float(p.grad.coalesce().values().norm() if p.grad.is_sparse else p.grad.norm()) ** 2 for p in model.parameters()))
+    optimizer.step()
+    assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+    optimizer.zero_grad()
+    before = [p.detach().clone() for p in model.parameters()]
+    (model(ids).pow(2).mean() * math.inf).backward()
+    optimizer.step()
+    assert last_step(records, model)["skipped"] == "nan"
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))

@@ -139,12 +139,28 @@ class Layout(NamedTuple):
 def norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each gradient's L2 norm, unread, in one fused kernel per device and dtype. fp16
     gradients' norms are taken in fp32: a large fp16 tensor's norm overflows to inf (a
-    torch whose _foreach_norm takes no dtype, before 2.4, takes them one by one)."""
-    if grads[0].dtype is not torch.float16:
-        return list(torchapi.foreach_norm(grads))
-    if torchapi.FOREACH_NORM_DTYPE:
-        return list(torchapi.foreach_norm(grads, 2, dtype=torch.float32))
-    return [torch.linalg.vector_norm(grad, dtype=torch.float32) for grad in grads]
+    torch whose _foreach_norm takes no dtype, before 2.4, takes them one by one). A sparse
+    gradient (nn.Embedding(sparse=True)), which _foreach_norm refuses, has them taken one
+    by one too: found by that refusal, so a dense step pays no look at its layouts."""
+    try:
+        if grads[0].dtype is not torch.float16:
+            return list(torchapi.foreach_norm(grads))
+        if torchapi.FOREACH_NORM_DTYPE:
+            return list(torchapi.foreach_norm(grads, 2, dtype=torch.float32))
+    except (NotImplementedError, RuntimeError):  # RuntimeError: how an older torch refuses a sparse tensor
+        pass
+    return [_norm(grad) for grad in grads]
+
+
+def _norm(grad: torch.Tensor) -> torch.Tensor:
+    """One gradient's L2 norm, unread, in fp32 for fp16. Of a sparse one, the norm of its values:
+    coalesced first on the CPU (a row given twice adds up first); on a GPU, where coalescing
+    would wait for the device, of its values as they are, exact once coalesced (DDP's all-reduce
+    of a sparse gradient coalesces it), and non-finite exactly when the coalesced one is."""
+    dtype = torch.float32 if grad.dtype is torch.float16 else None
+    if grad.layout is not torch.strided:
+        grad = grad.coalesce().values() if grad.device.type == "cpu" else grad._values()
+    return torch.linalg.vector_norm(grad, dtype=dtype)
 
 
 def total(per_tensor: list[torch.Tensor]) -> torch.Tensor:
