@@ -645,7 +645,9 @@ def test_a_sparse_gradient_is_normed_and_guarded_like_a_dense_one(records):
     ids = torch.randint(0, 50, (6, 5))
     model(ids).pow(2).mean().backward()
     assert model.module.embedding.weight.grad.is_sparse
-    expected = math.sqrt(sum(float(p.grad.coalesce().values().norm() if p.grad.is_sparse else p.grad.norm()) ** 2 for p in model.parameters()))
+    expected = math.sqrt(
+        sum(float(p.grad.coalesce().values().norm() if p.grad.is_sparse else p.grad.norm()) ** 2 for p in model.parameters())
+    )
     optimizer.step()
     assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
     optimizer.zero_grad()
