@@ -159,7 +159,7 @@ def _norm(grad: torch.Tensor) -> torch.Tensor:
     of a sparse gradient coalesces it), and non-finite exactly when the coalesced one is."""
     dtype = torch.float32 if grad.dtype is torch.float16 else None
     if grad.layout is not torch.strided:
-        grad = grad.coalesce().values() if grad.device.type == "cpu" else grad._values()
+        grad = grad.coalesce().values() if grad.device.type == "cpu" else torchapi.sparse_values(grad)
     return torch.linalg.vector_norm(grad, dtype=dtype)
 
 

@@ -3,11 +3,14 @@
 torch has no public way to do a few things ddptop must: read the scale a
 GradScaler multiplied the loss by (`_scale`), take a norm over many tensors
 in one kernel (`_foreach_norm`, what clip_grad_norm_ itself calls), read
-what DDP's reducer measured (`_get_ddp_logging_data`), and dump the flight
-recorders (`_dump_fr_trace`, and NCCL's own `_dump_nccl_trace`). Every such name is
-used through this module, and `missing()` says which of them the running
-torch lacks: tests/test_torchapi.py runs it against the installed torch,
-and CI runs the fast set on the oldest torch the package declares.
+what DDP's reducer measured (`_get_ddp_logging_data`), dump the flight
+recorders (`_dump_fr_trace`, and NCCL's own `_dump_nccl_trace`), tell a
+backward run inside another (`_current_graph_task_id`), read a sparse
+gradient's values uncoalesced (`_values`), and keep torch.compile out of its
+hooks (dynamo's `trace_rules`). Every such name is used through this module,
+and `missing()` says which of them the running torch lacks:
+tests/test_hooks.py runs it against the installed torch, and CI runs the
+fast set on the oldest torch the package declares.
 
 Imported only once the script has imported torch (hooks.py, optimizer_step.py, guard.py).
 """
@@ -26,6 +29,8 @@ foreach_norm: Callable[..., Any] = torch._foreach_norm
 foreach_mul_: Callable[..., Any] = torch._foreach_mul_
 set_grad_enabled: Callable[[bool], None] = torch._C._set_grad_enabled
 """Grad mode on or off with no context manager around it (a Python call fewer a step)."""
+sparse_values: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor._values
+"""A sparse COO tensor's values as they are, coalesced or not (values() insists on coalesced)."""
 current_graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
 """The backward running on this thread, -1 outside one: a backward() called inside another."""
 
@@ -109,6 +114,7 @@ def missing() -> list[str]:
     instance attributes are looked for on fresh instances)."""
     absent = [name for name in ("_foreach_norm", "_foreach_mul_") if not hasattr(torch, name)]
     absent += [f"torch._C.{n}" for n in ("_set_grad_enabled", "_current_graph_task_id") if not hasattr(torch._C, n)]
+    absent += [] if hasattr(torch.Tensor, "_values") else ["torch.Tensor._values"]
     absent += [f"DistributedDataParallel.{n}" for n in ("_get_ddp_logging_data",) if not hasattr(DistributedDataParallel, n)]
     trace_rules = importlib.import_module("torch._dynamo.trace_rules")  # imported here only: dynamo_skips never does
     absent += [f"torch._dynamo.trace_rules.{n}" for n in ("add", "SKIP_DIRS", "_recompile_re") if not hasattr(trace_rules, n)]
