@@ -137,3 +137,16 @@ def test_a_job_that_shards_its_model_with_fsdp2_runs_as_under_torchrun_and_shows
         assert {s: r["grad_norm"] for s, r in steps[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "norm"), rel=1e-5)
     assert [r["kind"] for r in records if r["type"] == "alert"] == []
     assert any(r["type"] == "rank_note" and "sharded" in r["text"] for r in records)
+
+
+def test_clip_grad_on_a_job_fsdp2_shards_takes_the_global_norm_over_both_ranks(ddptop_home, tmp_path):
+    """--clip-grad on sharded gradients needs their global norm, which neither rank's shards
+    give alone: ddptop's (above the clip, so the run goes as the script's) equals the norm the
+    script measures of each gradient gathered whole, on both ranks, at every step."""
+    if not hasattr(__import__("torch.distributed.fsdp").distributed.fsdp, "fully_shard"):
+        pytest.skip("FSDP2's public fully_shard is torch 2.6's")
+    run, records, _ = launch(tmp_path, SCRIPTS / "fsdp2_job.py", "--clip-grad", "1000", "--", "--steps", "20", "--no-clip")
+    steps = by_attempt(records)
+    for rank in (0, 1):
+        assert {s: r["grad_norm"] for s, r in steps[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "norm"), rel=1e-5)
+        assert not any(r["clipped"] for r in steps[rank, 0].values())

@@ -3,7 +3,8 @@ gloo, with AdamW and the script's own clip_grad_norm_. ddptop is never mentioned
 
 Each rank prints, per step, its loss and the norm its clip_grad_norm_ returned (a DTensor:
 `.full_tensor()`), as `[loss] STEP VALUE` and `[norm] STEP VALUE`, so a test can compare
-what ddptop shows with them.
+what ddptop shows with them. With --no-clip it does not clip, and prints the gradients'
+global norm it measured itself (each gradient gathered whole).
 """
 
 import argparse
@@ -15,6 +16,7 @@ from torch.distributed.fsdp import fully_shard
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=30)
+parser.add_argument("--no-clip", action="store_true")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -31,7 +33,10 @@ for step in range(args.steps):
     x = torch.randn(16, 32, generator=data)
     loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
     loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).full_tensor()
+    if args.no_clip:
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.full_tensor().norm() for p in model.parameters()]))
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).full_tensor()
     optimizer.step()
     optimizer.zero_grad()
     print(f"[loss] {step} {loss.item()!r}\n[norm] {step} {norm.item()!r}", flush=True)
