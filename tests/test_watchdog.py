@@ -94,6 +94,15 @@ def test_a_nan_step_that_cuda_ranks_applied_says_so_and_how_to_skip_it():
     assert nan.APPLIED_LATE in v.text and "--on-nan skip" in v.text and nan.SKIPPED not in v.text
 
 
+@pytest.mark.parametrize("policy, then", [("auto", ""), ("skip", ""), ("restart", nan.THEN["restart"])])
+def test_a_nan_step_of_sharded_gradients_says_why_it_was_applied_whatever_the_policy(policy, then):
+    """Ranks whose shards went non-finite cannot skip alone: the alert must not say --on-nan skip would skip it."""
+    dog, state, _ = make(WatchPolicy(on_nan=policy), world=2)
+    verdicts = [v for rank in (0, 1) for v in feed(dog, state, step(rank, 8, nonfinite=True, local_nonfinite=False, sharded=True))]
+    [v] = verdicts
+    assert v.text.endswith(nan.APPLIED_SHARDED + then), v.text
+
+
 def test_nan_verdict_goes_without_a_silent_rank_after_the_gather_time():
     dog, state, clock = make(world=2)
     assert feed(dog, state, step(0, 4, nonfinite=True, local_nonfinite=False)) == []

@@ -91,6 +91,8 @@ class Layout(NamedTuple):
     local_norms: bool = False
     """The norms are of this rank's shards of sharded gradients (sharded_norms): they tell
     whether the step is finite, not its grad norm."""
+    sharded: bool = False
+    """The gradients are sharded over ranks: a non-finite step is reported, never skipped."""
 
     def fields(self, values: list[float]) -> dict[str, Any]:
         """The step record's values, read off the pack on the host: on the sender's thread,
@@ -125,6 +127,8 @@ class Layout(NamedTuple):
             out["local_nonfinite"] = True if self.solo or bad_loss else (False if losses else None)
             if self.skipped_on_device:
                 out["skipped"] = "nan"
+            if self.sharded:
+                out["sharded"] = True
             return out
         unscaled = norm / grad_scale
         if script is not None:

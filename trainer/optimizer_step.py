@@ -176,7 +176,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         checksum = bool(summed)  # none where every parameter is sharded (FSDP2's): no rank holds another's
         parts += summed
     arrangement = (norms, script is not None, bool(script and script[1]), marks, has_scale, grad_scale is not None,
-                   scaler_inf is not None, checksum, clip, probe.world == 1, on_device, local)  # fmt: skip
+                   scaler_inf is not None, checksum, clip, probe.world == 1, on_device, local, sharded)  # fmt: skip
     fields = _FIELDS.get(arrangement)
     if fields is None:
         fields = _FIELDS[arrangement] = guard.Layout(*arrangement).fields

@@ -79,6 +79,9 @@ class Step(TypedDict):
     loss was finite; absent: it had none to tell."""
     skipped: NotRequired[str]
     """"nan": the guard skipped the step; "scaler": a GradScaler did."""
+    sharded: NotRequired[bool]
+    """With nonfinite: the gradients were sharded over ranks (DTensors: FSDP2), so the step was
+    applied, whatever --on-nan says: a rank that skipped alone would hold shards a step apart."""
     clipped: NotRequired[bool]
     """Sent whenever --clip-grad is on: whether the step was clipped."""
     checksum: NotRequired[int]

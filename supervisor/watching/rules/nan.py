@@ -31,6 +31,7 @@ SKIPPED = "step skipped"
 SKIPPED_ALL = "step skipped on all ranks"
 APPLIED_LATE = "applied: a GPU rank whose optimizer takes no found_inf reads this check a step late (--on-nan skip skips such steps)"
 APPLIED_ANYWAY = "applied anyway (--on-nan {policy})"
+APPLIED_SHARDED = "applied: the gradients are sharded over ranks, and a rank does not skip a step alone"
 THEN = {"restart": "; restarting the group", "stop": "; stopping the job"}
 
 
@@ -40,25 +41,27 @@ class NanRule(PerStepRule):
         self.policy = policy
 
     def value(self, record: wire.Frame) -> Any:
-        """(its own loss was non-finite, it skipped the step), for a non-finite step."""
+        """(its own loss was non-finite, it skipped the step, its gradients were sharded), for a non-finite step."""
         if not record.get("nonfinite"):
             return None
-        return record.get("local_nonfinite"), record.get("skipped") == "nan"
+        return record.get("local_nonfinite"), record.get("skipped") == "nan", bool(record.get("sharded"))
 
-    def judge(self, step: int, values: dict[int, tuple[bool | None, bool]]) -> Verdict:
-        named = sorted(r for r, (bad, _) in values.items() if bad)
+    def judge(self, step: int, values: dict[int, tuple[bool | None, bool, bool]]) -> Verdict:
+        named = sorted(r for r, (bad, _, _) in values.items() if bad)
         alone = self.state.world_size == 1
         if alone:
             source = ALONE
         elif named:
             source = OWN_LOSS.format(ranks=ranks_text(named))
-        elif all(bad is None for bad, _ in values.values()):
+        elif all(bad is None for bad, _, _ in values.values()):
             source = UNKNOWN
         else:
             source = FINITE_LOSSES
         then = THEN.get(self.policy.on_nan, "")
-        if all(skipped for _, skipped in values.values()):
+        if all(skipped for _, skipped, _ in values.values()):
             handling = (SKIPPED if alone else SKIPPED_ALL) + then
+        elif any(sharded for _, _, sharded in values.values()):
+            handling = APPLIED_SHARDED + then
         elif self.policy.on_nan == "auto":
             handling = APPLIED_LATE
         else:
