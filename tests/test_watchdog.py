@@ -103,6 +103,16 @@ def test_a_nan_step_of_sharded_gradients_says_why_it_was_applied_whatever_the_po
     assert v.text.endswith(nan.APPLIED_SHARDED + then), v.text
 
 
+def test_consecutive_non_finite_steps_are_one_alert_told_again_at_the_10th_and_100th():
+    """Weights a NaN reached stay NaN: every step after is non-finite, and an alert a step
+    would bury the first (the cause) under thousands."""
+    dog, state, _ = make(world=1)
+    told = [v.text for n in range(5, 130) for v in feed(dog, state, step(0, n, nonfinite=True, local_nonfinite=True))]
+    assert [text.split(":")[0] for text in told] == [f"non-finite loss or gradients at step {n}" for n in (5, 14, 104)]
+    assert told[1].endswith(nan.IN_A_ROW.format(count=10, first=5)) and told[2].endswith(nan.IN_A_ROW.format(count=100, first=5))
+    assert len(feed(dog, state, step(0, 131, nonfinite=True, local_nonfinite=True))) == 1, "a finite step between: a new run"
+
+
 def test_nan_verdict_goes_without_a_silent_rank_after_the_gather_time():
     dog, state, clock = make(world=2)
     assert feed(dog, state, step(0, 4, nonfinite=True, local_nonfinite=False)) == []

@@ -7,6 +7,10 @@ whose loss was non-finite is named. Gradients that overflow in backward
 from a finite loss name no rank (only a comm hook on every bucket could,
 at a cost every step that ddptop does not pay).
 
+A step a NaN reached the weights in (one the policy or the device could not
+skip) leaves every step after it non-finite: such a run of consecutive steps
+is one alert, told again at its 10th step, its 100th and so on, not one a step.
+
 The words a user reads are constants here, so the tests that look for them
 use the same ones.
 """
@@ -33,12 +37,15 @@ APPLIED_LATE = "applied: a GPU rank whose optimizer takes no found_inf reads thi
 APPLIED_ANYWAY = "applied anyway (--on-nan {policy})"
 APPLIED_SHARDED = "applied: the gradients are sharded over ranks, and a rank does not skip a step alone"
 THEN = {"restart": "; restarting the group", "stop": "; stopping the job"}
+IN_A_ROW = "; {count} non-finite steps in a row since step {first}"
 
 
 class NanRule(PerStepRule):
     def __init__(self, policy: WatchPolicy, state: JobState, liveness: Liveness) -> None:
         super().__init__(state, liveness)
         self.policy = policy
+        self._run: tuple[int, int] | None = None
+        """The first and last step of the latest run of consecutive non-finite steps."""
 
     def value(self, record: wire.Frame) -> Any:
         """(its own loss was non-finite, it skipped the step, its gradients were sharded), for a non-finite step."""
@@ -46,7 +53,7 @@ class NanRule(PerStepRule):
             return None
         return record.get("local_nonfinite"), record.get("skipped") == "nan", bool(record.get("sharded"))
 
-    def judge(self, step: int, values: dict[int, tuple[bool | None, bool, bool]]) -> Verdict:
+    def judge(self, step: int, values: dict[int, tuple[bool | None, bool, bool]]) -> Verdict | None:
         named = sorted(r for r, (bad, _, _) in values.items() if bad)
         alone = self.state.world_size == 1
         if alone:
@@ -67,4 +74,17 @@ class NanRule(PerStepRule):
         else:
             handling = APPLIED_ANYWAY.format(policy=self.policy.on_nan) + then
         text = ALERT.format(step=step, source=source, handling=handling)
+        first = self._run[0] if self._run is not None and step == self._run[1] + 1 else step
+        self._run = (first, step)
+        count = step - first + 1
+        if count > 1:  # weights a non-finite step reached stay so: the steps after it are one alert's, told again at 10, 100...
+            if not _power_of_ten(count):
+                return None
+            text += IN_A_ROW.format(count=count, first=first)
         return Verdict("nan", text, ranks=named, step=step)
+
+
+def _power_of_ten(count: int) -> bool:
+    while count % 10 == 0:
+        count //= 10
+    return count == 1
