@@ -136,3 +136,32 @@ def test_the_checksum_compares_replicated_dtensors_and_leaves_sharded_ones_out(g
     split = distribute_tensor(torch.randn(4, 4), mesh, [Shard(0)])
     assert guard.checksum([whole, split]) == guard.checksum([plain]) is not None
     assert guard.checksum([split]) is None
+
+
+class UnshardedRoot(nn.Module):
+    """FSDP2 applied to the layers but not to the root, which keeps a plain parameter of its own,
+    registered first: the optimizer's first gradient is a plain tensor, the rest DTensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+        self.layer = nn.Linear(8, 16)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.layer(x))) * self.scale
+
+
+@pytest.mark.parametrize("records", [GuardPolicy(clip_grad=1000.0, desync_every=1)], indirect=True)
+def test_a_model_whose_root_fsdp2_left_unsharded_is_guarded_with_all_its_gradients(records):
+    torch.manual_seed(0)
+    model = UnshardedRoot()
+    fsdp.fully_shard(model.layer)
+    fsdp.fully_shard(model.head)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    whole = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in model.parameters()]
+    optimizer.step()
+    (record,) = records.steps()
+    assert record["grad_norm"] == pytest.approx(torch.linalg.vector_norm(torch.stack([g.norm() for g in whole])).item(), rel=1e-6)
+    assert "checksum" in record, "the plain parameter is every rank's whole: compared"

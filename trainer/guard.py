@@ -180,21 +180,34 @@ def clip_on_device(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: floa
     torchapi.foreach_mul_(grads, factor)
 
 
+def any_sharded(grads: list[torch.Tensor]) -> bool:
+    """Whether any of grads is sharded over ranks (a DTensor): asked once for each optimizer and count of
+    gradients (Probe.sharded), since FSDP2 may leave some of a model's parameters plain (an unsharded root)."""
+    return any(type(grad) is not torch.Tensor and torchapi.is_dtensor(grad) for grad in grads)
+
+
 def sharded_norms(grads: list[Any], clip: float | None, grad_scale: torch.Tensor | None) -> tuple[list[torch.Tensor], bool]:
     """The norms a step of sharded gradients packs (DTensors: FSDP2's fully_shard, tensor
-    parallelism), and whether they are of this rank's shards alone.
+    parallelism; some may be plain, of parameters left unsharded), and whether they are of this
+    rank's shards alone.
 
     Without a clip to enforce, the norm of each gradient's local shard: enough for the
     verdict (a non-finite shard makes its gradient non-finite), but not the grad norm, which
     needs every rank's shards, a collective ddptop does not add for a figure (the script's
     own clip_grad_norm_ gives it, hooks.py). With --clip-grad the global norm is what clipping
     needs: taken as clip_grad_norm_ takes it on DTensors, the shards' norms reduced over the
-    ranks that hold them, the only collective ddptop issues, and asked for by that option;
-    then each rank's shards are clipped with it on the device."""
+    ranks that hold them (the only collective ddptop issues, and asked for by that option),
+    with a plain gradient's norm as this rank holds it whole; then each rank's shards are
+    clipped with it on the device."""
+    split = [torchapi.is_dtensor(grad) for grad in grads]
+    local = [grad.to_local() if dtensor else grad for grad, dtensor in zip(grads, split)]
     if clip is None:
-        return norms([grad.to_local() for grad in grads]), True
-    whole = torchapi.replicated(total(norms(grads))).to_local()
-    clip_on_device([grad.to_local() for grad in grads], whole if grad_scale is None else whole / grad_scale, clip)
+        return norms(local), True
+    parts = [torchapi.replicated(total(norms([g for g, dtensor in zip(grads, split) if dtensor]))).to_local()]
+    if not all(split):
+        parts.append(total(norms([g for g, dtensor in zip(grads, split) if not dtensor])))
+    whole = total(parts)
+    clip_on_device(local, whole if grad_scale is None else whole / grad_scale, clip)
     return [whole], False
 
 

@@ -119,7 +119,10 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         return losses_only(probe)
     losses, tracker.losses = tracker.losses, []
     first = grads[0]
-    sharded = type(first) is not torch.Tensor and torchapi.is_dtensor(first)  # the usual step: no call
+    known = probe.sharded.get(id(optimizer))
+    if known is None or known[0] != len(grads):  # the usual step: no call
+        known = probe.sharded[id(optimizer)] = (len(grads), guard.any_sharded(grads))
+    sharded = known[1]
     if sharded and "sharded" not in probe.noticed:
         probe.tell_once("sharded", SHARDED_NOTICE)
     skips = probe.skips and not sharded
