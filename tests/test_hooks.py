@@ -662,3 +662,22 @@ def test_a_sparse_gradient_is_normed_and_guarded_like_a_dense_one(records):
     optimizer.step()
     assert last_step(records, model)["skipped"] == "nan"
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_a_model_under_composable_replicate_has_the_loss_its_backward_was_called_on(records):
+    """replicate() makes a DDP of its own but never calls its forward: no DDP forward begins the
+    steps, so the loss comes from backward() as in a job with no DDP model."""
+    from torch.distributed._composable.replicate import replicate
+
+    torch.manual_seed(0)
+    model = replicate(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(3):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        losses.append(loss.item())
+        optimizer.step()
+        optimizer.zero_grad()
+    records.tracker.flush()
+    assert [r["loss"] for r in records if r["type"] == "step"] == pytest.approx(losses, rel=1e-6)

@@ -220,7 +220,7 @@ def _wrap_clip_grad_norm(probe: Probe) -> None:
 
 
 LOSSES_KEPT = 1024
-"""The most backward() values a step of a job with no DDP model holds for its loss."""
+"""The most backward() values a step of a job with no DDP forward holds for its loss."""
 
 
 def _wrap_backward(probe: Probe) -> None:
@@ -230,8 +230,8 @@ def _wrap_backward(probe: Probe) -> None:
     original returns (a backward that raised records nothing), what it was
     called on is handed to the tracker, if a training forward of a DDP model
     ran since the last step ended (a backward outside any DDP step is not the
-    step's loss), or if the job has no DDP model (an FSDP2 job, one process
-    alone), and the step's loss is the sum of each scalar, real
+    step's loss), or if no DDP forward has run (an FSDP2 job, composable
+    replicate(), one process alone), and the step's loss is the sum of each scalar, real
     floating-point tensor among them. So gradient accumulation sums its
     micro-steps, as the script's own loop optimises them (a loop that divides
     each micro-batch's loss by the accumulation steps gets the step's mean),
@@ -255,9 +255,10 @@ def _wrap_backward(probe: Probe) -> None:
         if not one:
             tensors = tuple(tensors)  # the original takes any iterable: read it once, for both
         result = original(tensors, *args, **kwargs)
-        # A job with no DDP model (FSDP2's) has no DDP forward to begin its steps: its losses count
-        # from any backward, up to LOSSES_KEPT in a step (a loop no optimizer closes holds no more).
-        if not tracker.in_step and (probe.models or len(tracker.losses) >= LOSSES_KEPT):
+        # A job whose DDP forward never ran (FSDP2's, composable replicate()'s) has none to begin its
+        # steps: its losses count from any backward, up to LOSSES_KEPT in a step (a loop no optimizer
+        # closes holds no more); a DDP forward that begins a step drops those before it (steps.py).
+        if not tracker.in_step and (tracker.forwards or len(tracker.losses) >= LOSSES_KEPT):
             return result
         if graph_task() != -1:  # called by a backward running (a reentrant checkpoint's recomputation): not a loss
             return result

@@ -161,8 +161,8 @@ class StepTracker:
         """A training forward of the model whose id is model begins."""
         if self._held is not None:
             self._take_held(self._held)
-        if not self.in_step:
-            self.loss_ids = []
+        if not self.in_step:  # what backward() was called on before the step's first forward is not its loss
+            self.losses, self.loss_ids = [], []
             self.leader = model
         elif model != self.leader:
             samples = tokens = None
