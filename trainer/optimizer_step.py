@@ -121,6 +121,8 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     first = grads[0]
     known = probe.sharded.get(id(optimizer))
     if known is None or known[0] != len(grads):  # the usual step: no call
+        if len(probe.sharded) >= COVERS_KEPT:  # a script that makes optimizer after optimizer
+            probe.sharded.clear()
         known = probe.sharded[id(optimizer)] = (len(grads), guard.any_sharded(grads))
     sharded = known[1]
     if sharded and "sharded" not in probe.noticed:
@@ -225,6 +227,7 @@ NAN_APPLIED_NOTICE = (
 
 
 COVERS_KEPT = 16
+"""Arrangements Probe.covers, and optimizers Probe.sharded, keep at most: cleared when full."""
 
 
 def _script_covers(probe: Probe, optimizer: Any, clipped: list[Any], key: tuple[int, ...]) -> bool:
