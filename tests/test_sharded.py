@@ -5,7 +5,8 @@ as it does under torchrun, and be shown nothing wrong: the guard cannot pack
 a DTensor with plain tensors, a rank's shard is not the gradient's norm, and
 ranks' shards differ by design, so they must not be compared for a desync.
 These run in this process at world size 1 (one shard, the whole tensor);
-tests/test_e2e_sharded.py runs two ranks, whose shards differ.
+tests/test_e2e_real_trainers.py runs two ranks, whose shards differ
+(tests/scripts/fsdp2_job.py).
 """
 
 from __future__ import annotations
