@@ -1,7 +1,7 @@
 """Right numbers on training code as people write it, run unchanged under `ddptop launch --gpus 2`:
 minGPT-ddp's Trainer (mixed precision, a GradScaler it never unscales before clipping, a
-snapshot.pt it resumes from by itself) and a Hugging Face Trainer job. What ddptop shows is checked
-against what each script computes or logs itself."""
+snapshot.pt it resumes from by itself), a Hugging Face Trainer job, and a model sharded with
+FSDP2's fully_shard. What ddptop shows is checked against what each script computes or logs itself."""
 
 from __future__ import annotations
 
