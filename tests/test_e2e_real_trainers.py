@@ -125,7 +125,7 @@ def test_a_hugging_face_trainer_job_has_tokens_and_the_grad_norm_the_trainer_log
 def test_a_job_that_shards_its_model_with_fsdp2_runs_as_under_torchrun_and_shows_its_own_loss_and_norm(ddptop_home, tmp_path):
     """ddptop is for DDP, but a script that shards its model with fully_shard must run unharmed:
     its gradients are DTensors, each rank's parameters a different shard. Every step shows the
-    script's loss and the norm its clip_grad_norm_ returned, and a checksum every 5 steps
+    script's loss, the norm its clip_grad_norm_ returned and its batch, and a checksum every 5 steps
     compares no shards (which differ by design): no desync alert."""
     if not hasattr(__import__("torch.distributed.fsdp").distributed.fsdp, "fully_shard"):
         pytest.skip("FSDP2's public fully_shard is torch 2.6's")
@@ -135,6 +135,7 @@ def test_a_job_that_shards_its_model_with_fsdp2_runs_as_under_torchrun_and_shows
         assert sorted(steps[rank, 0]) == list(range(30))
         assert {s: r["loss"] for s, r in steps[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "loss"), rel=1e-5)
         assert {s: r["grad_norm"] for s, r in steps[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "norm"), rel=1e-5)
+        assert {r["samples"] for r in steps[rank, 0].values()} == {16}, "the batch the root's forward was given"
     assert [r["kind"] for r in records if r["type"] == "alert"] == []
     assert any(r["type"] == "rank_note" and "sharded" in r["text"] for r in records)
 

@@ -22,7 +22,7 @@ from torch import nn
 from ddptop.trainer import guard, hooks, patches
 from ddptop.trainer.optimizer_step import SHARDED_NOTICE
 from ddptop.trainer.policy import GuardPolicy
-from ddptop.trainer.steps import StepTracker
+from ddptop.trainer.steps import LOSSES_KEPT, StepTracker
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")
 if not hasattr(fsdp, "fully_shard"):
@@ -118,13 +118,15 @@ def test_clip_grad_clips_sharded_gradients_by_their_global_norm_as_torch_does(re
     assert all(torch.allclose(got, p.grad.full_tensor()) for got, p in zip(seen, twin.parameters()))
 
 
-def test_a_loop_that_no_optimizer_closes_holds_a_bounded_number_of_losses(records):
-    """A job with no DDP model takes its losses from any backward(): one that never steps a torch
-    optimizer (or calls monitor.step) must not hold every loss it ever made."""
-    model = sharded_model()
-    for _ in range(hooks.LOSSES_KEPT + 10):
+@pytest.mark.parametrize("sharded", [True, False], ids=["sharded model", "no model ddptop knows"])
+def test_a_loop_that_no_optimizer_closes_holds_a_bounded_number_of_losses(records, sharded):
+    """What backward() is called on is held until an optimizer step closes the step: a loop that
+    never steps a torch optimizer (nor calls monitor.step) must not hold every loss it ever made,
+    whether a forward begins its steps (a sharded model's) or none does (a plain module)."""
+    model = sharded_model() if sharded else nn.Linear(8, 2)
+    for _ in range(LOSSES_KEPT + 10):
         model(torch.randn(2, 8)).sum().backward()
-    assert len(records.tracker.losses) == hooks.LOSSES_KEPT
+    assert 0 < len(records.tracker.losses) <= LOSSES_KEPT
 
 
 def test_the_checksum_compares_replicated_dtensors_and_leaves_sharded_ones_out(gloo_world_of_one):
@@ -166,3 +168,40 @@ def test_a_model_whose_root_fsdp2_left_unsharded_is_guarded_with_all_its_gradien
     (record,) = records.steps()
     assert record["grad_norm"] == pytest.approx(torch.linalg.vector_norm(torch.stack([g.norm() for g in whole])).item(), rel=1e-6)
     assert "checksum" in record, "the plain parameter is every rank's whole: compared"
+
+
+class TokenModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(32, 8)
+        self.head = nn.Linear(8, 32)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding(ids).mean(1))
+
+
+def test_a_sharded_models_steps_begin_at_its_outermost_forward_with_its_samples_and_tokens(records):
+    """No DDP forward begins an FSDP2 job's steps: the outermost sharded module's does, once a
+    forward (its layers' forwards inside it add nothing), and the backward comes after it."""
+    torch.manual_seed(0)
+    model = TokenModel()
+    fsdp.fully_shard(model.embedding)
+    fsdp.fully_shard(model.head)
+    fsdp.fully_shard(model)
+    hooked = {name: len(m._forward_pre_hooks) for name, m in (("embedding", model.embedding), ("head", model.head))}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        for _ in range(2):  # two micro-batches a step
+            logits = model(torch.randint(0, 32, (3, 5)))
+            assert records.tracker.phase == "backward"
+            logits.float().pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    with torch.no_grad():
+        model.eval()
+        model(torch.randint(0, 32, (3, 5)))
+    assert [(r["samples"], r["tokens"]) for r in records.steps()] == [(6, 30), (6, 30)]
+    assert records.tracker.forwards == 5
+    assert {"embedding": len(model.embedding._forward_pre_hooks), "head": len(model.head._forward_pre_hooks)} == {
+        name: count - 1 for name, count in hooked.items()
+    }, "the inner modules keep FSDP's own hooks only"

@@ -13,7 +13,9 @@ Python runs per bucket; comm time comes from what DDP already measures
 
 - DistributedDataParallel.forward is wrapped (step start, samples, tokens,
   phase), in the class rather than as module hooks: a module with hooks
-  takes nn.Module's slow call path, which costs more than the wrapper;
+  takes nn.Module's slow call path, which costs more than the wrapper (a
+  model FSDP2 shards has hooks of FSDP's already: its outermost sharded
+  module gets two more, sharded_forward.py);
 - torch.autograd.backward is wrapped: what it was called on is the step's
   loss (its tensor handed over, read with the guard's pack);
 - the global optimizer step pre/post hooks (optimizer_step.py) mark the
@@ -44,7 +46,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddptop.trainer import importwatch, late, optimizer_step, patches, torchapi
+from ddptop.trainer import batch, importwatch, late, optimizer_step, patches, sharded_forward, steps, torchapi
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.probe import SCALED_KEPT, Probe
 from ddptop.trainer.profiling import Captures
@@ -58,6 +60,7 @@ def install(tracker: StepTracker, policy: GuardPolicy, sampled: Sampled | None =
     _mark_group_joined(tracker)
     _wrap_ddp(probe)
     _wrap_data_parallel(probe)
+    sharded_forward.install(probe)
     _wrap_grad_scaler(probe)
     _wrap_clip_grad_norm(probe)
     _wrap_backward(probe)
@@ -219,10 +222,6 @@ def _wrap_clip_grad_norm(probe: Probe) -> None:
     patches.replace(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_)
 
 
-LOSSES_KEPT = 1024
-"""The most backward() values a step of a job with no DDP forward holds for its loss."""
-
-
 def _wrap_backward(probe: Probe) -> None:
     """The step's loss with no line of the script changed: what it called backward() on.
 
@@ -230,8 +229,9 @@ def _wrap_backward(probe: Probe) -> None:
     original returns (a backward that raised records nothing), what it was
     called on is handed to the tracker, if a training forward of a DDP model
     ran since the last step ended (a backward outside any DDP step is not the
-    step's loss), or if no DDP forward has run (an FSDP2 job, composable
-    replicate(), one process alone), and the step's loss is the sum of each scalar, real
+    step's loss), or if no DDP forward has run (composable replicate(), one
+    process alone; an FSDP2 model's outermost forward counts as DDP's:
+    sharded_forward.py), and the step's loss is the sum of each scalar, real
     floating-point tensor among them. So gradient accumulation sums its
     micro-steps, as the script's own loop optimises them (a loop that divides
     each micro-batch's loss by the accumulation steps gets the step's mean),
@@ -255,10 +255,10 @@ def _wrap_backward(probe: Probe) -> None:
         if not one:
             tensors = tuple(tensors)  # the original takes any iterable: read it once, for both
         result = original(tensors, *args, **kwargs)
-        # A job whose DDP forward never ran (FSDP2's, composable replicate()'s) has none to begin its
+        # A job whose DDP forward never ran (composable replicate()'s) has none to begin its
         # steps: its losses count from any backward, up to LOSSES_KEPT in a step (a loop no optimizer
         # closes holds no more); a DDP forward that begins a step drops those before it (steps.py).
-        if not tracker.in_step and (tracker.forwards or len(tracker.losses) >= LOSSES_KEPT):
+        if not tracker.in_step and (tracker.forwards or len(tracker.losses) >= steps.LOSSES_KEPT):
             return result
         if graph_task() != -1:  # called by a backward running (a reentrant checkpoint's recomputation): not a loss
             return result
@@ -302,45 +302,12 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
         tracker.forwards += 1
         if self.training and torch.is_grad_enabled():
             if args and not kwargs and isinstance(first := args[0], torch.Tensor) and (shape := first.shape):  # model(x)
-                tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in _TOKEN_DTYPES else None
+                tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in batch.TOKEN_DTYPES else None
                 tracker.forward_begin(shape[0], tokens, id(self))
             else:
-                tracker.forward_begin(_batch_size(args, kwargs), _tokens(args, kwargs), id(self))
+                tracker.forward_begin(batch.size(args, kwargs), batch.tokens(args, kwargs), id(self))
         output = original(self, *args, **kwargs)
         tracker.phase = "backward"
         return output
 
     return forward
-
-
-_TOKEN_DTYPES = frozenset(
-    getattr(torch, name) for name in ("uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64") if hasattr(torch, name)
-)
-"""Integer dtypes, the ones token ids come in (not floats, complex numbers or bools)."""
-
-
-def _tokens(args: tuple, kwargs: dict) -> int | None:
-    """Elements of the forward's token ids: its `input_ids`, else its first positional
-    tensor, when that is 2-D and of integers (images and 1-D labels are not tokens)."""
-    ids = kwargs.get("input_ids") if kwargs else None
-    if ids is None:
-        ids = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    if not isinstance(ids, torch.Tensor) or ids.dtype not in _TOKEN_DTYPES or ids.dim() != 2:
-        return None
-    return ids.numel()
-
-
-def _batch_size(args: tuple, kwargs: dict) -> int | None:
-    """Leading dimension of the first tensor in the forward's inputs."""
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, (list, tuple)):
-            candidates = value
-        elif isinstance(value, dict):
-            candidates = list(value.values())
-        else:
-            candidates = (value,)
-        for item in candidates:
-            shape = getattr(item, "shape", None)
-            if shape is not None and len(shape) > 0:
-                return int(shape[0])
-    return None

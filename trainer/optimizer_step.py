@@ -215,8 +215,7 @@ SHARDED_NOTICE = (
     "the gradients are sharded over ranks (DTensor: FSDP2's fully_shard or tensor parallelism): a non-finite "
     "step is reported but not skipped, since a rank cannot tell the others without a collective, and "
     "ranks that skipped alone would hold shards a step apart; the grad norm shown is the one the "
-    "script's clip_grad_norm_ returns (or --clip-grad's); sharded parameters take no part in the desync checksum; "
-    "with no DDP forward to count them, samples/s needs monitor.step(samples=...)"
+    "script's clip_grad_norm_ returns (or --clip-grad's); sharded parameters take no part in the desync checksum"
 )
 
 

@@ -81,6 +81,10 @@ the guard did not pack it (a step no torch optimizer closed): read, or on its wa
 GPU; None when none was a loss. Taken as the next training forward begins, or the next
 step closes, unless monitor.step() gave that step's loss."""
 
+LOSSES_KEPT = 1024
+"""The most backward() values a step holds for its loss: a loop that no optimizer step (or
+monitor.step) closes holds no more."""
+
 STEPS_KEPT = 4096
 """Closed steps whose wall-clock span is kept, to name the step a sampled reading measured: a
 reading comes about a second after DDP took it, 4,000 steps later at 0.25 ms a step."""
@@ -164,8 +168,11 @@ class StepTracker:
         if not self.in_step:  # what backward() was called on before the step's first forward is not its loss
             self.losses, self.loss_ids = [], []
             self.leader = model
-        elif model != self.leader:
-            samples = tokens = None
+        else:
+            if model != self.leader:
+                samples = tokens = None
+            if len(self.losses) >= LOSSES_KEPT:
+                self.losses, self.loss_ids = [], []
         self.in_step = True
         self.journal.append((FORWARD, self._clock(), samples, tokens))
         self.phase = "forward"
