@@ -295,14 +295,14 @@ def _wrap_data_parallel(probe: Probe) -> None:
 def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..., Any]:
     """A model class's forward that counts every forward and begins (or adds to) a
     step at a training one (in train mode, with grad)."""
-    tracker = probe.tracker
+    tracker, token_dtypes = probe.tracker, batch.TOKEN_DTYPES
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         tracker.forwards += 1
         if self.training and torch.is_grad_enabled():
             if args and not kwargs and isinstance(first := args[0], torch.Tensor) and (shape := first.shape):  # model(x)
-                tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in batch.TOKEN_DTYPES else None
+                tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in token_dtypes else None
                 tracker.forward_begin(shape[0], tokens, id(self))
             else:
                 tracker.forward_begin(batch.size(args, kwargs), batch.tokens(args, kwargs), id(self))

@@ -147,7 +147,7 @@ def traceback_text(value: BaseException) -> str:
     frames = text[: len(text) - len(message)] if text.endswith(message) else ""
     if len(message) > MESSAGE_MAX:
         message = message[:MESSAGE_MAX] + "\n[... the message goes on]\n"
-    return (frames[-(TRACEBACK_MAX - len(message)) :] if frames else "") + message[-TRACEBACK_MAX:]
+    return frames[-(TRACEBACK_MAX - len(message)) :] + message  # the message is at most MESSAGE_MAX and a line
 
 
 def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGENT_PID_ENV) -> Report:

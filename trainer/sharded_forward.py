@@ -40,6 +40,7 @@ def _wrap_fully_shard(probe: Probe, name: str) -> None:
     original = getattr(owner, "fully_shard", None)
     if original is None:
         return
+    tracker = probe.tracker
     waiting: list[Any] = []
     """The once-only pre-hooks of the modules sharded so far, until the first forward."""
 
@@ -54,30 +55,17 @@ def _wrap_fully_shard(probe: Probe, name: str) -> None:
         for handle in waiting:
             handle.remove()
         waiting.clear()
-        begin = _beginning(probe)
         module.register_forward_pre_hook(begin, with_kwargs=True)
-        module.register_forward_hook(_backward_next(probe))
+        module.register_forward_hook(backward_next)
         begin(module, args, kwargs)
 
-    patches.replace(owner, "fully_shard", fully_shard)
-
-
-def _beginning(probe: Probe) -> Any:
-    """The outermost sharded module's pre-hook: every forward counts, a training one begins a step."""
-    tracker = probe.tracker
-
     def begin(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Every forward counts; a training one begins (or adds to) a step, as DDP's forward does (hooks.py)."""
         tracker.forwards += 1
         if module.training and torch.is_grad_enabled():
             tracker.forward_begin(batch.size(args, kwargs), batch.tokens(args, kwargs), id(module))
 
-    return begin
-
-
-def _backward_next(probe: Probe) -> Any:
-    tracker = probe.tracker
-
     def backward_next(module: Any, args: Any, output: Any) -> None:
         tracker.phase = "backward"
 
-    return backward_next
+    patches.replace(owner, "fully_shard", fully_shard)

@@ -51,19 +51,23 @@ _DTENSOR_MODULES = ("torch.distributed.tensor", "torch.distributed._tensor")
 """Where torch keeps DTensor and its placements (the second before torch 2.5)."""
 
 
+def _dtensor_module(tensor: Any) -> Any:
+    """The module whose DTensor tensor is, None for any other tensor. Looked up, not imported:
+    a DTensor exists only once its module is imported, and a DDP job need not pay for the import."""
+    return next((module for name in _DTENSOR_MODULES if isinstance(tensor, getattr(module := sys.modules.get(name), "DTensor", ()))), None)
+
+
 def is_dtensor(tensor: Any) -> bool:
     """Whether tensor is a DTensor: a parameter or gradient that FSDP2's fully_shard or tensor
-    parallelism split over ranks. Its module is looked up, not imported: a DTensor exists only
-    once its module is imported, and a DDP job need not pay for the import."""
-    return any(isinstance(tensor, getattr(sys.modules.get(name), "DTensor", ())) for name in _DTENSOR_MODULES)
+    parallelism split over ranks."""
+    return _dtensor_module(tensor) is not None
 
 
 def replicated(tensor: Any) -> Any:
     """A DTensor whole on every rank: redistributed to Replicate on every dimension of its mesh
     (a reduction over the ranks for a partial one, nothing for one already replicated)."""
-    module = next(sys.modules[name] for name in _DTENSOR_MODULES if isinstance(tensor, getattr(sys.modules.get(name), "DTensor", ())))
     mesh = tensor.device_mesh
-    return tensor.redistribute(mesh, [module.Replicate()] * mesh.ndim)
+    return tensor.redistribute(mesh, [_dtensor_module(tensor).Replicate()] * mesh.ndim)
 
 
 class _SkipDirs:
