@@ -1,7 +1,7 @@
 """Right numbers on training code as people write it, run unchanged under `ddptop launch --gpus 2`:
 minGPT-ddp's Trainer (mixed precision, a GradScaler it never unscales before clipping, a
-snapshot.pt it resumes from by itself), a Hugging Face Trainer job, and a model sharded with
-FSDP2's fully_shard. What ddptop shows is checked against what each script computes or logs itself."""
+snapshot.pt it resumes from by itself), a Hugging Face Trainer job, an Accelerate loop that
+accumulates, and a model sharded with FSDP2's fully_shard. What ddptop shows is checked against what each script computes or logs itself."""
 
 from __future__ import annotations
 
@@ -120,6 +120,25 @@ def test_a_hugging_face_trainer_job_has_tokens_and_the_grad_norm_the_trainer_log
     # The Trainer logs the norm of the step just taken: steps 5, 10, 15, 20 are ddptop's 4, 9, 14, 19.
     # The Trainer logs its norm rounded to 4 significant digits (1.005 for 1.00547): half a unit in the last is 5e-4 of it.
     assert [rank0[5 * (i + 1) - 1] for i in range(4)] == pytest.approx([float(entry["grad_norm"]) for entry in logged], rel=6e-4)
+
+
+@pytest.mark.frameworks
+def test_an_accelerate_loop_that_accumulates_shows_one_step_per_sync_with_its_own_loss_norm_and_lr(ddptop_home, tmp_path):
+    """Accelerate's accumulate() runs optimizer.step() on every micro-batch, and its wrapper steps
+    the optimizer only on the one that syncs: a step is that sync, 2 micro-batches of 16, its loss
+    the sum of the divided losses backward() was given, its norm the one accelerator.clip_grad_norm_
+    returned, its lr the one it stepped with. Counting each micro-batch, or losses outside the
+    step, or the norm of the gradients after the clip, fails it."""
+    pytest.importorskip("accelerate")
+    run, records, _ = launch(tmp_path, SCRIPTS / "accelerate_loop.py")
+    steps = by_attempt(records)
+    for rank in (0, 1):
+        assert sorted(steps[rank, 0]) == list(range(16)), "1024 samples, 2 ranks, 2 micro-batches of 16 a step"
+        for field, tag in (("loss", "loss"), ("grad_norm", "norm"), ("lr", "lr")):
+            shown = {s: r[field] for s, r in steps[rank, 0].items()}
+            assert shown == pytest.approx(printed(run, rank, 0, tag), rel=1e-5), field
+        assert {r["samples"] for r in steps[rank, 0].values()} == {32}
+    assert [r["kind"] for r in records if r["type"] == "alert"] == []
 
 
 def test_a_job_that_shards_its_model_with_fsdp2_runs_as_under_torchrun_and_shows_its_own_loss_and_norm(ddptop_home, tmp_path):
