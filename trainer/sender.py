@@ -97,7 +97,6 @@ class Sender:
         # Two counters, each written by one thread only, so no lock is needed.
         self._dropped_full = 0
         self._dropped_unsent = 0
-        self.sent = 0
 
     @property
     def dropped(self) -> int:
@@ -143,7 +142,6 @@ class Sender:
             return
         try:
             self._sock.sendall(wire.encode({"type": "batch", "items": items}))
-            self.sent += len(items)
         except (OSError, wire.FrameError):
             self._dropped_unsent += len(items)
             self._lost(now)
