@@ -55,8 +55,12 @@ class _Slot:
 class PinnedRing:
     """Pinned host buffers, each with a CUDA event, made once per (shape, dtype) and reused in turn."""
 
-    def __init__(self, slots: int = RING_SLOTS) -> None:
+    def __init__(self, slots: int = RING_SLOTS, event: Callable[[], Any] | None = None) -> None:
+        """event makes a slot's event: torch.cuda.Event unless given. Given one (a stand-in with a
+        CUDA event's record, query and synchronize, where there is no GPU), the buffers are not
+        pinned: the ring's turns and its reused slots are the same on either."""
         self._slots = slots
+        self._event = event
         self._rings: dict[tuple[Any, Any], tuple[list[_Slot], itertools.count[int]]] = {}
         self._numbers = itertools.count()
 
@@ -77,8 +81,9 @@ class PinnedRing:
     def _make(self, tensor: Any) -> list[_Slot]:
         import torch
 
-        block = torch.empty((self._slots, *tensor.shape), dtype=tensor.dtype, pin_memory=True)
-        slots = [_Slot(block[i], torch.cuda.Event()) for i in range(self._slots)]
+        event = self._event or torch.cuda.Event
+        block = torch.empty((self._slots, *tensor.shape), dtype=tensor.dtype, pin_memory=self._event is None)
+        slots = [_Slot(block[i], event()) for i in range(self._slots)]
         for slot in slots:
             slot.event.record()  # CUDA makes an event at its first record: all of them now, none in a later step
         return slots

@@ -1,0 +1,89 @@
+"""The pinned ring's turns on a machine without a GPU: what a late value reads as, when.
+
+A slot's CUDA event cannot exist here, so the ring is handed a stand-in with an event's
+record, query and synchronize, which a test's `Device` passes when it says the GPU has
+caught up. The copies are real tensor copies (unpinned: pinning needs a GPU). The same
+ring on a real GPU: tests/test_cuda.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddptop.trainer import late
+
+
+class Device:
+    """Stands in for the GPU's queue: events recorded since the last catch_up() have not passed."""
+
+    def __init__(self) -> None:
+        self.queued: list[Event] = []
+        self.waits = 0
+
+    def event(self) -> Event:
+        return Event(self)
+
+    def catch_up(self) -> None:
+        for event in self.queued:
+            event.passed = True
+        self.queued.clear()
+
+
+class Event:
+    """A CUDA event's record, query and synchronize, passed when its Device catches up."""
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.passed = True
+
+    def record(self) -> None:
+        self.passed = False
+        self.device.queued.append(self)
+
+    def query(self) -> bool:
+        return self.passed
+
+    def synchronize(self) -> None:
+        self.device.waits += 1
+        self.device.catch_up()
+
+
+def ring(slots: int) -> tuple[late.PinnedRing, Device]:
+    device = Device()
+    return late.PinnedRing(slots, event=device.event), device
+
+
+def test_a_value_is_ready_once_its_copy_has_passed_and_reads_decoded_without_a_wait():
+    values, device = ring(4)
+    read = values.send(torch.tensor([1.5, 2.0]), decode=lambda got: {"sum": sum(got)})
+    assert not read.ready(), "its copy is still queued"
+    device.catch_up()
+    assert read.ready() and read.get() == {"sum": 3.5} and device.waits == 0
+    assert read.get() == {"sum": 3.5}, "read once, kept"
+
+
+def test_a_value_whose_slot_was_reused_before_it_was_read_reads_as_none_never_as_the_next_value():
+    values, device = ring(2)
+    first = values.send(torch.tensor([1.0]))
+    values.send(torch.tensor([2.0]))
+    third = values.send(torch.tensor([3.0]))  # the first one's slot, two values later
+    assert first.ready(), "a reader must not wait for a value that is gone"
+    assert first.get() is None and device.waits == 0, "nor wait for the copy that took its slot"
+    device.catch_up()
+    assert third.get() == [3.0]
+
+
+def test_a_read_forced_before_its_copy_passed_waits_for_it():
+    values, device = ring(4)
+    read = values.send(torch.tensor([7.0]))
+    assert read.get() == [7.0] and device.waits == 1
+
+
+def test_each_shape_and_dtype_takes_turns_in_a_ring_of_its_own():
+    values, device = ring(2)
+    pairs = [values.send(torch.tensor([float(i), 0.0])) for i in range(2)]
+    three = values.send(torch.tensor([1, 2, 3]))
+    wide = values.send(torch.tensor([9.0], dtype=torch.float64))
+    device.catch_up()
+    assert [read.get() for read in pairs] == [[0.0, 0.0], [1.0, 0.0]], "no other shape took their slots"
+    assert three.get() == [1, 2, 3] and wide.get() == [9.0]
