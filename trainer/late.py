@@ -76,7 +76,7 @@ class PinnedRing:
         slot.holds = number  # before the copy is queued: a read that sees the old number read the old value
         slot.host.copy_(tensor, non_blocking=True)
         slot.event.record()
-        return RingRead(slot, number, decode)
+        return RingRead([slot, number, decode, None])
 
     def _make(self, tensor: Any) -> list[_Slot]:
         import torch
@@ -89,38 +89,36 @@ class PinnedRing:
         return slots
 
 
-class RingRead:
-    """One value in a ring's slot: ready once the slot's event has passed; None once the slot was reused."""
+class RingRead(list[Any]):
+    """One value in a ring's slot: ready once the slot's event has passed; None once the slot was reused.
 
-    __slots__ = ("_decode", "_number", "_slot", "_value")
+    Made on the training thread every step as `RingRead([slot, number, decode, None])`: a list,
+    so that making one runs no Python (no __init__ to call), as late.Read is a tuple. The sender's
+    thread reads it: once read, its slot is dropped (None) and the decoded value kept last."""
 
-    def __init__(self, slot: _Slot, number: int, decode: Callable[[list[Any]], Any]) -> None:
-        self._slot: _Slot | None = slot
-        self._number = number
-        self._decode = decode
-        self._value: Any = None
+    __slots__ = ()
 
     def ready(self) -> bool:
-        slot = self._slot
-        return slot is None or slot.holds != self._number or bool(slot.event.query())
+        slot = self[0]
+        return slot is None or slot.holds != self[1] or bool(slot.event.query())
 
     def get(self) -> Any:
         """The value, waiting for the copy if it has not passed (only at exit, or when forced)."""
-        slot = self._slot
+        slot, number, decode, value = self
         if slot is None:
-            return self._value
-        self._slot = None
-        if slot.holds != self._number:
+            return value
+        self[0] = None
+        if slot.holds != number:
             return None
         # Only a copy still in flight is waited for: synchronize lets the GIL go, and taking
         # it back from the training thread costs both threads a switch, on every read.
         if not slot.event.query():
             slot.event.synchronize()
         values = slot.host.reshape(-1).tolist()
-        if slot.holds != self._number:  # reused while it was read: what was read may be the next value's
+        if slot.holds != number:  # reused while it was read: what was read may be the next value's
             return None
-        self._value = self._decode(values)
-        return self._value
+        self[3] = value = decode(values)
+        return value
 
 
 RING = PinnedRing()
