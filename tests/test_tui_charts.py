@@ -12,11 +12,13 @@ from test_tui_snapshots import BASE, fixed_run
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import EventLog
+from ddptop.core.format import ms, nbytes
 from ddptop.core.model.job import JobState
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.source import ReplaySource
 from ddptop.tui.widgets.chart import Chart
 from ddptop.tui.widgets.charts import Charts
+from ddptop.tui.widgets.time_axis import value_axis
 
 
 def replay(run: rundir.RunDir) -> DdptopApp:
@@ -107,3 +109,14 @@ async def test_a_run_with_no_loss_one_step_nan_and_a_silent_rank_draws_what_it_h
         await pilot.press("w")
         await pilot.pause()
         assert app.is_running
+
+
+def test_a_y_range_narrower_than_its_labels_can_tell_apart_is_widened_until_each_tick_reads_differently():
+    """Memory from 1.00 to 1.06 GiB labelled "1.0 GiB" at every tick would fill the chart's height
+    with one label: a change of 6% drawn as if it were a leak."""
+    gib = 1024**3
+    low, high, ticks, labels = value_axis(1.00 * gib, 1.06 * gib, False, nbytes)
+    assert len(set(labels)) == len(ticks) == 3 and low <= 1.00 * gib and high >= 1.06 * gib
+    assert value_axis(3.3, 13.3, False, ms) == (3.3, 13.3, [3.3, 8.3, 13.3], ["3.3", "8.3", "13.3"]), "a range its labels tell apart stays"
+    low, high, _, labels = value_axis(0.001, 0.002, False, ms)
+    assert low == 0.0 and high > 0.002 and labels[0] == "0.0", "widened, never below zero for values that are not"

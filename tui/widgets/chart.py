@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.app import RenderResult
 
 from ddptop.tui.widgets.plot_area import PlotArea
-from ddptop.tui.widgets.time_axis import Window, gaps_apart, spans_decades, thin, time_ticks, value_range, value_ticks
+from ddptop.tui.widgets.time_axis import Window, gaps_apart, spans_decades, thin, time_ticks, value_axis
 
 MARK_COLORS = {"alert": "red", "restart": "orange+"}
 LINE_COLORS = ("cyan+", "magenta+", "green+", "orange+", "blue+", "red+", "white", "gray")
@@ -90,10 +90,10 @@ class Chart(PlotArea):
         plt.xticks(*time_ticks(low, high, max(2, min(5, self.size.width // 14))))
         if log:
             plt.yscale("log")
-        low_y, high_y = value_range(min(values), max(values), log)
+        low_y, high_y, ticks, labels = value_axis(min(values), max(values), log, drawing.text)
         if not log:  # plotext misplaces a log axis given limits
             plt.ylim(low_y, high_y)
-        plt.yticks(*value_ticks(low_y, high_y, log, drawing.text))
+        plt.yticks(ticks, labels)
         notes = "".join(f"  {note}" for note in drawing.notes)
         plt.title(f"{drawing.title}{' (log)' if log else ''}{notes}")
         return self.build(drawing.title)

@@ -92,27 +92,40 @@ def time_ticks(first: float, last: float, count: int) -> tuple[list[float], list
     return ticks, [duration(max(0.0, t)) for t in ticks]
 
 
-def value_range(low: float, high: float, log: bool) -> tuple[float, float]:
-    """The y axis's ends: the values' range, widened when it is flat so a steady series
-    draws as a line mid-chart with distinct labels."""
-    if log or high - low > 0.01 * max(abs(low), abs(high)):
-        return low, high
-    pad = abs(low) * 0.1 or 1.0
-    return low - pad, high + pad
+WIDENINGS = 8
+"""Times a y range is doubled at most to make its labels distinct (256 times its span)."""
 
 
-def value_ticks(low: float, high: float, log: bool, text: Callable[[float], str], count: int = 3) -> tuple[list[float], list[str]]:
-    """Y ticks labelled in the metric's own units (bytes as GiB, ms as ms); on a log axis at
-    the powers of ten the range spans, and its ends."""
+def value_axis(
+    low: float, high: float, log: bool, text: Callable[[float], str], count: int = 3
+) -> tuple[float, float, list[float], list[str]]:
+    """The y axis for values from low to high: its ends, and its ticks labelled in the metric's
+    own units (bytes as GiB, ms as ms); on a log axis at the powers of ten the range spans, and
+    its ends.
+
+    A flat series is drawn as a line mid-chart. A linear range narrower than its labels can tell
+    apart (memory from 1.00 to 1.06 GiB, each tick "1.0 GiB") is widened about its middle until
+    they do: otherwise a change of a few percent fills the chart's height with one label to read
+    it by, and looks like a leak."""
     if log:
         decades = [10.0**e for e in range(math.ceil(math.log10(low)), math.floor(math.log10(high)) + 1)]
         ticks = sorted({low, *decades, high})
-        return ticks, [text(t) for t in ticks]
-    step = (high - low) / (count - 1)
-    ticks = [low + i * step for i in range(count)]
-    labels = [text(t) for t in ticks]
-    kept = [i for i, label in enumerate(labels) if label not in labels[:i]]  # a format too coarse for the range says each once
-    return [ticks[i] for i in kept], [labels[i] for i in kept]
+        return low, high, ticks, [text(t) for t in ticks]
+    if high - low <= 0.01 * max(abs(low), abs(high)):
+        pad = abs(low) * 0.1 or 1.0
+        low, high = low - pad, high + pad
+    positive = low >= 0
+    for _ in range(WIDENINGS):
+        ticks = [low + i * (high - low) / (count - 1) for i in range(count)]
+        labels = [text(t) for t in ticks]
+        if len(set(labels)) == count:
+            break
+        half = high - low
+        low, high = (low + high) / 2 - half, (low + high) / 2 + half
+        if positive and low < 0:  # bytes, counts and times read no lower than 0
+            low, high = 0.0, high - low
+    kept = [i for i, label in enumerate(labels) if label not in labels[:i]]  # still too coarse after all widenings: each once
+    return low, high, [ticks[i] for i in kept], [labels[i] for i in kept]
 
 
 def spans_decades(values: Sequence[float]) -> bool:
