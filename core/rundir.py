@@ -203,12 +203,23 @@ TAIL_BYTES = 64 << 10
 
 
 def _tail(path: Path, lines: int) -> list[str]:
-    """The last lines of a file, reading only its end: rank logs grow without bound."""
+    """The last lines of a file, reading only its end: rank logs grow without bound. Each as a
+    terminal leaves it (shown_line): a progress bar's hundreds of redraws are one line."""
     with path.open("rb") as stream:
         size = stream.seek(0, 2)
         stream.seek(max(0, size - TAIL_BYTES))
-        text = stream.read().decode(errors="replace").splitlines()
-    return text[-lines:] if size <= TAIL_BYTES else text[1:][-lines:]
+        text = stream.read().decode(errors="replace").split("\n")
+    if text[-1] == "":  # the file ends its last line
+        text.pop()
+    if size > TAIL_BYTES and "\r" not in text[0].rstrip("\r"):  # read from inside it: kept where its last redraw is whole
+        text.pop(0)
+    return [shown_line(line) for line in text[-lines:]]
+
+
+def shown_line(line: str) -> str:
+    """What a terminal shows of a line that redrew itself: the part after its last carriage
+    return (tqdm writes "\\r" and the whole bar at each update), a "\\r\\n" ending aside."""
+    return line.rstrip("\r").rsplit("\r", 1)[-1]
 
 
 def own_log_tail(run_dir: Path, launch_style: str, local_rank: int, restart: int, lines: int) -> list[str]:

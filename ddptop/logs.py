@@ -84,8 +84,8 @@ class Printer:
         if self.tag_attempts and log.attempt != self._attempt:
             self._attempt = log.attempt
             self.out.write(f"==> attempt {log.attempt} <==\n")
-        tag = self.tag(log, rank)
-        self.out.write("".join(f"{tag}{line}\n" for line in text.splitlines()))
+        tag = self.tag(log, rank)  # whole lines (text ends one), each as a terminal leaves it: a progress bar's last redraw
+        self.out.write("".join(f"{tag}{rundir.shown_line(line)}\n" for line in text.split("\n")[:-1]))
         self.out.flush()
 
 

@@ -168,8 +168,9 @@ def test_logs_of_a_run_without_logs_and_of_an_attempt_it_never_had(ddptop_home, 
     assert_one_line_error(run_ddptop("logs", run.id), "has no rank logs")
     log = run.logs_path / "abc_0" / "attempt_0" / "1" / "stdout.log"
     log.parent.mkdir(parents=True)
+    log.write_text("hello\n\r 50%|#\r100%|##\nworld\n", newline="")
+    assert run_ddptop("logs", run.id).stdout == "[rank1] hello\n[rank1] 100%|##\n[rank1] world\n", "a progress bar as a terminal leaves it"
     log.write_text("hello\nworld\n")
-    assert run_ddptop("logs", run.id).stdout == "[rank1] hello\n[rank1] world\n"
     assert run_ddptop("logs", run.id, "--rank", "1").stdout == "hello\nworld\n"
     assert_one_line_error(run_ddptop("logs", run.id, "--attempt", "3"), "has no attempt 3 (attempts: 0)")
 
@@ -249,3 +250,22 @@ def test_a_ranks_log_tail_ends_with_the_stream_it_wrote_last(tmp_path):
     (folder / "stdout.log").write_text("".join(f"step {n}\n" for n in range(0, 5300, 100)))
     tail = rundir.rank_log_tail(tmp_path, 0, 0, 3)
     assert tail == ["[stderr] UserWarning: early", "[stdout] step 5000", "[stdout] step 5100", "[stdout] step 5200"]
+
+
+def test_a_ranks_log_tail_shows_a_progress_bar_as_a_terminal_leaves_it(tmp_path):
+    """tqdm redraws its bar after a carriage return at each update: a tail split at every
+    "\\r" is hundreds of bars that bury the script's own lines. A terminal shows each line's
+    last redraw, and so does the tail, also of a bar that has run longer than the tail reads."""
+    folder = tmp_path / "logs" / "job_x" / "attempt_0" / "0"
+    folder.mkdir(parents=True)
+    bar = "".join(f"\r{n:3d}%|{'#' * (n // 10):<10}| {n}/100" for n in range(101))
+    (folder / "stdout.log").write_bytes(f"epoch 1\r\n{bar}\nval acc 0.91\n{bar[:-40]}".encode())
+    assert rundir.rank_log_tail(tmp_path, 0, 0, 10, streams=("stdout",)) == [
+        "epoch 1",
+        "100%|##########| 100/100",
+        "val acc 0.91",
+        bar[:-40].rsplit("\r", 1)[-1],  # the bar running now, as far as it is written
+    ]
+    long_bar = "".join(f"\r{n} it" for n in range(20_000))  # over rundir.TAIL_BYTES, with no newline yet
+    (folder / "stdout.log").write_bytes(f"started\n{long_bar}".encode())
+    assert rundir.rank_log_tail(tmp_path, 0, 0, 10, streams=("stdout",)) == ["19999 it"]

@@ -23,6 +23,10 @@ Each step of a start or restart that only the agent sees (the old workers
 stopped, the rendezvous done, the new workers started) is an `agent_phase`
 record, so the event log says where a restart's time went.
 
+The console's copy of the ranks' output (torchrun's tee) keeps a progress bar's
+carriage returns, so a bar is redrawn in place as under plain torchrun
+(console_tail.py).
+
 And one change at the end: a failed job ends with the first failing rank's
 exit status (128+N for a signal), and a stopped one with 128+N of the stop
 signal, instead of torchrun's traceback and its 1: the supervisor has
@@ -42,7 +46,7 @@ from typing import Any
 
 from ddptop.core import wire
 from ddptop.core.model.events import exit_status
-from ddptop.supervisor.launching import template
+from ddptop.supervisor.launching import console_tail, template
 from ddptop.supervisor.launching.torchrun import BACKOFF_ENV, NO_TEMPLATE_ENV
 from ddptop.trainer.monitor import ATTEMPT_ENV
 from ddptop.trainer.runtime import AGENT_PID_ENV
@@ -195,6 +199,15 @@ def install(reporter: Reporter, backoff_base: float) -> None:
     LocalElasticAgent._restart_workers = _restart_workers  # type: ignore[method-assign]
 
 
+def redraw_in_place() -> None:
+    """torchrun's tee writes a progress bar's redraws as a console does (console_tail.py)."""
+    try:
+        from torch.distributed.elastic.multiprocessing import tail_log
+    except ImportError:  # a torch without it tees nothing to replace
+        return
+    tail_log.tail_logfile = console_tail.tail_logfile
+
+
 def _marking(method: Any, reporter: Reporter, phase: str) -> Any:
     """The agent's method, followed by an agent_phase record once it returns."""
 
@@ -244,6 +257,7 @@ def main(argv: list[str]) -> int:
         print(f"ddptop: torchrun probe off ({exc}); failures are reported without exit codes", file=sys.stderr)
     if forks is not None:
         use_template(forks, reporter)
+    redraw_in_place()
     try:
         parser = run.get_args_parser()
         # The script's own options come after it; torchrun's argparse would take
