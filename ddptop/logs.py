@@ -113,20 +113,23 @@ def logs(argv: list[str]) -> int:
     printer = Printer(sys.stdout, tag_ranks=local is None, tag_attempts=opts.all or opts.follow)
     offsets: dict[Path, int] = {}
     for log in shown:
-        offsets[log.path] = _print_new(printer, log, base + log.local_rank, 0)
+        offsets[log.path] = _print_new(printer, log, base + log.local_rank, 0, rest=not opts.follow)
     if opts.follow:
         _follow(run, printer, offsets, local, base, first)
     return 0
 
 
-def _print_new(printer: Printer, log: LogFile, rank: int, offset: int) -> int:
-    """Print the whole lines written past offset; return the offset after them."""
+def _print_new(printer: Printer, log: LogFile, rank: int, offset: int, rest: bool) -> int:
+    """Print the whole lines written past offset, and with rest what follows the last of them (a
+    line the rank has not ended: a progress bar's redraw, the last words of a rank that died);
+    return the offset after what was printed. Following a running job, that waits for its end."""
     with log.path.open("rb") as stream:
         stream.seek(offset)
         data = stream.read()
-    end = data.rfind(b"\n") + 1
+    end = len(data) if rest else data.rfind(b"\n") + 1
     if end:
-        printer.lines(log, rank, data[:end].decode(errors="replace"))
+        text = data[:end].decode(errors="replace")
+        printer.lines(log, rank, text if text.endswith("\n") else f"{text}\n")
     return offset + end
 
 
@@ -136,7 +139,7 @@ def _follow(run: rundir.RunDir, printer: Printer, offsets: dict[Path, int], loca
         running = run.state() == "running"
         for log in log_files(run):
             if log.attempt >= first and (local is None or log.local_rank == local):
-                offsets[log.path] = _print_new(printer, log, base + log.local_rank, offsets.get(log.path, 0))
+                offsets[log.path] = _print_new(printer, log, base + log.local_rank, offsets.get(log.path, 0), rest=not running)
         if not running:
             return
         time.sleep(FOLLOW_S)

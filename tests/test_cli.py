@@ -168,8 +168,11 @@ def test_logs_of_a_run_without_logs_and_of_an_attempt_it_never_had(ddptop_home, 
     assert_one_line_error(run_ddptop("logs", run.id), "has no rank logs")
     log = run.logs_path / "abc_0" / "attempt_0" / "1" / "stdout.log"
     log.parent.mkdir(parents=True)
-    log.write_text("hello\n\r 50%|#\r100%|##\nworld\n", newline="")
-    assert run_ddptop("logs", run.id).stdout == "[rank1] hello\n[rank1] 100%|##\n[rank1] world\n", "a progress bar as a terminal leaves it"
+    log.write_text("hello\n\r 50%|#\r100%|##\nworld\n\r 10%|", newline="")
+    said = run_ddptop("logs", run.id).stdout
+    assert said == "[rank1] hello\n[rank1] 100%|##\n[rank1] world\n[rank1]  10%|\n", (
+        "a bar as a terminal leaves it, and a line not ended yet"
+    )
     log.write_text("hello\nworld\n")
     assert run_ddptop("logs", run.id, "--rank", "1").stdout == "hello\nworld\n"
     assert_one_line_error(run_ddptop("logs", run.id, "--attempt", "3"), "has no attempt 3 (attempts: 0)")
