@@ -35,8 +35,8 @@ def tail_logfile(
     interval_sec: float,
     log_line_filter: Callable[[str], bool] | None = None,
 ) -> None:
-    """torchrun's tail_logfile, with a line ending at "\\r" kept (its signature: a torch before
-    2.5 passes no log_line_filter, and then every line is written)."""
+    """torchrun's tail_logfile, with a line ending at "\\r" kept (its signature: an older torch,
+    2.3's, passes no log_line_filter, and then every line is written)."""
     while not os.path.exists(file):
         if finished.is_set():
             return
