@@ -66,6 +66,26 @@ def test_a_live_bar_s_redraw_goes_out_as_the_next_begins_and_text_that_ends_no_l
     assert out.getvalue() == "[rank0]:step 1\n[rank0]: 10%|#\r[rank0]: 20%|##\r[rank0]: 30%|###\n[rank0]:loading... done\n"
 
 
+def test_a_line_after_the_rest_of_a_cut_one_that_the_filter_left_out_has_its_prefix(tmp_path, monkeypatch):
+    monkeypatch.setattr(console_tail, "HELD_S", 0.2)
+    log = tmp_path / "stderr.log"
+    out, done = io.StringIO(), threading.Event()
+    tail = threading.Thread(target=console_tail.tail_logfile, args=("[r]:", str(log), out, done, 0.01, lambda line: "x" not in line))
+    tail.start()
+    try:
+        with log.open("w", newline="") as rank:
+            rank.write("a ")
+            rank.flush()
+            wait_for(lambda: out.getvalue() == "[r]:a ", 5, "the line begun, once it had waited")
+            rank.write("x\nb\n")
+            rank.flush()
+            wait_for(lambda: out.getvalue().endswith("b\n"), 5, "the next line")
+    finally:
+        done.set()
+        tail.join(5)
+    assert out.getvalue() == "[r]:a [r]:b\n"
+
+
 def test_a_log_that_never_came_ends_the_tail_when_the_rank_is_done(tmp_path: Path):
     done = threading.Event()
     done.set()

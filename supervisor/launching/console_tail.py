@@ -55,10 +55,10 @@ def tail_logfile(
                 time.sleep(interval_sec)
                 continue
             line, held, since = held, "", 0.0
+            rest, cut = cut, not line.endswith(("\n", "\r"))  # also for a line the filter leaves out
             if log_line_filter is not None and not log_line_filter(line):
                 continue
-            if cut:  # the rest of a line written before its end came: no prefix inside it
+            if rest:  # the rest of a line written before its end came: no prefix inside it
                 dst.write(line)
             elif line != "\r":  # a bare "\r" begins the next redraw
                 dst.write(f"{header}{line}")
-            cut = not line.endswith(("\n", "\r"))
