@@ -54,6 +54,12 @@ class NanRule(PerStepRule):
         return record.get("local_nonfinite"), record.get("skipped") == "nan", bool(record.get("sharded"))
 
     def judge(self, step: int, values: dict[int, tuple[bool | None, bool, bool]]) -> Verdict | None:
+        first = self._run[0] if self._run is not None and step == self._run[1] + 1 else step
+        self._run = (first, step)
+        count = step - first + 1
+        # Weights a non-finite step reached stay so: the steps after it are one alert's, told again at 10, 100...
+        if count > 1 and not _power_of_ten(count):
+            return None
         named = sorted(r for r, (bad, _, _) in values.items() if bad)
         alone = self.state.world_size == 1
         if alone:
@@ -74,12 +80,7 @@ class NanRule(PerStepRule):
         else:
             handling = APPLIED_ANYWAY.format(policy=self.policy.on_nan) + then
         text = ALERT.format(step=step, source=source, handling=handling)
-        first = self._run[0] if self._run is not None and step == self._run[1] + 1 else step
-        self._run = (first, step)
-        count = step - first + 1
-        if count > 1:  # weights a non-finite step reached stay so: the steps after it are one alert's, told again at 10, 100...
-            if not _power_of_ten(count):
-                return None
+        if count > 1:
             text += IN_A_ROW.format(count=count, first=first)
         return Verdict("nan", text, ranks=named, step=step)
 
