@@ -30,13 +30,15 @@ def significant(digits: int) -> Callable[[float | None], str]:
     return text
 
 
-def nbytes(value: float | None) -> str:
+def nbytes(value: float | None, like: float | None = None) -> str:
+    """Bytes in the largest unit under 1024 of them; of `like`'s unit when given, so that the labels
+    of one axis read in one unit ("0.9 GiB" beside "1.0 GiB", not "996.1 MiB" beside it)."""
     if value is None:
         return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
+    scale = abs(value if like is None else like)
+    for power, unit in enumerate(("B", "KiB", "MiB", "GiB")):
+        if scale < 1024 ** (power + 1) or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value / 1024**power:.1f} {unit}"
     raise AssertionError("unreachable")
 
 

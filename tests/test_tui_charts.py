@@ -117,6 +117,18 @@ def test_a_y_range_narrower_than_its_labels_can_tell_apart_is_widened_until_each
     gib = 1024**3
     low, high, ticks, labels = value_axis(1.00 * gib, 1.06 * gib, False, nbytes)
     assert len(set(labels)) == len(ticks) == 3 and low <= 1.00 * gib and high >= 1.06 * gib
-    assert value_axis(3.3, 13.3, False, ms) == (3.3, 13.3, [3.3, 8.3, 13.3], ["3.3", "8.3", "13.3"]), "a range its labels tell apart stays"
-    low, high, _, labels = value_axis(0.001, 0.002, False, ms)
+    assert value_axis(3.3, 13.3, False, lambda v, _: ms(v)) == (3.3, 13.3, [3.3, 8.3, 13.3], ["3.3", "8.3", "13.3"]), (
+        "a range its labels tell apart stays"
+    )
+    low, high, _, labels = value_axis(0.001, 0.002, False, lambda v, _: ms(v))
     assert low == 0.0 and high > 0.002 and labels[0] == "0.0", "widened, never below zero for values that are not"
+
+
+def test_a_byte_axis_reads_in_one_unit():
+    """Memory from 0.96 to 1.1 GiB labelled "983.0 MiB" beside "1.0 GiB" reads as if the lowest
+    tick were the largest: every label of a linear axis is in its largest value's unit."""
+    gib = 1024**3
+    _, _, ticks, labels = value_axis(0.96 * gib, 1.1 * gib, False, nbytes)
+    assert len(set(labels)) == len(ticks) == 3 and all(label.endswith(" GiB") for label in labels), labels
+    _, _, _, labels = value_axis(1024.0, 10 * gib, True, nbytes)
+    assert labels[0] == "1.0 KiB" and labels[-1] == "10.0 GiB", "a log axis spans units: each tick in its own"

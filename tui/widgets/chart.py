@@ -47,8 +47,9 @@ class Drawing:
     title: str
     lines: list[Line]
     window: Window
-    text: Callable[[float], str]
-    """A y value in the metric's units, for the axis labels."""
+    text: Callable[[float, float], str]
+    """A y value in the metric's units, for the axis labels, in the unit of the second value
+    where the metric's unit varies (time_axis.value_axis)."""
     missing: str = "no data yet"
     """Said instead of a plot when no line has a point."""
     legend: bool = True

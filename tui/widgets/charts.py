@@ -20,7 +20,7 @@ from textual.app import ComposeResult
 from textual.containers import Grid, Vertical
 from textual.widgets import Static
 
-from ddptop.core.format import ms
+from ddptop.core.format import ms, nbytes
 from ddptop.core.model.job import JobState
 from ddptop.core.model.lag import DATA_ALONE, counts_compute
 from ddptop.core.model.metrics import Metric, grouped
@@ -36,9 +36,13 @@ CHART_WIDTH = 40
 """Columns a chart needs to be read."""
 
 
-def _with_unit(metric: Metric) -> Callable[[float], str]:
-    unit = "" if metric.unit in ("", "bytes", "ratio", "percent") else f" {metric.unit}"
-    return lambda value: f"{metric.text(value)}{unit}"
+def _with_unit(metric: Metric) -> Callable[[float, float], str]:
+    """An axis label: bytes in the unit of the axis's largest (format.nbytes names its own), other
+    metrics in theirs."""
+    if metric.unit == "bytes":
+        return lambda value, like: nbytes(value, like)
+    unit = "" if metric.unit in ("", "ratio", "percent") else f" {metric.unit}"
+    return lambda value, _: f"{metric.text(value)}{unit}"
 
 
 def job_drawing(title: str, metrics: list[Metric], win: Window) -> Drawing:
@@ -64,7 +68,7 @@ def rank_drawing(win: Window, ranks: int, data_alone: bool = False) -> Drawing:
         "own work per rank (data wait + compute)",
         lines,
         win,
-        lambda v: f"{ms(v)} ms",
+        lambda v, _: f"{ms(v)} ms",
         missing="no per-rank step times yet",
         legend=ranks <= 4,
         notes=notes,

@@ -16,7 +16,7 @@ def _drawing(title: str, series: str, job_key: str, win: Window, rank: int) -> D
         line_of(f"rank {rank}", win, (p.rank_value(series, rank) for p in win.points)),
         line_of("job median", win, (p.job.get(job_key) for p in win.points)),
     ]
-    return Drawing(title, lines, win, lambda v: f"{ms(v)} ms", missing=f"no {title} recorded for this rank yet")
+    return Drawing(title, lines, win, lambda v, _: f"{ms(v)} ms", missing=f"no {title} recorded for this rank yet")
 
 
 def step_drawing(win: Window, rank: int) -> Drawing:

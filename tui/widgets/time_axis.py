@@ -97,11 +97,12 @@ WIDENINGS = 8
 
 
 def value_axis(
-    low: float, high: float, log: bool, text: Callable[[float], str], count: int = 3
+    low: float, high: float, log: bool, text: Callable[[float, float], str], count: int = 3
 ) -> tuple[float, float, list[float], list[str]]:
     """The y axis for values from low to high: its ends, and its ticks labelled in the metric's
     own units (bytes as GiB, ms as ms); on a log axis at the powers of ten the range spans, and
-    its ends.
+    its ends. `text` is told each tick and the magnitude whose unit it is read in: a linear
+    axis's largest, so its labels share one unit; on a log axis each tick's own.
 
     A flat series is drawn as a line mid-chart. A linear range narrower than its labels can tell
     apart (memory from 1.00 to 1.06 GiB, each tick "1.0 GiB") is widened about its middle until
@@ -110,14 +111,15 @@ def value_axis(
     if log:
         decades = [10.0**e for e in range(math.ceil(math.log10(low)), math.floor(math.log10(high)) + 1)]
         ticks = sorted({low, *decades, high})
-        return low, high, ticks, [text(t) for t in ticks]
+        return low, high, ticks, [text(t, t) for t in ticks]
     if high - low <= 0.01 * max(abs(low), abs(high)):
         pad = abs(low) * 0.1 or 1.0
         low, high = low - pad, high + pad
     positive = low >= 0
     for _ in range(WIDENINGS):
         ticks = [low + i * (high - low) / (count - 1) for i in range(count)]
-        labels = [text(t) for t in ticks]
+        top = max(abs(low), abs(high))
+        labels = [text(t, top) for t in ticks]
         if len(set(labels)) == count:
             break
         half = high - low
