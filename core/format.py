@@ -42,6 +42,21 @@ def nbytes(value: float | None, like: float | None = None) -> str:
     raise AssertionError("unreachable")
 
 
+def span(seconds: float) -> str:
+    """A length of time in the unit a person reads it in: "2.0 s", "84 s", "12 min", "3.5 h".
+    Seconds alone read badly past a few minutes ("86400.0 s" for a day), and a whole number of
+    them hides a part under one ("0 s" for 0.2 s)."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def duration(seconds: float) -> str:
     seconds = int(seconds)
     h, rem = divmod(seconds, 3600)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from ddptop.core.format import span
 from ddptop.core.model.goodput import Goodput, text
 
 
@@ -41,7 +42,19 @@ def test_a_job_with_a_failure_and_a_resume_splits_its_wall_time():
     assert sum(
         split[f"{p}_s"] for p in ("productive", "startup", "restarts", "recomputed", "skipped", "stalled", "other")
     ) == pytest.approx(split["wall_s"])
-    assert text(split).startswith(f"goodput {split['goodput']:.0%} of {split['wall_s']:.1f} s; lost: startup")
+    assert text(split).startswith(f"goodput {split['goodput']:.0%} of {span(split['wall_s'])}; lost: startup 5.0 s")
+
+
+def test_the_goodput_line_reads_a_day_in_hours_and_a_sub_second_interval_in_tenths():
+    """A day's run read "of 86400.0 s", and a checkpoint interval under a second "every 0 s"."""
+    split = {"wall_s": 86_400.0, "goodput": 0.9, "failures": 1, "checkpoint_every_s": 0.2}
+    split |= {f"{part}_s": 0.0 for part in ("productive", "startup", "restarts", "recomputed", "skipped", "stalled", "other")}
+    split |= {"startup_s": 2.0, "restarts_s": 1_500.0, "recomputed_s": 300.0}
+    assert (
+        text(split)
+        == "goodput 90% of 24.0 h; lost: startup 2.0 s, restarts 25 min, recomputed 5.0 min; checkpoint every 0.2 s for 1 failure (Young/Daly)"
+    )
+    assert [span(s) for s in (0.04, 9.96, 84.2, 119.0, 7199.0)] == ["0.0 s", "10.0 s", "84 s", "119 s", "120 min"]
 
 
 def test_a_step_far_over_the_job_s_pace_is_a_stall():

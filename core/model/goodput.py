@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddptop.core import wire
+from ddptop.core.format import span
 from ddptop.core.model.stats import median
 
 STALL_FACTOR = 20.0
@@ -167,9 +168,11 @@ class Goodput:
 
 
 def text(split: dict[str, Any]) -> str:
-    """One line: the share, then where the rest went (only the parts that took time)."""
-    lost = ", ".join(f"{part} {split[f'{part}_s']:.1f} s" for part in PARTS[1:] if split[f"{part}_s"] >= 0.05)
-    line = f"goodput {split['goodput']:.0%} of {split['wall_s']:.1f} s" + (f"; lost: {lost}" if lost else "")
+    """One line: the share, then where the rest went (only the parts that took time), each in the
+    unit it reads best in (a day's run in hours, its start-up in seconds)."""
+    lost = ", ".join(f"{part} {span(split[f'{part}_s'])}" for part in PARTS[1:] if split[f"{part}_s"] >= 0.05)
+    line = f"goodput {split['goodput']:.0%} of {span(split['wall_s'])}" + (f"; lost: {lost}" if lost else "")
     if "checkpoint_every_s" in split:
-        line += f"; checkpoint every {split['checkpoint_every_s']:.0f} s for {split['failures']} failure{'s' if split['failures'] != 1 else ''} (Young/Daly)"
+        failures = split["failures"]
+        line += f"; checkpoint every {span(split['checkpoint_every_s'])} for {failures} failure{'s' if failures != 1 else ''} (Young/Daly)"
     return line
