@@ -2,50 +2,16 @@
 
 A slot's CUDA event cannot exist here, so the ring is handed a stand-in with an event's
 record, query and synchronize, which a test's `Device` passes when it says the GPU has
-caught up. The copies are real tensor copies (unpinned: pinning needs a GPU). The same
+caught up (stand_in_gpu.py). The copies are real tensor copies (unpinned: pinning needs a GPU). The same
 ring on a real GPU: tests/test_cuda.py.
 """
 
 from __future__ import annotations
 
 import torch
+from stand_in_gpu import Device
 
 from ddptop.trainer import late
-
-
-class Device:
-    """Stands in for the GPU's queue: events recorded since the last catch_up() have not passed."""
-
-    def __init__(self) -> None:
-        self.queued: list[Event] = []
-        self.waits = 0
-
-    def event(self) -> Event:
-        return Event(self)
-
-    def catch_up(self) -> None:
-        for event in self.queued:
-            event.passed = True
-        self.queued.clear()
-
-
-class Event:
-    """A CUDA event's record, query and synchronize, passed when its Device catches up."""
-
-    def __init__(self, device: Device) -> None:
-        self.device = device
-        self.passed = True
-
-    def record(self) -> None:
-        self.passed = False
-        self.device.queued.append(self)
-
-    def query(self) -> bool:
-        return self.passed
-
-    def synchronize(self) -> None:
-        self.device.waits += 1
-        self.device.catch_up()
 
 
 def ring(slots: int) -> tuple[late.PinnedRing, Device]:

@@ -1,0 +1,62 @@
+"""What stands in for a GPU where there is none (CI, this VM): a device queue whose events pass
+when a test says the GPU has caught up, and tensors that say they are on a GPU.
+
+Only the shapes ddptop's GPU path reads are faked: a CUDA event's record, query and
+synchronize (late.PinnedRing takes its event maker), and a tensor's `is_cuda` (what the guard
+and late.scalar branch on). The kernels are the CPU's, and a copy is done when it is queued:
+what only a device has (a copy in flight, a wait on the device, pinned memory) is
+tests/test_cuda.py's, on a real GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Device:
+    """Stands in for the GPU's queue: events recorded since the last catch_up() have not passed."""
+
+    def __init__(self) -> None:
+        self.queued: list[Event] = []
+        self.waits = 0
+
+    def event(self) -> Event:
+        return Event(self)
+
+    def catch_up(self) -> None:
+        for event in self.queued:
+            event.passed = True
+        self.queued.clear()
+
+
+class Event:
+    """A CUDA event's record, query and synchronize, passed when its Device catches up."""
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.passed = True
+
+    def record(self) -> None:
+        self.passed = False
+        self.device.queued.append(self)
+
+    def query(self) -> bool:
+        return self.passed
+
+    def synchronize(self) -> None:
+        self.device.waits += 1
+        self.device.catch_up()
+
+
+class OnGpu(torch.Tensor):
+    """A CPU tensor that says it is on a GPU. torch hands the subclass on to what is computed
+    from it, so a model fed one gives a loss on "the GPU", whose backward and norms do too."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def on_gpu(tensor: torch.Tensor) -> OnGpu:
+    """tensor, shared, as an OnGpu (a gradient: `p.grad = on_gpu(p.grad)`)."""
+    return torch.Tensor._make_subclass(OnGpu, tensor, tensor.requires_grad)

@@ -1,0 +1,164 @@
+"""A GPU step's Python, run where there is no GPU: DDP on gloo whose inputs, losses and
+gradients say they are on a GPU (stand_in_gpu.OnGpu), and a ring whose events pass when the
+test says the GPU has caught up.
+
+The guard and the step records take their GPU branches on a tensor's `is_cuda`: the pack
+(the norms and the loss) copied into the ring and read late, a fused optimizer handed the
+verdict as its found_inf, the notice that another optimizer's non-finite step is applied a step
+late. test_cuda.py runs them on a real GPU, and only there; without these, code only a GPU
+reaches would go unrun in CI from one GPU session to the next. What needs a device itself (a
+copy in flight, no wait on the device, pinned memory) stays test_cuda.py's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+from stand_in_gpu import Device, on_gpu
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddptop.trainer import hooks, late, patches
+from ddptop.trainer.policy import GuardPolicy
+from ddptop.trainer.steps import StepTracker
+
+
+def _fused_on_cpu() -> bool:
+    """Whether this torch's fused AdamW steps CPU parameters (2.4 and later): the stand-in's kernels are the CPU's."""
+    try:
+        torch.optim.AdamW([nn.Parameter(torch.zeros(1))], fused=True)
+    except RuntimeError:
+        return False
+    return True
+
+
+FUSED = pytest.mark.skipif(not _fused_on_cpu(), reason="this torch's fused AdamW takes no CPU parameters")
+
+
+class Ring(late.PinnedRing):
+    """The rank's ring, counting the copies sent through it."""
+
+    def __init__(self, event: Any) -> None:
+        super().__init__(event=event)
+        self.sent = 0
+
+    def send(self, *args: Any, **kwargs: Any) -> late.RingRead:
+        self.sent += 1
+        return super().send(*args, **kwargs)
+
+
+class Gpu(NamedTuple):
+    device: Device
+    ring: Ring
+
+
+@pytest.fixture
+def gpu(gloo_world_of_one: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gpu]:
+    """The stand-in device, and the rank's ring with its events; torch as it was afterwards."""
+    device = Device()
+    ring = Ring(device.event)
+    monkeypatch.setattr(late, "RING", ring)
+    yield Gpu(device, ring)
+    patches.undo()
+
+
+class Job:
+    """A DDP model under ddptop's hooks whose step runs on "the GPU"; its records as the sender
+    reads them, each step's once the device has caught up with it."""
+
+    def __init__(self, gpu: Gpu, optimizer: str, clips: bool = False, policy: GuardPolicy | None = None) -> None:
+        self.device = gpu.device
+        self.records: list[dict[str, Any]] = []
+        self.tracker = StepTracker(0, emit=self.records.append)
+        hooks.install(self.tracker, policy or GuardPolicy())
+        torch.manual_seed(0)
+        self.model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)))
+        params = self.model.parameters()
+        self.optimizer = torch.optim.SGD(params, lr=1e-2, momentum=0.9) if optimizer == "sgd" else torch.optim.AdamW(params, fused=True)
+        self.clips = clips
+        self.expected: list[tuple[float, float]] = []
+        """Each step's loss and grad norm, as the script would read them."""
+
+    def step(self, nan_loss: bool = False) -> None:
+        loss = self.model(on_gpu(torch.randn(8, 16))).pow(2).mean()
+        if nan_loss:
+            loss = loss * math.nan
+        assert loss.is_cuda, "the stand-in reaches the loss"
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        for param in self.model.parameters():
+            param.grad = on_gpu(param.grad)  # DDP on gloo made them plain tensors: as in a GPU job, they say they are on it
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.model.parameters()]))
+        self.expected.append((loss.item(), norm.item()))
+        if self.clips:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1e9)
+        self.optimizer.step()
+        self.tracker.build()
+        self.device.catch_up()
+
+    def finish(self) -> list[dict[str, Any]]:
+        self.tracker.forward_begin(None)  # the last step's record is made once the next begins
+        self.tracker.build()
+        return [r for r in self.records if r["type"] == "step"]
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "clips"),
+    [("sgd", False), pytest.param("adamw-fused", False, marks=FUSED), pytest.param("adamw-fused", True, marks=FUSED)],
+)
+def test_a_gpu_step_s_values_go_through_the_ring_and_are_read_without_a_wait(gpu, optimizer, clips):
+    job = Job(gpu, optimizer, clips=clips)
+    for _ in range(20):
+        job.step()
+    rows = job.finish()
+    assert gpu.device.waits == 0, "a step's record waited for the device"
+    assert gpu.ring.sent == 20, "one copy a step: the pack, with the loss in it"
+    assert [r["step"] for r in rows] == list(range(20))
+    shown = [(r["loss"], r["grad_norm"]) for r in rows]
+    assert [s[0] for s in shown] == pytest.approx([e[0] for e in job.expected], rel=1e-6)
+    assert [s[1] for s in shown] == pytest.approx([e[1] for e in job.expected], rel=1e-5)
+    assert all("nonfinite" not in r for r in rows)
+
+
+@FUSED
+def test_a_nan_step_is_skipped_on_the_device_by_a_fused_optimizer_and_read_late(gpu):
+    job = Job(gpu, "adamw-fused")
+    for _ in range(3):
+        job.step()
+    before = [p.detach().clone() for p in job.model.parameters()]
+    job.step(nan_loss=True)
+    after = [p.detach().clone() for p in job.model.parameters()]
+    job.step()
+    rows = job.finish()
+    assert all(torch.equal(b, a) for b, a in zip(before, after)), "the NaN step reached the weights"
+    assert rows[3]["nonfinite"] and rows[3]["skipped"] == "nan" and rows[3]["local_nonfinite"], rows[3]
+    assert math.isfinite(rows[4]["loss"]) and gpu.device.waits == 0 and gpu.ring.sent == 5
+    assert not [r for r in job.records if r["type"] == "rank_note"], "nothing to say: the step was skipped"
+
+
+def test_another_optimizer_s_nan_step_is_applied_read_late_and_said_once(gpu):
+    job = Job(gpu, "sgd")
+    job.step()
+    job.step(nan_loss=True)
+    job.step()
+    rows = job.finish()
+    assert rows[1]["nonfinite"] and "skipped" not in rows[1], rows[1]
+    assert not all(math.isfinite(p.sum().item()) for p in job.model.parameters()), "SGD applied it"
+    [note] = [r for r in job.records if r["type"] == "rank_note"]
+    assert "SGD" in note["text"] and "--on-nan skip" in note["text"]
+    assert gpu.ring.sent == 3
+
+
+def test_on_nan_skip_reads_another_optimizer_s_step_at_once_and_skips_it(gpu):
+    job = Job(gpu, "sgd", policy=GuardPolicy(on_nan="skip"))
+    job.step()
+    before = [p.detach().clone() for p in job.model.parameters()]
+    job.step(nan_loss=True)
+    rows = job.finish()
+    assert rows[1]["nonfinite"] and rows[1]["skipped"] == "nan"
+    assert all(torch.equal(b, p) for b, p in zip(before, job.model.parameters()))
+    assert gpu.ring.sent == 0, "read at once (on a GPU, at a wait for the backward pass), not through the ring"
