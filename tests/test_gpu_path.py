@@ -70,7 +70,7 @@ class Job:
     """A DDP model under ddptop's hooks whose step runs on "the GPU"; its records as the sender
     reads them, each step's once the device has caught up with it."""
 
-    def __init__(self, gpu: Gpu, optimizer: str, clips: bool = False, policy: GuardPolicy | None = None) -> None:
+    def __init__(self, gpu: Gpu, optimizer: str, clips: bool = False, scaler: bool = False, policy: GuardPolicy | None = None) -> None:
         self.device = gpu.device
         self.records: list[dict[str, Any]] = []
         self.tracker = StepTracker(0, emit=self.records.append)
@@ -80,6 +80,7 @@ class Job:
         params = self.model.parameters()
         self.optimizer = torch.optim.SGD(params, lr=1e-2, momentum=0.9) if optimizer == "sgd" else torch.optim.AdamW(params, fused=True)
         self.clips = clips
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12) if scaler else None
         self.expected: list[tuple[float, float]] = []
         """Each step's loss and grad norm, as the script would read them."""
 
@@ -89,14 +90,19 @@ class Job:
             loss = loss * math.nan
         assert loss.is_cuda, "the stand-in reaches the loss"
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
         for param in self.model.parameters():
             param.grad = on_gpu(param.grad)  # DDP on gloo made them plain tensors: as in a GPU job, they say they are on it
         norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.model.parameters()]))
-        self.expected.append((loss.item(), norm.item()))
+        scale = 1.0 if self.scaler is None else self.scaler.get_scale()
+        self.expected.append((loss.item(), norm.item() / scale))
         if self.clips:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1e9)
-        self.optimizer.step()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         self.tracker.build()
         self.device.catch_up()
 
@@ -107,11 +113,16 @@ class Job:
 
 
 @pytest.mark.parametrize(
-    ("optimizer", "clips"),
-    [("sgd", False), pytest.param("adamw-fused", False, marks=FUSED), pytest.param("adamw-fused", True, marks=FUSED)],
+    ("optimizer", "clips", "scaler"),
+    [
+        ("sgd", False, False),
+        pytest.param("adamw-fused", False, False, marks=FUSED),
+        pytest.param("adamw-fused", True, False, marks=FUSED),
+        pytest.param("adamw-fused", False, True, marks=FUSED),
+    ],
 )
-def test_a_gpu_step_s_values_go_through_the_ring_and_are_read_without_a_wait(gpu, optimizer, clips):
-    job = Job(gpu, optimizer, clips=clips)
+def test_a_gpu_step_s_values_go_through_the_ring_and_are_read_without_a_wait(gpu, optimizer, clips, scaler):
+    job = Job(gpu, optimizer, clips=clips, scaler=scaler)
     for _ in range(20):
         job.step()
     rows = job.finish()
