@@ -173,3 +173,25 @@ def test_on_nan_skip_reads_another_optimizer_s_step_at_once_and_skips_it(gpu):
     assert rows[1]["nonfinite"] and rows[1]["skipped"] == "nan"
     assert all(torch.equal(b, p) for b, p in zip(before, job.model.parameters()))
     assert gpu.ring.sent == 0, "read at once (on a GPU, at a wait for the backward pass), not through the ring"
+
+
+def test_a_step_a_grad_scaler_skipped_sends_its_loss_through_the_ring(gpu):
+    """A GradScaler that finds an inf never calls SGD's step, so the guard never packs that
+    step's loss: it goes to the host in a pack of its own (optimizer_step.losses_only)."""
+    job = Job(gpu, "sgd", scaler=True)
+    job.step()
+    job.step(nan_loss=True)
+    job.step()
+    rows = job.finish()
+    assert rows[1]["skipped"] == "scaler" and math.isnan(rows[1]["loss"]), rows[1]
+    assert rows[2]["loss"] == pytest.approx(job.expected[2][0], rel=1e-6)
+    assert gpu.ring.sent == 3 and gpu.device.waits == 0
+
+
+def test_the_losses_of_a_step_no_guard_packed_are_summed_on_the_device_and_read_late(gpu):
+    """late.losses: a closed step's backward() values (a step no optimizer closed): one copy,
+    of their sum; a value that is no loss (a backward on a non-scalar) is left out."""
+    read = late.losses([on_gpu(torch.tensor(1.5)), on_gpu(torch.tensor(2.0)), on_gpu(torch.ones(3))])
+    assert isinstance(read, late.RingRead) and gpu.ring.sent == 1 and not read.ready()
+    gpu.device.catch_up()
+    assert read.ready() and read.get() == 3.5 and gpu.device.waits == 0

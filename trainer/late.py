@@ -155,15 +155,15 @@ def _first(values: list[Any]) -> Any:
 
 
 def losses(values: list[Any]) -> Any:
-    """A closed step's backward() values that the guard did not pack (a step a GradScaler
-    skipped, a step no optimizer closed): on a GPU, summed on the device and on their way
-    to the host, a Late; on the CPU their sum, read now (None when none was a loss).
+    """A closed step's backward() values that no guard packed (a backward after the guard had
+    taken the step's; a step a GradScaler skipped packs its own, optimizer_step.losses_only):
+    on a GPU, summed on the device and on their way to the host, a Late; on the CPU their sum,
+    read now (None when none was a loss).
 
     A CPU step's losses are read on the training thread, not held for the sender's: tensors
     held for another thread and freed there leave the training thread's next steps slower
-    (their graphs, and memory its allocator gets back on another thread). A loss marked
-    as scaled (hooks.py) goes as it is: without an optimizer step there is no scale to undo."""
-    values = [value[0] if type(value) is tuple else value for value in values]
+    (their graphs, and memory its allocator gets back on another thread). A loss a GradScaler
+    scaled goes as it is: without an optimizer step there is no scale to undo."""
     if not getattr(values[0], "is_cuda", False):
         return _loss_sum(values)
     total: Any = None
