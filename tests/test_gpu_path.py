@@ -195,3 +195,11 @@ def test_the_losses_of_a_step_no_guard_packed_are_summed_on_the_device_and_read_
     assert isinstance(read, late.RingRead) and gpu.ring.sent == 1 and not read.ready()
     gpu.device.catch_up()
     assert read.ready() and read.get() == 3.5 and gpu.device.waits == 0
+
+
+def test_a_loss_given_to_monitor_step_on_the_gpu_is_read_late(gpu):
+    """late.scalar, as monitor.step(loss=...) reads a GPU tensor: a copy started, not a wait."""
+    read = late.scalar(on_gpu(torch.tensor([2.5])))
+    assert isinstance(read, late.RingRead) and not read.ready() and gpu.ring.sent == 1
+    gpu.device.catch_up()
+    assert read.get() == 2.5 and gpu.device.waits == 0
