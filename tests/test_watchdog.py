@@ -441,6 +441,7 @@ def test_straggler_needs_a_sustained_ratio():
     clock.now += 1.0
     [v] = dog.tick()
     assert v.kind == "straggler" and v.ranks == [1] and v.details["ratio"] == 5.0
+    assert "(50.0 ms vs 10.0 ms)" in v.text, "in tenths, as the table has them: a fast job's median read '0 ms'"
     assert seconds(dog, clock, 5) == []  # told once
 
 

@@ -12,6 +12,7 @@ evaluating alone) or one unlucky sampled iteration is no straggler.
 from __future__ import annotations
 
 from ddptop.core import wire
+from ddptop.core.format import ms
 from ddptop.core.model.job import JobState
 from ddptop.supervisor.watching.verdict import Verdict
 
@@ -62,7 +63,7 @@ class StragglerRule:
                     Verdict(
                         "straggler",
                         f"rank {rank} is a straggler: its own work per step is {lag.ratio:.1f}x the job's median "
-                        f"({lag.own_ms:.0f} ms vs {lag.median_ms:.0f} ms); the other ranks wait for it in the all-reduce",
+                        f"({ms(lag.own_ms)} ms vs {ms(lag.median_ms)} ms); the other ranks wait for it in the all-reduce",
                         ranks=[rank],
                         step=state.step,
                         details={"ratio": round(lag.ratio, 2)},
