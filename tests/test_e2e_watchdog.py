@@ -138,7 +138,9 @@ def test_hang_is_named_with_stacks_then_the_group_restarts(ddptop_home, tmp_path
     blocked = next(n for n, line in enumerate(lines, 1) if "threading.Event().wait()" in line)
     assert hang["text"].startswith("no step for 1")
     assert f"ranks 0,1,3 wait in all-reduce at train.py:{blocked + 1} in main, after step 19; " in hang["text"]
-    assert "rank 2 stuck 1" in hang["text"] and f" s in backward at train.py:{blocked} in main, after step 19" in hang["text"]
+    assert (
+        "rank 2 stuck 1" in hang["text"] and f" s in forward at train.py:{blocked} in main, after step 19" in hang["text"]
+    )  # its loss made, no backward begun
     found = re.search(
         r"default group: ranks 0,1,3 in all_reduce #(\d+) \([\d.]+ \w+\); rank 2 never entered it, its last: all_reduce #(\d+); stacks in (.+)$",
         hang["text"],

@@ -142,8 +142,9 @@ def test_the_phase_follows_a_step_through_forward_backward_and_optimizer_with_dd
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     tracker = records.tracker
     loss = model(torch.randn(4, 8)).pow(2).sum()
-    assert tracker.phase == "backward"
+    assert tracker.phase == "forward", "the loss is computed after the model's forward, before any backward"
     loss.backward()
+    assert tracker.phase == "backward"
     assert model._comm_hooks == [] and model.logger._get_ddp_logging_data().strs_map.get("comm_hook", "") == ""
     optimizer.step()
     assert tracker.phase == "data"

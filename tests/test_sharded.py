@@ -193,8 +193,9 @@ def test_a_sharded_models_steps_begin_at_its_outermost_forward_with_its_samples_
     for _ in range(2):
         for _ in range(2):  # two micro-batches a step
             logits = model(torch.randint(0, 32, (3, 5)))
-            assert records.tracker.phase == "backward"
+            assert records.tracker.phase == "forward"
             logits.float().pow(2).mean().backward()
+            assert records.tracker.phase == "backward"
         optimizer.step()
         optimizer.zero_grad()
     with torch.no_grad():

@@ -251,6 +251,7 @@ def _wrap_backward(probe: Probe) -> None:
 
     @functools.wraps(original)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker.phase = "backward"
         one = isinstance(tensors, tensor_type)
         if not one:
             tensors = tuple(tensors)  # the original takes any iterable: read it once, for both
@@ -306,8 +307,6 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
                 tracker.forward_begin(shape[0], tokens, id(self))
             else:
                 tracker.forward_begin(batch.size(args, kwargs), batch.tokens(args, kwargs), id(self))
-        output = original(self, *args, **kwargs)
-        tracker.phase = "backward"
-        return output
+        return original(self, *args, **kwargs)
 
     return forward

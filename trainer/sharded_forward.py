@@ -7,9 +7,8 @@ is wrapped, and each module it shards gets a forward pre-hook that fires
 once. The first to fire, at the model's first forward, is the outermost
 sharded module's: the root, or the first layer of a model whose root was
 left plain. The others are removed, and that module keeps a pre-hook that
-begins (or adds to) a step with its batch, as DDP's forward does, and a
-hook after its forward that says the backward comes next: one Python call
-each a forward, however many modules are sharded.
+begins (or adds to) a step with its batch, as DDP's forward does: one
+Python call a forward, however many modules are sharded.
 
 Imported only once the script has imported torch (hooks.py); fully_shard is
 wrapped once its module is imported (torch.distributed.fsdp, or
@@ -56,7 +55,6 @@ def _wrap_fully_shard(probe: Probe, name: str) -> None:
             handle.remove()
         waiting.clear()
         module.register_forward_pre_hook(begin, with_kwargs=True)
-        module.register_forward_hook(backward_next)
         begin(module, args, kwargs)
 
     def begin(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -64,8 +62,5 @@ def _wrap_fully_shard(probe: Probe, name: str) -> None:
         tracker.forwards += 1
         if module.training and torch.is_grad_enabled():
             tracker.forward_begin(batch.size(args, kwargs), batch.tokens(args, kwargs), id(module))
-
-    def backward_next(module: Any, args: Any, output: Any) -> None:
-        tracker.phase = "backward"
 
     patches.replace(owner, "fully_shard", fully_shard)

@@ -97,9 +97,10 @@ class StepTracker:
     def __init__(self, rank: int, emit: Callable[[wire.Frame], None], clock: Callable[[], float] = time.perf_counter) -> None:
         self.rank = rank
         self.phase = "startup"
-        """Where the rank is in its step, for the heartbeat; the forward hook sets "backward"
-        itself once a training forward returned (DDP's all-reduce is inside the backward: the
-        flight recorder tells a rank that waits in it, trainer/flightrecorder.py)."""
+        """Where the rank is in its step, for the heartbeat; the backward() wrapper sets "backward"
+        as a backward begins (hooks.py), so the loss computed after a forward is still "forward"
+        (DDP's all-reduce is inside the backward: the flight recorder tells a rank that waits in
+        it, trainer/flightrecorder.py)."""
         self.step = 0
         """The step in progress: one past the last step closed, which the heartbeat tells
         the supervisor while that step's record is still to be sent."""
