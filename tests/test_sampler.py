@@ -12,7 +12,7 @@ from fake_pynvml import FakeNvml
 from ddptop.core import rundir
 from ddptop.core.usage import UsageError
 from ddptop.supervisor.launching.args import split
-from ddptop.supervisor.launching.plan import plan_job
+from ddptop.supervisor.launching.plan import plan_job, visible_gpus
 from ddptop.supervisor.sampler import Sampler, gpu_count
 
 
@@ -75,7 +75,7 @@ def run(tmp_path, ddptop_home):
 
 
 def test_gpus_are_bound_when_present(run):
-    plan, notices = plan_job(split(["t.py", "--gpus", "2"]), FakeNvml(gpus=4), run)
+    plan, notices = plan_job(split(["t.py", "--gpus", "2"]), FakeNvml(gpus=4), run, env={})
     assert plan.visible_gpus == [0, 1] and not plan.cpu_only
     assert notices == ["the script is one rank of a torchrun job: torchrun starts it once per rank on 2 GPUs"]
     assert gpu_count(FakeNvml(gpus=4)) == 4
@@ -83,16 +83,36 @@ def test_gpus_are_bound_when_present(run):
 
 def test_more_gpus_than_the_machine_has_is_refused(run):
     with pytest.raises(UsageError, match="more GPUs than this machine has \\(2\\)"):
-        plan_job(split(["t.py", "--gpus", "3"]), FakeNvml(gpus=2), run)
+        plan_job(split(["t.py", "--gpus", "3"]), FakeNvml(gpus=2), run, env={})
 
 
 def test_no_gpu_means_cpu_ranks_on_gloo(run):
-    plan, notices = plan_job(split(["t.py", "--gpus", "4"]), None, run)
+    plan, notices = plan_job(split(["t.py", "--gpus", "4"]), None, run, env={})
     assert plan.cpu_only and plan.nproc_per_node == 4
     assert notices == [
         "the script is one rank of a torchrun job: torchrun starts it once per rank",
         "no CUDA GPU found: starting 4 CPU ranks on gloo",
     ]
+
+
+def test_the_gpus_cuda_visible_devices_leaves_are_what_a_launch_may_use(run):
+    """A shared server's user keeps to their GPUs with CUDA_VISIBLE_DEVICES: --gpus is held to
+    those, and hiding them all starts CPU ranks, said as such."""
+    eight = FakeNvml(gpus=8)
+    with pytest.raises(UsageError, match=r"--gpus 4 asks for more GPUs than CUDA_VISIBLE_DEVICES='2,3' leaves visible \(2\)"):
+        plan_job(split(["t.py", "--gpus", "4"]), eight, run, env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    plan, _ = plan_job(split(["t.py", "--gpus", "2"]), eight, run, env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert plan.visible_gpus == [0, 1] and not plan.cpu_only  # indices into what the user made visible, which stays
+    plan, notices = plan_job(split(["t.py", "--gpus", "2"]), eight, run, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert plan.cpu_only and notices[-1] == "CUDA_VISIBLE_DEVICES='' hides every GPU: starting 2 CPU ranks on gloo"
+
+
+def test_cuda_visible_devices_is_read_as_cuda_reads_it():
+    assert visible_gpus(8, {}) == 8
+    assert visible_gpus(8, {"CUDA_VISIBLE_DEVICES": "0,1,9,2"}) == 2, "CUDA stops at the first index it cannot use"
+    assert visible_gpus(8, {"CUDA_VISIBLE_DEVICES": "-1"}) == 0
+    assert visible_gpus(8, {"CUDA_VISIBLE_DEVICES": "GPU-8f2e, GPU-11aa"}) == 2
+    assert visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c"}) == 2, "never more than the machine has"
 
 
 def test_a_rank_that_exited_but_is_not_reaped_gives_no_reading():

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -80,16 +81,45 @@ def style_notice(style: Style, script: Path, gpus: int | None) -> str:
     return f"{style.reason}: torchrun starts it once per rank{devices}"
 
 
-def plan_job(args: LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir, style: Style = TORCHRUN) -> tuple[JobPlan, list[str]]:
-    """Decide ranks and devices from the options, the script's launch style and the GPUs this machine has."""
+VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
+
+
+def visible_gpus(machine: int, env: Mapping[str, str]) -> int:
+    """The GPUs a rank can use: the machine's, or as many as CUDA_VISIBLE_DEVICES names, which a
+    shared server's users set to keep to their own. CUDA reads its entries up to the first it
+    cannot use (an index out of range, "-1"): those after it are hidden too, and "" hides all."""
+    given = env.get(VISIBLE_ENV)
+    if given is None:
+        return machine
+    count = 0
+    for entry in given.split(","):
+        entry = entry.strip()
+        if entry.startswith(("GPU-", "MIG-")) or (entry.isdigit() and int(entry) < machine):
+            count += 1
+        else:
+            break
+    return min(count, machine)
+
+
+def plan_job(
+    args: LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir, style: Style = TORCHRUN, env: Mapping[str, str] = os.environ
+) -> tuple[JobPlan, list[str]]:
+    """Decide ranks and devices from the options, the script's launch style and the GPUs this
+    machine has, as far as CUDA_VISIBLE_DEVICES in env leaves them to it."""
     opts = args.options
-    gpus = gpu_count(nvml)
+    machine = gpu_count(nvml)
+    gpus = visible_gpus(machine, env)
+    hidden = f"{VISIBLE_ENV}={env.get(VISIBLE_ENV)!r}" if gpus < machine else None
     notices = []
     visible = None
     if opts.gpus is not None:
         nproc = opts.gpus
         if gpus and opts.gpus > gpus:
-            raise UsageError(f"--gpus {opts.gpus} asks for more GPUs than this machine has ({gpus})")
+            raise UsageError(
+                f"--gpus {opts.gpus} asks for more GPUs than {hidden} leaves visible ({gpus})"
+                if hidden
+                else f"--gpus {opts.gpus} asks for more GPUs than this machine has ({gpus})"
+            )
         visible = list(range(opts.gpus)) if gpus else None
     else:
         nproc = opts.nproc_per_node or 1
@@ -100,7 +130,7 @@ def plan_job(args: LaunchArgs, nvml: ModuleType | None, run: rundir.RunDir, styl
         nproc = 1  # the script starts its own ranks, or drives every GPU from one process
     if not gpus:
         what = f"{nproc} CPU rank{'s' if nproc > 1 else ''} on gloo" if style.name == "torchrun" else "it on the CPU"
-        notices.append(f"no CUDA GPU found: starting {what}")
+        notices.append(f"{hidden} hides every GPU: starting {what}" if hidden else f"no CUDA GPU found: starting {what}")
     plan = JobPlan(
         script=args.script.absolute() if args.no_python and args.script.is_file() else args.script,
         script_args=args.script_args,
