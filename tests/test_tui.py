@@ -21,7 +21,7 @@ from ddptop.tui.app import DdptopApp
 from ddptop.tui.screens.alerts import AlertsScreen
 from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
 from ddptop.tui.screens.help import HelpScreen
-from ddptop.tui.screens.rank_detail import RankDetailScreen
+from ddptop.tui.screens.rank_detail import RankDetailScreen, live_stack
 from ddptop.tui.source import LiveSource, ReplaySource
 from ddptop.tui.widgets.rank_table import RankTable
 
@@ -438,3 +438,9 @@ async def test_p_in_a_rank_s_detail_asks_for_its_capture_and_shows_what_came_of_
         )
         await until(lambda: "9.5 ms a step" in str(profile.render()), "the capture's summary")
         assert "aten::addmm 2.50 ms" in str(profile.render()) and "trace: /run/p.gz" in str(profile.render())
+
+
+def test_an_exited_rank_s_stack_reads_as_where_it_was_last_heard_from():
+    """A replay's or a finished job's rank has no 'now': its stack is its last heartbeat's."""
+    assert str(live_stack(["job.py:42 in train_step"], None)).startswith("main thread now\n")
+    assert str(live_stack(["job.py:42 in train_step"], None, exited=True)).startswith("main thread when last heard from\n")

@@ -29,10 +29,12 @@ STACK_LINES = 12
 """The live stack's innermost frames shown; the outer ones are counted."""
 
 
-def live_stack(lines: list[str], inside: str | None) -> Text:
+def live_stack(lines: list[str], inside: str | None, exited: bool = False) -> Text:
     """The main thread's stack as the last heartbeat gave it, innermost last as Python prints
-    tracebacks: the script's frames bold, the libraries' dim."""
-    text = Text.from_markup("[b]main thread now[/b]" + (f", inside {inside}" if inside else "") + "\n")
+    tracebacks: the script's frames bold, the libraries' dim. Of a rank that has exited, it is
+    where it was last heard from, not where it is."""
+    heading = "main thread when last heard from" if exited else "main thread now"
+    text = Text.from_markup(f"[b]{heading}[/b]" + (f", inside {inside}" if inside else "") + "\n")
     if not lines:
         text.append("no stack received yet", style="dim")
     if len(lines) > STACK_LINES:
@@ -139,7 +141,7 @@ class RankDetailScreen(Screen[None]):
         win = window(self.state.history, self.whole, self.state.started, self.clock())
         self.query_one("#rank-step", Chart).draw(step_drawing(win, rank.rank))
         self.query_one("#rank-comm", Chart).draw(comm_drawing(win, rank.rank))
-        self.query_one("#live-stack", Static).update(live_stack(rank.live_stack, rank.inside))
+        self.query_one("#live-stack", Static).update(live_stack(rank.live_stack, rank.inside, rank.exited))
         dump = Text.from_markup("[b]last stack dump[/b]\n")
         dump.append(rank.stack or "no stack dump recorded for this rank")
         self.query_one("#stack", Static).update(dump)
