@@ -330,7 +330,7 @@ class Supervisor:
                 for period, name, action in (
                     (SAMPLE_S, "sampling of the ranks' processes and GPUs", self._sample),
                     (STATE_S, "per-second summary", self._record_totals),
-                    (self.summary_every, "summary line", self._print_summary),
+                    (self.summary_every, "summary line", self._periodic_summary),
                     (FLUSH_S, "event log flush", self._flush),
                     (FLUSH_S, "state snapshot", self._keep_state),
                     (WATCH_S, "watchdog", self._watch),
@@ -427,6 +427,13 @@ class Supervisor:
         self.hub.record_totals()
         if self.exporter is not None:
             self.exporter.refresh()
+
+    async def _periodic_summary(self) -> None:
+        """A summary line while a rank runs. Once every rank has exited (the job's end, or a
+        restart's gap, which its own notice tells), a line would repeat the last one: at the end,
+        the final line follows it within the ranks' teardown."""
+        if self.state.running():
+            await self._print_summary()
 
     async def _print_summary(self) -> None:
         self.outlets.line(self.out, summary.line(self.state.totals(), time.time() - self.state.started))

@@ -92,3 +92,18 @@ def test_a_step_value_of_the_wire_s_table_is_kept_as_the_table_says():
     assert [p.get("samples") for p in rank.window.points] == [8, 8, 8] and rank.window.mean("comm_ms") == 2.0
     assert ("wall", "step_ms", *WINDOWED) == StepPoint.FIELDS
     assert state.summary(2.0)["metrics"]["lr"] == 0.05
+
+
+def test_a_job_runs_until_every_rank_has_exited_and_again_once_a_restarted_one_says_hello():
+    """What the headless summary lines follow: none once every rank is gone, where the last would
+    only repeat itself before the final line."""
+    state = JobState()
+    assert state.running(), "starting: no rank has said hello yet"
+    for rank in (0, 1):
+        state.ingest(builders.hello(rank, 2))
+    state.ingest({"type": "rank_gone", "rank": 0, "wall": 2.0})
+    assert state.running()
+    state.ingest({"type": "rank_gone", "rank": 1, "wall": 2.0})
+    assert not state.running()
+    state.ingest(builders.hello(1, 2, restart=1))
+    assert state.running()

@@ -217,6 +217,11 @@ class JobState:
         """Each live rank's own work per step against the job's median (lag.py)."""
         return lags(self.ranks.values())
 
+    def running(self) -> bool:
+        """Whether a rank runs: one has said hello and not exited. Before the first hello the job is
+        starting, which counts as running."""
+        return not self.ranks or not all(rank.exited for rank in self.ranks.values())
+
     def steps_done(self) -> int | None:
         """Steps done, by the furthest rank: DDP's all-reduce holds the others within a step of it,
         and the nearest is only the one whose records came last (a killed rank's never come)."""
