@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from rich.text import Text
 from textual.app import RenderResult
 
+from ddptop.core.format import ms
 from ddptop.tui.widgets.plot_area import PlotArea
 from ddptop.tui.widgets.time_axis import Window, gaps_apart, spans_decades, thin, time_ticks, value_axis
 
@@ -40,6 +41,11 @@ def line_of(label: str, win: Window, values: Iterable[float | None]) -> Line:
             xs.append(win.x(point.wall))
             ys.append(value)
     return Line(label, xs, ys)
+
+
+def ms_label(value: float, _like: float) -> str:
+    """An axis label of a chart in milliseconds, which reads in one unit at any size."""
+    return f"{ms(value)} ms"
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from textual.app import ComposeResult
 from textual.containers import Grid, Vertical
 from textual.widgets import Static
 
-from ddptop.core.format import ms, nbytes
+from ddptop.core.format import nbytes
 from ddptop.core.model.job import JobState
 from ddptop.core.model.lag import DATA_ALONE, counts_compute
 from ddptop.core.model.metrics import Metric, grouped
-from ddptop.tui.widgets.chart import Chart, Drawing, line_of
+from ddptop.tui.widgets.chart import Chart, Drawing, line_of, ms_label
 from ddptop.tui.widgets.rank_heatmap import RankHeatmap, own_matrix
 from ddptop.tui.widgets.time_axis import Window, window
 
@@ -68,7 +68,7 @@ def rank_drawing(win: Window, ranks: int, data_alone: bool = False) -> Drawing:
         "own work per rank (data wait + compute)",
         lines,
         win,
-        lambda v, _: f"{ms(v)} ms",
+        ms_label,
         missing="no per-rank step times yet",
         legend=ranks <= 4,
         notes=notes,

@@ -6,8 +6,7 @@ here is the one it has in the ranks' chart, at the same resolution.
 
 from __future__ import annotations
 
-from ddptop.core.format import ms
-from ddptop.tui.widgets.chart import Drawing, line_of
+from ddptop.tui.widgets.chart import Drawing, line_of, ms_label
 from ddptop.tui.widgets.time_axis import Window
 
 
@@ -16,7 +15,7 @@ def _drawing(title: str, series: str, job_key: str, win: Window, rank: int) -> D
         line_of(f"rank {rank}", win, (p.rank_value(series, rank) for p in win.points)),
         line_of("job median", win, (p.job.get(job_key) for p in win.points)),
     ]
-    return Drawing(title, lines, win, lambda v, _: f"{ms(v)} ms", missing=f"no {title} recorded for this rank yet")
+    return Drawing(title, lines, win, ms_label, missing=f"no {title} recorded for this rank yet")
 
 
 def step_drawing(win: Window, rank: int) -> Drawing:
