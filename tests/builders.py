@@ -35,3 +35,11 @@ def hello(rank: int, world: int = 1, **fields: Any) -> dict[str, Any]:
 def step(rank: int, n: int, **fields: Any) -> dict[str, Any]:
     """A step record of 10 ms unless given."""
     return build("step", **{"rank": rank, "step": n, "step_ms": 10.0, **fields})
+
+
+def steps_made(tracker: Any, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step records a rank's StepTracker emitted into records, its last step's included: that
+    step closes as a next forward begins, and then what is held is sent (flush, as at exit)."""
+    tracker.forward_begin(None)
+    tracker.flush()
+    return [r for r in records if r["type"] == "step"]

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from builders import steps_made
 from conftest import DDPTOP, EXAMPLE, SCRIPTS, run_ddptop, wait_for
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -117,9 +118,7 @@ class Job:
         self.tracker.build(self.sampled.read())
 
     def finish(self) -> list[dict[str, Any]]:
-        self.tracker.forward_begin(None)  # the last step's record is made once the next begins
-        self.tracker.flush()
-        return [r for r in self.records if r["type"] == "step"]
+        return steps_made(self.tracker, self.records)
 
 
 @pytest.mark.parametrize(

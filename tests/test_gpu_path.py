@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from builders import steps_made
 from stand_in_gpu import Device, on_gpu
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -107,9 +108,7 @@ class Job:
         self.device.catch_up()
 
     def finish(self) -> list[dict[str, Any]]:
-        self.tracker.forward_begin(None)  # the last step's record is made once the next begins
-        self.tracker.build()
-        return [r for r in self.records if r["type"] == "step"]
+        return steps_made(self.tracker, self.records)
 
 
 @pytest.mark.parametrize(
