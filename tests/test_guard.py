@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from ops_seen import OpsSeen
 from torch import nn
 
 from ddptop.trainer import guard
@@ -102,6 +103,18 @@ def test_a_fused_optimizer_handed_found_inf_skips_the_step_exactly():
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
     for key, values in state.items():
         assert all(torch.equal(values[n], optimizer.state[key][n]) for n in values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_found_inf_is_one_exactly_where_the_norm_is_not_finite_in_two_ops(dtype):
+    out = torch.empty((), dtype=torch.float32)
+    for value, expected in ((0.0, 0.0), (1.5, 0.0), (torch.finfo(dtype).max, 0.0), (math.inf, 1.0), (-math.inf, 1.0), (math.nan, 1.0)):
+        norm = torch.tensor(value, dtype=dtype)
+        with OpsSeen() as seen:
+            flag = guard.found_inf(norm, out)
+        assert flag is out and flag.dtype == torch.float32
+        assert flag.item() == expected, value
+        assert len(seen.names) == 2, seen.names
 
 
 def test_skip_leaves_weights_and_optimizer_state_untouched():

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 import torch
+from ops_seen import OpsSeen
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddptop.trainer import guard, hooks, optimizer_step, patches, sharded_forward, torchapi
 from ddptop.trainer.policy import GuardPolicy
@@ -243,18 +243,6 @@ def test_the_norm_is_taken_before_the_scripts_own_clipping_which_is_left_alone(r
     assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
     assert expected > 1.0
     assert all(torch.equal(c, p.grad) for c, p in zip(clipped, model.parameters()))
-
-
-class OpsSeen(TorchDispatchMode):
-    """The torch ops run inside it, by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def test_the_scripts_clip_norm_is_the_guards_only_where_it_measured_every_gradient_stepped(records):
