@@ -43,10 +43,12 @@ RING_SLOTS = 1024
 
 
 class _Slot:
-    __slots__ = ("event", "holds", "host")
+    __slots__ = ("event", "flat", "holds", "host")
 
     def __init__(self, host: Any, event: Any) -> None:
         self.host = host
+        self.flat = host.view(-1)
+        """The same memory as one row, made once: what the reader's tolist() takes, with no view a read."""
         self.event = event
         self.holds = -1
         """The number of the value copied in last."""
@@ -114,7 +116,7 @@ class RingRead(list[Any]):
         # it back from the training thread costs both threads a switch, on every read.
         if not slot.event.query():
             slot.event.synchronize()
-        values = slot.host.reshape(-1).tolist()
+        values = slot.flat.tolist()
         if slot.holds != number:  # reused while it was read: what was read may be the next value's
             return None
         self[3] = value = decode(values)
