@@ -1,0 +1,78 @@
+"""What each op of the guard's GPU step costs the thread that launches it, on this host.
+
+On a GPU the training thread does not wait for kernels, only for their launch: each op
+is dispatched from Python, and a step as launch-bound as nanoGPT's on an H200 host loses
+that time whole. This times each op the guard runs a step (guard.py, late.py), and the
+alternatives it was chosen over, each in a loop of --calls calls after a warm-up, with
+the device synchronised only around the loop.
+
+A loop of one op runs on warm caches, so inside a real step each costs more (on an H200
+host, what inrank.py finds a step's ops cost by line is several times these): the figures rank the
+ops and the choices between them; they do not add up to a step's cost.
+
+    python bench/opcost.py                   # on a GPU
+    python bench/opcost.py --calls 2000      # on the CPU, a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ddptop.trainer import guard
+
+
+def per_call_us(run: Callable[[], Any], calls: int, sync: Callable[[], None]) -> float:
+    """Microseconds a call of run, on this thread, over calls calls after a warm-up."""
+    for _ in range(max(100, calls // 40)):
+        run()
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        run()
+    elapsed = time.perf_counter() - start
+    sync()
+    return elapsed / calls * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=20000, help="calls of each op timed")
+    parser.add_argument("--tensors", type=int, default=16, help="gradients the fused norm takes (the example MLP's 16)")
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    sync: Callable[[], None] = torch.cuda.synchronize if cuda else lambda: None
+    norm, loss = torch.tensor(1.5, device=dev), torch.tensor(2.5, device=dev)
+    grads = [torch.randn(256, 256, device=dev) for _ in range(args.tensors)]
+    packed = torch.stack((norm, loss))
+    host = torch.empty(2, pin_memory=cuda)
+    flag = torch.empty((), dtype=torch.float32, device=dev)
+    rows: list[tuple[str, Callable[[], Any]]] = [
+        ("a Python call that does nothing (the unit of Python)", lambda: None),
+        ("one elementwise op, norm.add(1) (the unit of an op)", lambda: norm.add(1)),
+        ("found_inf: ne(norm - norm, 0), 2 ops (guard.found_inf)", lambda: guard.found_inf(norm, flag)),
+        ("found_inf by isfinite(norm).logical_not(), 5 ops", lambda: torch.logical_not(torch.isfinite(norm), out=flag)),
+        (f"the fused norm of {args.tensors} gradients and their total (the floor's)", lambda: guard.total(guard.norms(grads))),
+        ("the pack: stack of 2 scalars (guard.pack)", lambda: guard.pack([norm, loss])),
+        ("the pack's copy into a pinned slot, non_blocking", lambda: host.copy_(packed, non_blocking=True)),
+    ]
+    if cuda:
+        event, stream = torch.cuda.Event(), torch.cuda.current_stream()
+        rows += [
+            ("the slot's event.record() (late.py: finds the current stream)", lambda: event.record()),
+            ("event.record(stream), the stream given", lambda: event.record(stream)),
+            ("torch.cuda.current_stream()", torch.cuda.current_stream),
+            ("event.query(), the reader's look (sender thread)", event.query),
+        ]
+    print(f"{torch.cuda.get_device_name() if cuda else 'CPU'}, torch {torch.__version__}, {args.calls} calls each")
+    for name, run in rows:
+        print(f"{name:72s} {per_call_us(run, args.calls, sync):8.2f} us")
+
+
+if __name__ == "__main__":
+    main()
