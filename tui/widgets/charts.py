@@ -40,7 +40,7 @@ def _with_unit(metric: Metric) -> Callable[[float, float], str]:
     """An axis label: bytes in the unit of the axis's largest (format.nbytes names its own), other
     metrics in theirs."""
     if metric.unit == "bytes":
-        return lambda value, like: nbytes(value, like)
+        return nbytes
     unit = "" if metric.unit in ("", "ratio", "percent") else f" {metric.unit}"
     return lambda value, _: f"{metric.text(value)}{unit}"
 
