@@ -48,8 +48,9 @@ blocks. It uses CUDA (NCCL) when torch sees a GPU, gloo otherwise.
 that none of ddptop's code touches it: a plain DDP step plus one fused
 grad norm (torch's _foreach_norm and the norm of the norms, as
 clip_grad_norm_ takes it) before each optimizer step, read late: on a GPU
-copied into a pinned buffer made once, with an event made once, and read
-at the next step once the event has passed; on the CPU read at once. A
+copied into a pinned buffer made once, with an event made once and
+recorded on a stream looked up once, and read at the next step once the
+event has passed; on the CPU read at once. A
 NaN/Inf verdict on every step is what ddptop is asked for; this job costs
 what any guard that gives one must, so ddptop's cost can be read against
 it in the same run.
@@ -228,6 +229,7 @@ def floor(args: argparse.Namespace, example: Any, torch_device: Any) -> Job:
     cuda = torch_device.type == "cuda"
     host = torch.empty((), pin_memory=cuda)
     event = torch.cuda.Event() if cuda else None
+    stream = torch.cuda.current_stream() if cuda else None  # looked up once: this loop never switches streams
     read: list[float] = []
 
     def verdict(optimizer: Any, hook_args: Any, hook_kwargs: Any) -> None:
@@ -239,7 +241,7 @@ def floor(args: argparse.Namespace, example: Any, torch_device: Any) -> Job:
         if read and event.query():  # last step's, once its copy has passed
             read.append(float(host))
         host.copy_(norm, non_blocking=True)
-        event.record()
+        event.record(stream)
         read.append(0.0)
 
     job.optimizer.register_step_pre_hook(verdict)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ddptop.trainer import guard
+from ddptop.trainer import guard, torchapi
 
 
 def per_call_us(run: Callable[[], Any], calls: int, sync: Callable[[], None]) -> float:
@@ -64,9 +64,11 @@ def main() -> None:
     if cuda:
         event, stream = torch.cuda.Event(), torch.cuda.current_stream()
         rows += [
-            ("the slot's event.record() (late.py: finds the current stream)", lambda: event.record()),
+            ("event.record(), which finds the current stream in Python", lambda: event.record()),
             ("event.record(stream), the stream given", lambda: event.record(stream)),
             ("torch.cuda.current_stream()", torch.cuda.current_stream),
+            ("torchapi.current_stream(0), the lookup in C", lambda: torchapi.current_stream(0)),
+            ("the slot's record, event.record(torchapi.current_stream(0)) (late.py)", lambda: event.record(torchapi.current_stream(0))),
             ("event.query(), the reader's look (sender thread)", event.query),
         ]
     print(f"{torch.cuda.get_device_name() if cuda else 'CPU'}, torch {torch.__version__}, {args.calls} calls each")

@@ -2,8 +2,8 @@
 when a test says the GPU has caught up, and tensors that say they are on a GPU.
 
 Only the shapes ddptop's GPU path reads are faked: a CUDA event's record, query and
-synchronize (late.PinnedRing takes its event maker), and a tensor's `is_cuda` (what the guard
-and late.scalar branch on). The kernels are the CPU's, and a copy is done when it is queued:
+synchronize, and a device's current stream (late.PinnedRing takes its event maker and its
+stream lookup), and a tensor's `is_cuda` (what the guard and late.scalar branch on). The kernels are the CPU's, and a copy is done when it is queued:
 what only a device has (a copy in flight, a wait on the device, pinned memory) is
 tests/test_cuda.py's, on a real GPU.
 """
@@ -19,9 +19,15 @@ class Device:
     def __init__(self) -> None:
         self.queued: list[Event] = []
         self.waits = 0
+        self.current: dict[int, str] = {}
+        """Each device's current stream, by the index a tensor's get_device() gives; "default" where unset."""
 
     def event(self) -> Event:
         return Event(self)
+
+    def stream(self, device: int) -> str:
+        """The stream a copy from device is queued on now (torchapi.current_stream's stand-in)."""
+        return self.current.get(device, "default")
 
     def catch_up(self) -> None:
         for event in self.queued:
@@ -35,9 +41,12 @@ class Event:
     def __init__(self, device: Device) -> None:
         self.device = device
         self.passed = True
+        self.streams: list[str] = []
+        """The streams it was recorded on, in turn."""
 
-    def record(self) -> None:
+    def record(self, stream: str) -> None:
         self.passed = False
+        self.streams.append(stream)
         self.device.queued.append(self)
 
     def query(self) -> bool:

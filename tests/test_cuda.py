@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ddptop.core import rundir
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
 from ddptop.supervisor.watching.rules import nan
-from ddptop.trainer import flightrecorder, guard, hooks, late, patches
+from ddptop.trainer import flightrecorder, guard, hooks, late, patches, torchapi
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.sampled import Sampled
 from ddptop.trainer.steps import StepTracker
@@ -76,6 +76,30 @@ def test_a_late_value_is_not_ready_while_the_gpu_is_busy_and_exact_once_it_is():
     assert not loss.ready(), "reading the value would have waited for the GPU"
     torch.cuda.synchronize()
     assert loss.ready() and loss.get() == 7.0
+
+
+def test_the_streams_looked_up_in_c_are_torchs_current_ones_one_object_each():
+    side = torch.cuda.Stream()
+    assert torchapi.current_stream(0) == torch.cuda.current_stream(0)
+    assert torchapi.current_stream(0) is torchapi.current_stream(0), "one object a stream, not one a call"
+    with torch.cuda.stream(side):
+        assert torchapi.current_stream(0) == side
+
+
+def test_a_late_value_made_on_a_side_stream_waits_for_that_stream():
+    """The slot's event is recorded on the stream the copy is queued on: a value made under
+    torch.cuda.stream(side) is not ready while side is busy, though the default stream is idle."""
+    side = torch.cuda.Stream()
+    value = torch.full((), 1.5, device="cuda")
+    late.scalar(value * 2).get()  # the slots made, the kernels loaded
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        read = late.scalar(value * 4)
+    assert torch.cuda.current_stream().query(), "the default stream has nothing queued"
+    assert not read.ready(), "its copy waits behind side's sleep"
+    torch.cuda.synchronize()
+    assert read.ready() and read.get() == 6.0
 
 
 class Job:

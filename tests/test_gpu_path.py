@@ -43,8 +43,8 @@ FUSED = pytest.mark.skipif(not _fused_on_cpu(), reason="this torch's fused AdamW
 class Ring(late.PinnedRing):
     """The rank's ring, counting the copies sent through it."""
 
-    def __init__(self, event: Any) -> None:
-        super().__init__(event=event)
+    def __init__(self, device: Device) -> None:
+        super().__init__(event=device.event, stream=device.stream)
         self.sent = 0
 
     def send(self, *args: Any, **kwargs: Any) -> late.RingRead:
@@ -61,7 +61,7 @@ class Gpu(NamedTuple):
 def gpu(gloo_world_of_one: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gpu]:
     """The stand-in device, and the rank's ring with its events; torch as it was afterwards."""
     device = Device()
-    ring = Ring(device.event)
+    ring = Ring(device)
     monkeypatch.setattr(late, "RING", ring)
     yield Gpu(device, ring)
     patches.undo()

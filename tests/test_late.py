@@ -16,7 +16,7 @@ from ddptop.trainer import late
 
 def ring(slots: int) -> tuple[late.PinnedRing, Device]:
     device = Device()
-    return late.PinnedRing(slots, event=device.event), device
+    return late.PinnedRing(slots, event=device.event, stream=device.stream), device
 
 
 def test_a_value_is_ready_once_its_copy_has_passed_and_reads_decoded_without_a_wait():
@@ -53,3 +53,42 @@ def test_each_shape_and_dtype_takes_turns_in_a_ring_of_its_own():
     device.catch_up()
     assert [read.get() for read in pairs] == [[0.0, 0.0], [1.0, 0.0]], "no other shape took their slots"
     assert three.get() == [1, 2, 3] and wide.get() == [9.0]
+
+
+class OnDevice(torch.Tensor):
+    """A CPU tensor that says which CUDA device holds it (get_device, what the ring keys by)."""
+
+    index = 0
+
+    def get_device(self) -> int:  # type: ignore[override]
+        return self.index
+
+
+def on_device(index: int, values: list[float]) -> OnDevice:
+    tensor = torch.Tensor._make_subclass(OnDevice, torch.tensor(values))
+    tensor.index = index
+    return tensor
+
+
+def test_a_slots_event_is_recorded_on_the_stream_its_copy_is_queued_on_now():
+    values, device = ring(4)
+    first = values.send(on_device(0, [1.0]))
+    device.current[0] = "side"  # the script switched streams (torch.cuda.stream(side))
+    second = values.send(on_device(0, [2.0]))
+    slots = [read[0] for read in (first, second)]
+    assert [slot.event.streams[-1] for slot in slots] == ["default", "side"]
+    device.catch_up()
+    assert (first.get(), second.get()) == ([1.0], [2.0])
+
+
+def test_a_value_on_another_device_than_the_current_one_takes_a_ring_whose_events_are_that_devices():
+    """A script that never calls set_device: its tensors on cuda:1, cuda:0 current. The copy runs
+    on cuda:1's stream, and an event recorded on cuda:0's would pass before it."""
+    values, device = ring(2)
+    device.current = {0: "cuda:0's", 1: "cuda:1's"}
+    zero, one = values.send(on_device(0, [1.0])), values.send(on_device(1, [2.0]))
+    assert zero[0] is not one[0], "one ring a device"
+    assert set(one[0].event.streams) == {"cuda:1's"}, "made and recorded on its own device's stream alone"
+    assert set(zero[0].event.streams) == {"cuda:0's"}
+    device.catch_up()
+    assert (zero.get(), one.get()) == ([1.0], [2.0])

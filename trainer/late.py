@@ -9,14 +9,16 @@ reads the slot once its event has passed, usually a step later. On the CPU
 the value is read at once (there is no device to wait for) and only its
 decoding into a record's fields is left to the sender's thread (Read).
 
-The ring's pinned buffers (one block) and events are made once per shape
-and dtype, at the first value of that shape, and reused: allocating pinned
+The ring's pinned buffers (one block) and events are made once per shape,
+dtype and device, at the first value of that shape, and reused: allocating pinned
 memory can wait for the device (cudaHostAlloc), and creating an event every
 step is a host call every step. A slot is reused RING_SLOTS values later,
 more than the steps of a flush interval of the sender's (0.1 s) at 10,000
 steps a second; a value still unread by then (a reader that has gone) is
 lost, never misread: each slot carries the number of the value it holds,
-and a read checks it before and after.
+and a read checks it before and after. A slot's event is recorded on the
+stream the copy was queued on, found by a lookup in C (torchapi.current_stream):
+torch.cuda.Event.record() without one builds a Stream in Python every call.
 
 Nothing here imports torch at module level: this is only reached from hooks
 that run after the script imported torch itself.
@@ -55,40 +57,61 @@ class _Slot:
 
 
 class PinnedRing:
-    """Pinned host buffers, each with a CUDA event, made once per (shape, dtype) and reused in turn."""
+    """Pinned host buffers, each with a CUDA event, made once per (shape, dtype, device) and reused in turn."""
 
-    def __init__(self, slots: int = RING_SLOTS, event: Callable[[], Any] | None = None) -> None:
-        """event makes a slot's event: torch.cuda.Event unless given. Given one (a stand-in with a
-        CUDA event's record, query and synchronize, where there is no GPU), the buffers are not
-        pinned: the ring's turns and its reused slots are the same on either."""
+    def __init__(self, slots: int = RING_SLOTS, event: Callable[[], Any] | None = None, stream: Callable[[int], Any] | None = None) -> None:
+        """event makes a slot's event: torch.cuda.Event unless given; stream(device) is the stream
+        a copy from that CUDA device is queued on now: torchapi.current_stream unless given.
+        Given stand-ins (a CUDA event's record, query and synchronize, and streams, where there
+        is no GPU), the buffers are not pinned: the ring's turns and its reused slots are the
+        same on either."""
         self._slots = slots
         self._event = event
-        self._rings: dict[tuple[Any, Any], tuple[list[_Slot], itertools.count[int]]] = {}
+        self._stream: Callable[[int], Any] = stream or _torch_stream
+        self._rings: dict[tuple[Any, Any, int], tuple[list[_Slot], itertools.count[int]]] = {}
         self._numbers = itertools.count()
 
     def send(self, tensor: Any, decode: Callable[[list[Any]], Any] = lambda values: values) -> RingRead:
         """Start tensor's copy to the host; the Late reads it, flattened to a list, through decode."""
-        key = (tensor.shape, tensor.dtype)
+        device = tensor.get_device()
+        key = (tensor.shape, tensor.dtype, device)
         ring = self._rings.get(key)
         if ring is None:
-            ring = self._rings[key] = (self._make(tensor), itertools.count())
+            ring = self._rings[key] = (self._make(tensor, device), itertools.count())
         slots, turn = ring
         slot = slots[next(turn) % self._slots]
         number = next(self._numbers)
         slot.holds = number  # before the copy is queued: a read that sees the old number read the old value
         slot.host.copy_(tensor, non_blocking=True)
-        slot.event.record()
+        slot.event.record(self._stream(device))
         return RingRead([slot, number, decode, None])
 
-    def _make(self, tensor: Any) -> list[_Slot]:
+    def _make(self, tensor: Any, device: int) -> list[_Slot]:
+        """The slots of one shape, dtype and device. A CUDA event belongs to the device it was
+        first recorded on, and the copy from a tensor is queued on its own device's current
+        stream, not the current device's (a script that never calls set_device has its model
+        on cuda:1 and cuda:0 current): so a ring per device, its events recorded there."""
         import torch
 
+        if self._stream is _torch_stream:  # torch is imported by now: the lookup itself from here on
+            from ddptop.trainer import torchapi
+
+            self._stream = torchapi.current_stream
         event = self._event or torch.cuda.Event
         block = torch.empty((self._slots, *tensor.shape), dtype=tensor.dtype, pin_memory=self._event is None)
         slots = [_Slot(block[i], event()) for i in range(self._slots)]
+        stream = self._stream(device)
         for slot in slots:
-            slot.event.record()  # CUDA makes an event at its first record: all of them now, none in a later step
+            slot.event.record(stream)  # CUDA makes an event at its first record: all of them now, none in a later step
         return slots
+
+
+def _torch_stream(device: int) -> Any:
+    """A ring's stream lookup until its first slots are made (PinnedRing._make): torchapi's,
+    which imports torch, and this module must not before the script has."""
+    from ddptop.trainer import torchapi
+
+    return torchapi.current_stream(device)
 
 
 class RingRead(list[Any]):

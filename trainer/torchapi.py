@@ -6,7 +6,8 @@ in one kernel (`_foreach_norm`, what clip_grad_norm_ itself calls), read
 what DDP's reducer measured (`_get_ddp_logging_data`), dump the flight
 recorders (`_dump_fr_trace`, and NCCL's own `_dump_nccl_trace`), tell a
 backward run inside another (`_current_graph_task_id`), read a sparse
-gradient's values uncoalesced (`_values`), and keep torch.compile out of its
+gradient's values uncoalesced (`_values`), look up a device's current stream
+without building a Python object (`_cuda_getCurrentStream`), and keep torch.compile out of its
 hooks (dynamo's `trace_rules`). Every such name is used through this module,
 and `missing()` says which of them the running torch lacks:
 tests/test_hooks.py runs it against the installed torch, and CI runs the
@@ -33,6 +34,33 @@ sparse_values: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor._values
 """A sparse COO tensor's values as they are, coalesced or not (values() insists on coalesced)."""
 current_graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
 """The backward running on this thread, -1 outside one: a backward() called inside another."""
+
+
+def _built_without_cuda(device: int) -> tuple[int, int, int]:
+    raise RuntimeError("this torch was built without CUDA")
+
+
+_cuda_current_stream: Callable[[int], tuple[int, int, int]] = getattr(torch._C, "_cuda_getCurrentStream", _built_without_cuda)
+"""(stream id, device index, device type) of a CUDA device's current stream, looked up in C."""
+
+STREAMS_KEPT = 64
+"""Streams current_stream keeps an object of at most: cleared when full (a script making a stream a step)."""
+
+_streams: dict[tuple[int, int, int], Any] = {}
+
+
+def current_stream(device: int) -> Any:
+    """The stream a kernel or copy on CUDA device `device` is queued on now: torch's current stream
+    there, as torch.cuda.current_stream(device) gives it. That one builds a new Stream object
+    in Python at every call, 4 of the 5 us an event's record() cost on an H200's host
+    (bench/opcost.py); here it is one C call and a dictionary look-up, one object kept per stream."""
+    key = _cuda_current_stream(device)
+    stream = _streams.get(key)
+    if stream is None:
+        if len(_streams) >= STREAMS_KEPT:
+            _streams.clear()
+        stream = _streams[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+    return stream
 
 
 def _foreach_norm_takes_dtype() -> bool:
@@ -118,6 +146,8 @@ def missing() -> list[str]:
     instance attributes are looked for on fresh instances)."""
     absent = [name for name in ("_foreach_norm", "_foreach_mul_") if not hasattr(torch, name)]
     absent += [f"torch._C.{n}" for n in ("_set_grad_enabled", "_current_graph_task_id") if not hasattr(torch._C, n)]
+    if torch.backends.cuda.is_built() and not hasattr(torch._C, "_cuda_getCurrentStream"):
+        absent.append("torch._C._cuda_getCurrentStream")
     absent += [] if hasattr(torch.Tensor, "_values") else ["torch.Tensor._values"]
     absent += [f"DistributedDataParallel.{n}" for n in ("_get_ddp_logging_data",) if not hasattr(DistributedDataParallel, n)]
     trace_rules = importlib.import_module("torch._dynamo.trace_rules")  # imported here only: dynamo_skips never does
