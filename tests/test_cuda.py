@@ -190,6 +190,40 @@ def test_a_nan_step_is_skipped_on_the_device_for_a_fused_optimizer_without_a_syn
     assert all(math.isfinite(r["loss"]) for r in rows[13:])
 
 
+class Split(nn.Module):
+    """A model split over two GPUs in one rank, which DDP takes with device_ids=None."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(64, 64).to("cuda:0"), nn.Linear(64, 8).to("cuda:1")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x).to("cuda:1"))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("clip", [None, 1.0], ids=["found_inf alone", "and --clip-grad"])
+def test_a_model_split_over_two_gpus_steps_under_the_guard_with_clip_grad_norm_s_norm(nccl_world_of_one, clip):
+    """The guard's global norm and its clip take gradients on two devices as clip_grad_norm_ does;
+    a fused AdamW is handed found_inf, which it moves to each device itself."""
+    records: list[dict[str, Any]] = []
+    tracker = StepTracker(0, emit=records.append)
+    hooks.install(tracker, GuardPolicy(clip_grad=clip), Sampled(every=0.0))
+    torch.manual_seed(0)
+    model = DistributedDataParallel(Split())
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    expected = []
+    for _ in range(3):
+        optimizer.zero_grad(set_to_none=True)
+        (model(torch.randn(16, 64, device="cuda:0")).pow(2).mean() * 1e3).backward()
+        expected.append(float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])))
+        optimizer.step()
+        tracker.build()
+    rows = steps_made(tracker, records)
+    assert [r["grad_norm"] for r in rows] == pytest.approx(expected, rel=1e-4)
+    assert all(r.get("clipped") is (True if clip else None) for r in rows)
+
+
 def test_an_sgd_nan_step_on_a_gpu_is_said_to_be_applied_once(nccl_world_of_one):
     job = Job("sgd")
     for _ in range(3):

@@ -67,6 +67,17 @@ def test_clipping_on_the_device_is_clip_grad_norm_s_and_leaves_gradients_under_t
     assert all(torch.equal(a, b) for a, b in zip(under, grads))
 
 
+def test_clipping_gradients_of_several_devices_scales_each_device_s_as_one_product_would():
+    """The per-device path (a model split over GPUs: tests/test_cuda.py where there are two) run on
+    one device's gradients: each group scaled by the same factor, to the bit."""
+    model, twin = model_with_grads(scale=1e4), model_with_grads(scale=1e4)
+    grads, twins = [p.grad for p in model.parameters()], [p.grad for p in twin.parameters()]
+    assert not guard.on_several_devices(grads)
+    guard.clip_on_device(grads, guard.total(guard.norms(grads)), 1.0, several_devices=True)
+    guard.clip_on_device(twins, guard.total(guard.norms(twins)), 1.0)
+    assert all(torch.equal(a, b) for a, b in zip(grads, twins)) and not torch.equal(grads[0], model_with_grads(scale=1e4)[0].weight.grad)
+
+
 def test_the_pack_carries_the_losses_unscaled_the_scripts_norm_and_a_scalers_verdict():
     norms = [torch.tensor(3.0), torch.tensor(4.0)]
     losses = [torch.tensor(2.0), torch.tensor(1024.0)]

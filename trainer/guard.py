@@ -168,21 +168,44 @@ def _norm(grad: torch.Tensor) -> torch.Tensor:
 
 
 def total(per_tensor: list[torch.Tensor]) -> torch.Tensor:
-    """The global L2 norm of per-tensor norms, on the device, unread (as clip_grad_norm_ takes it)."""
+    """The global L2 norm of per-tensor norms, on the device, unread (as clip_grad_norm_ takes it).
+    Norms on several devices (a model split over GPUs) are taken on the first one's, as
+    clip_grad_norm_ takes them: found by stack's refusal, which changes nothing, so a model on
+    one device pays no look at its devices."""
     if len(per_tensor) == 1:
         return per_tensor[0]
-    return torch.linalg.vector_norm(torch.stack(per_tensor))
+    try:
+        stacked = torch.stack(per_tensor)
+    except RuntimeError:
+        device = per_tensor[0].device
+        stacked = torch.stack([norm.to(device) for norm in per_tensor])
+    return torch.linalg.vector_norm(stacked)
 
 
-def clip_on_device(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
-    """Scale grads by min(1, max_norm / (norm + eps)) on the device, as clip_grad_norm_ does."""
+def clip_on_device(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float, several_devices: bool = False) -> None:
+    """Scale grads by min(1, max_norm / (norm + eps)) on the device, as clip_grad_norm_ does.
+    Gradients on several devices (on_several_devices) are scaled on each by the factor moved
+    there, as clip_grad_norm_ does: one fused product would refuse them halfway, some scaled."""
     factor = torch.clamp(max_norm / (norm + CLIP_EPS), max=1.0)
-    torchapi.foreach_mul_(grads, factor)
+    if not several_devices:
+        torchapi.foreach_mul_(grads, factor)
+        return
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for grad in grads:
+        by_device.setdefault(grad.device, []).append(grad)
+    for device, group in by_device.items():
+        torchapi.foreach_mul_(group, factor.to(device))
+
+
+def on_several_devices(grads: list[torch.Tensor]) -> bool:
+    """Whether grads are on more than one device (a model split over GPUs in one rank, which DDP
+    takes): asked once for each optimizer and count of gradients (Probe.gradients)."""
+    return len({grad.device for grad in grads}) > 1
 
 
 def any_sharded(grads: list[torch.Tensor]) -> bool:
     """Whether any of grads is sharded over ranks (a DTensor): asked once for each optimizer and count of
-    gradients (Probe.sharded), since FSDP2 may leave some of a model's parameters plain (an unsharded root)."""
+    gradients (Probe.gradients), since FSDP2 may leave some of a model's parameters plain (an unsharded root)."""
     return any(type(grad) is not torch.Tensor and torchapi.is_dtensor(grad) for grad in grads)
 
 

@@ -119,11 +119,11 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         return losses_only(probe)
     losses, tracker.losses = tracker.losses, []
     first = grads[0]
-    known = probe.sharded.get(id(optimizer))
+    known = probe.gradients.get(id(optimizer))
     if known is None or known[0] != len(grads):  # the usual step: no call
-        if len(probe.sharded) >= COVERS_KEPT:  # a script that makes optimizer after optimizer
-            probe.sharded.clear()
-        known = probe.sharded[id(optimizer)] = (len(grads), guard.any_sharded(grads))
+        if len(probe.gradients) >= COVERS_KEPT:  # a script that makes optimizer after optimizer
+            probe.gradients.clear()
+        known = probe.gradients[id(optimizer)] = (len(grads), guard.any_sharded(grads), guard.on_several_devices(grads))
     sharded = known[1]
     if sharded and "sharded" not in probe.noticed:
         probe.tell_once("sharded", SHARDED_NOTICE)
@@ -155,7 +155,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         if clip is not None or on_device:
             parts = [guard.total(parts)]
             if clip is not None:
-                guard.clip_on_device(grads, parts[0] if grad_scale is None else parts[0] / grad_scale, clip)
+                guard.clip_on_device(grads, parts[0] if grad_scale is None else parts[0] / grad_scale, clip, known[2])
     if on_device:
         flag = probe.inf_flag
         if flag is None or flag.device != first.device:
@@ -226,7 +226,7 @@ NAN_APPLIED_NOTICE = (
 
 
 COVERS_KEPT = 16
-"""Arrangements Probe.covers, and optimizers Probe.sharded, keep at most: cleared when full."""
+"""Arrangements Probe.covers, and optimizers Probe.gradients, keep at most: cleared when full."""
 
 
 def _script_covers(probe: Probe, optimizer: Any, clipped: list[Any], key: tuple[int, ...]) -> bool:

@@ -50,9 +50,10 @@ class Probe:
         self.clips = 0
         self.clipped: list[Any] = []
         """The parameters the script's clip_grad_norm_ was given this step (not held past it)."""
-        self.sharded: dict[int, tuple[int, bool]] = {}
-        """By optimizer id: how many gradients it stepped last, and whether any of them is sharded
-        (a DTensor): found when that count changes, then looked up without a call."""
+        self.gradients: dict[int, tuple[int, bool, bool]] = {}
+        """By optimizer id: how many gradients it stepped last, whether any of them is sharded
+        (a DTensor), and whether they are on several devices (a model split over GPUs): found
+        when that count changes, then looked up without a call."""
         self.covers: dict[tuple[int, ...], bool] = {}
         """Whether a script's clip covered every gradient an optimizer steps, by (optimizer, gradients,
         parameters clipped, first and last of them): found once, then looked up without a call."""
