@@ -1,0 +1,46 @@
+#!/bin/bash
+# Every figure of docs/benchmarks.md's GPU section, in one call of the device tool (under 10 minutes):
+#
+#     ../shared/gpu/prepare.sh                 # here: .gpu/ with the wheels the image lacks and this tree's
+#     device run: bash bench/gpu.sh            # carry [".gpu"], timeout_s 600
+#
+# A session is lent a GPU for 15 minutes at most, starts included, so this runs what #44 asks
+# for in one go: the CUDA tests, both in-rank benches (nanoGPT's loop, the example's), the cost
+# of each op the guard launches, and the example's whole job at both widths.
+# ../shared/gpu/check.sh runs the tests and the example's benches alone, and a second tree
+# beside this one; this adds the nanoGPT loop and the op costs, and leaves the second tree out.
+#
+# It installs .gpu/whl into the image's Python and runs every part from /tmp, the wheel and not
+# the checkout being what imports (inside the checkout, `ddptop` would be its folder). Each part
+# has its own time limit (timeout stops the whole process group: a bench's ranks too), and the
+# logs are packed into $OUT/gpu-logs.tgz after each, so a call cut short still returns what ran.
+set -u
+export PYTHONUNBUFFERED=1 DDPTOP_HOME=/tmp/ddptop-home
+root=$(pwd)
+logs=/tmp/gpu-logs
+mkdir -p "$logs"
+
+pack() { tar -czf "$OUT/gpu-logs.tgz" -C /tmp gpu-logs 2>/dev/null; }
+
+part() {  # seconds, the log's name, then the command
+    local limit=$1 name=$2
+    shift 2
+    echo "== $name (at most ${limit} s)"
+    timeout --kill-after=10 "$limit" "$@" > "$logs/$name.txt" 2>&1
+    echo "exit $?" >> "$logs/$name.txt"
+    tail -n 30 "$logs/$name.txt"
+    pack
+}
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .gpu/whl/*.whl > "$logs/install.txt" 2>&1 \
+    || { cat "$logs/install.txt"; exit 1; }
+{ nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"; lscpu | grep 'Model name'; } \
+    | tee "$logs/env.txt"
+pack
+cd /tmp
+part 130 pytest-cuda python3 -m pytest -m cuda "$root/tests" --rootdir "$root" -c "$root/pyproject.toml" -p no:cacheprovider -rA -q
+part 115 inrank-gpt python3 "$root/bench/inrank.py" --model gpt --floor --blocks 100 --lines
+part 45 inrank-mlp python3 "$root/bench/inrank.py" --floor --blocks 200 --lines
+part 30 opcost python3 "$root/bench/opcost.py"
+part 120 overhead-4096 python3 "$root/bench/overhead.py" --ranks 1 --steps 600 --rounds 3 --width 4096 --batch-size 512
+part 110 overhead-256 python3 "$root/bench/overhead.py" --ranks 1 --steps 1500 --rounds 3
