@@ -202,10 +202,13 @@ class Split(nn.Module):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-@pytest.mark.parametrize("clip", [None, 1.0], ids=["found_inf alone", "and --clip-grad"])
-def test_a_model_split_over_two_gpus_steps_under_the_guard_with_clip_grad_norm_s_norm(nccl_world_of_one, clip):
+@pytest.mark.parametrize(
+    ("clip", "script_clips"), [(None, False), (1.0, False), (None, True)], ids=["found_inf alone", "and --clip-grad", "the script's clip"]
+)
+def test_a_model_split_over_two_gpus_steps_under_the_guard_with_clip_grad_norm_s_norm(nccl_world_of_one, clip, script_clips):
     """The guard's global norm and its clip take gradients on two devices as clip_grad_norm_ does;
-    a fused AdamW is handed found_inf, which it moves to each device itself."""
+    a fused AdamW is handed found_inf, which it moves to each device itself. A script's clip of
+    the parameters last to first returns its norm on the second GPU, where the flag goes too."""
     records: list[dict[str, Any]] = []
     tracker = StepTracker(0, emit=records.append)
     hooks.install(tracker, GuardPolicy(clip_grad=clip), Sampled(every=0.0))
@@ -217,6 +220,8 @@ def test_a_model_split_over_two_gpus_steps_under_the_guard_with_clip_grad_norm_s
         optimizer.zero_grad(set_to_none=True)
         (model(torch.randn(16, 64, device="cuda:0")).pow(2).mean() * 1e3).backward()
         expected.append(float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])))
+        if script_clips:
+            torch.nn.utils.clip_grad_norm_(list(model.parameters())[::-1], 1e9)
         optimizer.step()
         tracker.build()
     rows = steps_made(tracker, records)

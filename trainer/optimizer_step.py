@@ -156,11 +156,11 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
             parts = [guard.total(parts)]
             if clip is not None:
                 guard.clip_on_device(grads, parts[0] if grad_scale is None else parts[0] / grad_scale, clip, known[2])
-    if on_device:
-        flag = probe.inf_flag
-        if flag is None or flag.device != first.device:
-            flag = probe.inf_flag = torch.empty((), dtype=torch.float32, device=first.device)
-        optimizer.found_inf = guard.found_inf(parts[0], flag)
+    if on_device:  # the flag on the norm's device, which a script's clip of a model over GPUs picks (its first gradient's)
+        flag, norm = probe.inf_flag, parts[0]
+        if flag is None or flag.device != norm.device:
+            flag = probe.inf_flag = torch.empty((), dtype=torch.float32, device=norm.device)
+        optimizer.found_inf = guard.found_inf(norm, flag)
         probe.found_inf_set = optimizer
     norms = len(parts)
     if script is not None:
