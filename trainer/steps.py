@@ -373,13 +373,18 @@ class StepTracker:
         record.update(sampled)
 
     def _send_ready(self) -> None:
+        """Send the waiting records, oldest first, as long as all of each one's values are ready;
+        past MAX_WAITING the oldest goes with those that are (a loop, not all() over a generator:
+        this runs for every record on a GPU)."""
         while self._waiting:
             head, lates = self._waiting[0]
             force = len(self._waiting) > MAX_WAITING
-            if not force and not all(v.ready() for v in lates.values()):
-                break
+            if not force:
+                for value in lates.values():
+                    if not value.ready():
+                        return
             self._waiting.pop(0)
-            self._emit(_resolve(head, lates, wait=False))
+            self._emit(_resolve(head, lates, wait=not force))  # all ready, unless forced: reading them waits for nothing
 
 
 def _record(rank: int, fact: list[Any], wall: float, total_steps: int | None) -> wire.Frame:
@@ -418,9 +423,13 @@ def _add_fields(record: wire.Frame, fields: dict[str, Any]) -> None:
 
 
 def _split(record: wire.Frame) -> tuple[wire.Frame, dict[str, late.Late]]:
-    """The record without its Late values and unknowns (None), and its Late values."""
+    """The record without its Late values and unknowns (None), and its Late values. Most of a
+    record's values are read already (late.PLAIN): passed over without a call."""
     lates: dict[str, late.Late] = {}
+    plain = late.PLAIN
     for key, value in list(record.items()):
+        if type(value) in plain:
+            continue
         if value is None:
             del record[key]
         elif late.is_late(value):
@@ -430,8 +439,9 @@ def _split(record: wire.Frame) -> tuple[wire.Frame, dict[str, late.Late]]:
 
 def _resolve(record: wire.Frame, lates: dict[str, late.Late], wait: bool) -> wire.Frame:
     """The record with its Late values read; those not ready, or read as None,
-    are left out (unless wait: then every one is read). FIELDS reads as a dict of
-    fields, which add to the record without replacing what it has (monitor.step's loss)."""
+    are left out (unless wait: then every one is read, at no wait where all are ready).
+    FIELDS reads as a dict of fields, which add to the record without replacing what it
+    has (monitor.step's loss)."""
     for key, value in lates.items():
         if wait or value.ready():
             got = value.get()
