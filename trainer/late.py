@@ -10,15 +10,16 @@ the value is read at once (there is no device to wait for) and only its
 decoding into a record's fields is left to the sender's thread (Read).
 
 The ring's pinned buffers (one block) and events are made once per shape,
-dtype and device, at the first value of that shape, and reused: allocating pinned
-memory can wait for the device (cudaHostAlloc), and creating an event every
-step is a host call every step. A slot is reused RING_SLOTS values later,
-more than the steps of a flush interval of the sender's (0.1 s) at 10,000
-steps a second; a value still unread by then (a reader that has gone) is
-lost, never misread: each slot carries the number of the value it holds,
-and a read checks it before and after. A slot's event is recorded on the
-stream the copy was queued on, found by a lookup in C (torchapi.current_stream):
-torch.cuda.Event.record() without one builds a Stream in Python every call.
+dtype and device, at the first value of that shape, and reused: allocating
+pinned memory can wait for the device (cudaHostAlloc), and creating an
+event every step is a host call every step. A slot is reused RING_SLOTS
+values later, more than the steps of a flush interval of the sender's
+(0.1 s) at 10,000 steps a second; a value still unread by then (a reader
+that has gone) is lost, never misread: each slot carries the number of the
+value it holds, and a read checks it before and after. A slot's event is
+recorded on the stream the copy was queued on, found by a lookup in C
+(torchapi.current_stream): torch.cuda.Event.record() without one builds a
+Stream in Python every call, and finds the current device's.
 
 Nothing here imports torch at module level: this is only reached from hooks
 that run after the script imported torch itself.
