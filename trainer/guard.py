@@ -170,16 +170,11 @@ def _norm(grad: torch.Tensor) -> torch.Tensor:
 def total(per_tensor: list[torch.Tensor]) -> torch.Tensor:
     """The global L2 norm of per-tensor norms, on the device, unread (as clip_grad_norm_ takes it).
     Norms on several devices (a model split over GPUs) are taken on the first one's, as
-    clip_grad_norm_ takes them: found by stack's refusal, which changes nothing, so a model on
-    one device pays no look at its devices."""
+    clip_grad_norm_ takes them: pack moves them there only once stack has refused them, so a
+    model on one device pays no look at its devices."""
     if len(per_tensor) == 1:
         return per_tensor[0]
-    try:
-        stacked = torch.stack(per_tensor)
-    except RuntimeError:
-        device = per_tensor[0].device
-        stacked = torch.stack([norm.to(device) for norm in per_tensor])
-    return torch.linalg.vector_norm(stacked)
+    return torch.linalg.vector_norm(pack(per_tensor))
 
 
 def clip_on_device(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float, several_devices: bool = False) -> None:
