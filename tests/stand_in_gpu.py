@@ -3,9 +3,9 @@ when a test says the GPU has caught up, and tensors that say they are on a GPU.
 
 Only the shapes ddptop's GPU path reads are faked: a CUDA event's record, query and
 synchronize, and a device's current stream (late.PinnedRing takes its event maker and its
-stream lookup), and a tensor's `is_cuda` (what the guard and late.scalar branch on). The kernels are the CPU's, and a copy is done when it is queued:
-what only a device has (a copy in flight, a wait on the device, pinned memory) is
-tests/test_cuda.py's, on a real GPU.
+stream lookup), and a tensor's `is_cuda` (what the guard and late.scalar branch on). The
+kernels are the CPU's, and a copy is done when it is queued: what only a device has (a copy
+in flight, a wait on the device, pinned memory) is tests/test_cuda.py's, on a real GPU.
 """
 
 from __future__ import annotations
