@@ -6,7 +6,9 @@
 #
 # A session is lent a GPU for 15 minutes at most, starts included, so this runs what #44 asks
 # for in one go: the CUDA tests, both in-rank benches (nanoGPT's loop, the example's), the cost
-# of each op the guard launches, and the example's whole job at both widths.
+# of each op the guard launches, each job's host time by op under torch.profiler (inrank.py
+# --torch-profile), and the example's whole job at both widths. The parts run most needed first:
+# a lease that starts late cuts the last ones.
 # ../shared/gpu/check.sh runs the tests and the example's benches alone, and a second tree
 # beside this one; this adds the nanoGPT loop and the op costs, and leaves the second tree out.
 #
@@ -40,7 +42,9 @@ pack
 cd /tmp
 part 130 pytest-cuda python3 -m pytest -m cuda "$root/tests" --rootdir "$root" -c "$root/pyproject.toml" -p no:cacheprovider -rA -q
 part 115 inrank-gpt python3 "$root/bench/inrank.py" --model gpt --floor --blocks 100 --lines
+part 50 torch-profile-gpt python3 "$root/bench/inrank.py" --model gpt --floor --torch-profile
+part 35 torch-profile-mlp python3 "$root/bench/inrank.py" --floor --torch-profile
 part 45 inrank-mlp python3 "$root/bench/inrank.py" --floor --blocks 200 --lines
-part 30 opcost python3 "$root/bench/opcost.py"
-part 120 overhead-4096 python3 "$root/bench/overhead.py" --ranks 1 --steps 600 --rounds 3 --width 4096 --batch-size 512
-part 110 overhead-256 python3 "$root/bench/overhead.py" --ranks 1 --steps 1500 --rounds 3
+part 20 opcost python3 "$root/bench/opcost.py" --calls 10000
+part 95 overhead-256 python3 "$root/bench/overhead.py" --ranks 1 --steps 1500 --rounds 3
+part 90 overhead-4096 python3 "$root/bench/overhead.py" --ranks 1 --steps 600 --rounds 2 --width 4096 --batch-size 512

@@ -385,6 +385,11 @@ def measure(args: argparse.Namespace) -> None:
     for job in jobs.values():
         block(job, 50)
         lines[job] = {line: [] for line in names}
+    if args.torch_profile:
+        if leader:
+            torch_profile(jobs, block, cuda)
+        dist.destroy_process_group()
+        return
     if args.profile and leader:
         profile(lambda: block(hooked, 2000))
     elif args.profile:
@@ -546,6 +551,38 @@ def profile(run: Callable[[], Any]) -> None:
     stats.sort_stats("cumtime").print_stats("trainer", 20)
 
 
+TORCH_PROFILE_STEPS = 30
+
+
+def torch_profile(jobs: dict[str, Any], block: Callable[[Any, int], Any], cuda: bool) -> None:
+    """--torch-profile: each job's steps under torch.profiler, its training thread's time by op.
+
+    On a GPU host an op of the guard costs several times more between a step's kernels than
+    in a loop of its own (bench/opcost.py), and the lines of the step cannot say which. Here
+    each op's and each CUDA runtime call's own CPU time a step is set side by side for the
+    jobs: what the floor and ddptop add over the plain job is in the rows that grow. The
+    device's kernel time a step says whether the step waits for the GPU (then an op costs its
+    kernel) or for its host (then its launch)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profiler
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    steps = TORCH_PROFILE_STEPS
+    for name, job in jobs.items():
+        with torch_profiler(activities=activities) as prof:
+            started = time.perf_counter()
+            block(job, steps)
+            took = time.perf_counter() - started
+        averages = prof.key_averages()
+        device_us = sum(getattr(row, "self_device_time_total", 0) or 0 for row in averages) / steps
+        print(
+            f"== {name}: {steps} steps under torch.profiler (with its own cost), {took / steps * 1e6:.0f} us a step of wall, "
+            f"the device's kernels and copies {device_us:.0f} us a step"
+        )
+        print(averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+    sys.stdout.flush()
+
+
 def model(args: argparse.Namespace) -> str:
     """The jobs' loop and its size, as the report's first line says it."""
     if args.model == "gpt":
@@ -679,6 +716,11 @@ def main() -> None:
         help="leave this part of ddptop's instrumentation out (repeatable), to attribute its cost",
     )
     parser.add_argument("--profile", action="store_true", help="first print where the instrumented loop spends its time")
+    parser.add_argument(
+        "--torch-profile",
+        action="store_true",
+        help=f"only profile {TORCH_PROFILE_STEPS} steps of each job with torch.profiler and print each one's time by op (see torch_profile)",
+    )
     parser.add_argument(
         "--floor", action="store_true", help="also run a plain DDP step with one fused grad norm read late beside ddptop (see above)"
     )
