@@ -387,7 +387,7 @@ def measure(args: argparse.Namespace) -> None:
         lines[job] = {line: [] for line in names}
     if args.torch_profile:
         if leader:
-            torch_profile(jobs, block, cuda)
+            torch_profile(jobs, block, cuda, args.block_steps, args.warmup_steps)
         dist.destroy_process_group()
         return
     if args.profile and leader:
@@ -551,35 +551,32 @@ def profile(run: Callable[[], Any]) -> None:
     stats.sort_stats("cumtime").print_stats("trainer", 20)
 
 
-TORCH_PROFILE_STEPS = 30
-
-
-def torch_profile(jobs: dict[str, Any], block: Callable[[Any, int], Any], cuda: bool) -> None:
-    """--torch-profile: each job's steps under torch.profiler, its training thread's time by op.
+def torch_profile(jobs: dict[str, Any], block: Callable[[Any, int], Any], cuda: bool, steps: int, warmup: int) -> None:
+    """--torch-profile: a block of each job's steps under torch.profiler, its training thread's time by op.
 
     On a GPU host an op of the guard costs several times more between a step's kernels than
     in a loop of its own (bench/opcost.py), and the lines of the step cannot say which. Here
     each op's and each CUDA runtime call's own CPU time a step is set side by side for the
     jobs: what the floor and ddptop add over the plain job is in the rows that grow. The
-    device's kernel time a step says whether the step waits for the GPU (then an op costs its
-    kernel) or for its host (then its launch)."""
+    device's busy time a step (its kernels and copies) against the wall says whether the step
+    waits for the GPU (then an op costs its kernel) or for its host (then its launch)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profiler
 
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-    steps = TORCH_PROFILE_STEPS
+    profiled = steps + warmup  # block() runs its untimed steps first, under the profiler too
     for name, job in jobs.items():
         with torch_profiler(activities=activities) as prof:
             started = time.perf_counter()
             block(job, steps)
             took = time.perf_counter() - started
-        averages = prof.key_averages()
-        device_us = sum(getattr(row, "self_device_time_total", 0) or 0 for row in averages) / steps
+        device_us = sum(event.device_time_total for event in prof.events() if event.device_type != DeviceType.CPU) / profiled
         print(
-            f"== {name}: {steps} steps under torch.profiler (with its own cost), {took / steps * 1e6:.0f} us a step of wall, "
-            f"the device's kernels and copies {device_us:.0f} us a step"
+            f"== {name}: {profiled} steps under torch.profiler (with its own cost): {took / profiled * 1e6:.0f} us a step of wall, "
+            f"the device busy {device_us:.0f} us a step; the CPU columns' totals are of all {profiled} steps"
         )
-        print(averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
     sys.stdout.flush()
 
 
@@ -719,7 +716,7 @@ def main() -> None:
     parser.add_argument(
         "--torch-profile",
         action="store_true",
-        help=f"only profile {TORCH_PROFILE_STEPS} steps of each job with torch.profiler and print each one's time by op (see torch_profile)",
+        help="only profile one block of each job's steps with torch.profiler and print each one's time by op (see torch_profile)",
     )
     parser.add_argument(
         "--floor", action="store_true", help="also run a plain DDP step with one fused grad norm read late beside ddptop (see above)"
