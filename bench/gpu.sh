@@ -38,6 +38,19 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .gpu/
     || { cat "$logs/install.txt"; exit 1; }
 { nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"; lscpu | grep 'Model name'; } \
     | tee "$logs/env.txt"
+# Whether this torch's NCCL flight recorder records without the variable ddptop sets: if it does,
+# plain torchrun pays for it too, and the recorder is no part of ddptop's cost here.
+timeout 30 python3 - <<'EOF' 2>&1 | tail -n 1 | tee -a "$logs/env.txt"
+import os, pickle, torch, torch.distributed as dist
+for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+    os.environ.pop(name, None)
+dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", 0))
+dist.all_reduce(torch.ones(4, device="cuda"))
+torch.cuda.synchronize()
+entries = pickle.loads(torch._C._distributed_c10d._dump_nccl_trace()).get("entries", [])
+print(f"the NCCL flight recorder, its variables unset: {len(entries)} entries after one all_reduce")
+dist.destroy_process_group()
+EOF
 pack
 cd /tmp
 part 130 pytest-cuda python3 -m pytest -m cuda "$root/tests" --rootdir "$root" -c "$root/pyproject.toml" -p no:cacheprovider -rA -q

@@ -10,6 +10,11 @@ A loop of one op runs on warm caches, so inside a real step each costs more (on 
 host, what inrank.py finds a step's ops cost by line is several times these): the figures rank the
 ops and the choices between them; they do not add up to a step's cost.
 
+Two rows are for designs not taken yet. The example's guard (the fused norm of its
+gradients and the pack) replayed as one captured CUDA graph: torch's fused norm does host
+work for each gradient, the graph's replay is one launch. And the allocator's figures the
+sender's thread reads once a second, holding the GIL a training thread may wait for.
+
     python bench/opcost.py                   # on a GPU
     python bench/opcost.py --calls 2000      # on the CPU, a quick look
 """
@@ -23,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ddptop.trainer import guard, torchapi
+from ddptop.trainer import guard, sampled, torchapi
 
 
 def per_call_us(run: Callable[[], Any], calls: int, sync: Callable[[], None]) -> float:
@@ -37,6 +42,25 @@ def per_call_us(run: Callable[[], Any], calls: int, sync: Callable[[], None]) ->
     elapsed = time.perf_counter() - start
     sync()
     return elapsed / calls * 1e6
+
+
+def graph_row(name: str, ops: Callable[[], Any]) -> tuple[str, Callable[[], Any]]:
+    """ops captured once in a CUDA graph, and the row that times its replay: what the guard's
+    launches would cost the training thread as one, where its gradients stay where they were
+    captured. A capture torch refuses is said in the row's name, and its replay is nothing."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warmed up off the default stream, as a capture needs
+        for _ in range(3):
+            ops()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            ops()
+    except RuntimeError as error:
+        return f"{name}: not captured ({str(error).splitlines()[0][:60]})", lambda: None
+    return name, graph.replay
 
 
 def main() -> None:
@@ -59,6 +83,10 @@ def main() -> None:
         ("found_inf by isfinite(norm).logical_not(), 5 ops", lambda: torch.logical_not(torch.isfinite(norm), out=flag)),
         (f"the fused norm of {args.tensors} gradients and their total (the floor's)", lambda: guard.total(guard.norms(grads))),
         ("the pack: stack of 2 scalars (guard.pack)", lambda: guard.pack([norm, loss])),
+        (
+            f"the example's guard: the fused norm of {args.tensors} gradients, packed with a loss",
+            lambda: guard.pack([*guard.norms(grads), loss]),
+        ),
         ("the pack's copy into a pinned slot, non_blocking", lambda: host.copy_(packed, non_blocking=True)),
     ]
     if cuda:
@@ -70,6 +98,11 @@ def main() -> None:
             ("torchapi.current_stream(0), the lookup in C", lambda: torchapi.current_stream(0)),
             ("the slot's record, event.record(torchapi.current_stream(0)) (late.py)", lambda: event.record(torchapi.current_stream(0))),
             ("event.query(), the reader's look (sender thread)", event.query),
+            ("the allocator's figures, sampled.memory(0) (the sender's thread, once a second)", lambda: sampled.memory(0)),
+            graph_row(
+                f"the example's guard ({args.tensors} gradients) as one CUDA graph, captured once and replayed",
+                lambda: guard.pack([*guard.norms(grads), loss]),
+            ),
         ]
     print(f"{torch.cuda.get_device_name() if cuda else 'CPU'}, torch {torch.__version__}, {args.calls} calls each")
     for name, run in rows:
