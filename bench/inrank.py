@@ -55,6 +55,10 @@ NaN/Inf verdict on every step is what ddptop is asked for; this job costs
 what any guard that gives one must, so ddptop's cost can be read against
 it in the same run.
 
+--graph-floor (a GPU only) adds the floor's norm as one CUDA graph, replayed
+while the gradients keep their addresses (bench/graph_floor.py): what a guard
+whose launches do not grow with the model's tensors would pay.
+
 Last it counts what a GPU pays for even where a CPU's clock cannot see it:
 ddptop's Python calls on the training thread (sys.setprofile: calls whose
 code is in ddptop's folders) and its torch ops (a TorchDispatchMode, the
@@ -80,6 +84,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from graph_floor import GraphFloor
 from overhead import device
 from scratch import scratch_folder
 
@@ -360,6 +365,11 @@ def measure(args: argparse.Namespace) -> None:
     jobs = {"plain": new_job(args, example, torch_device)}
     if args.floor:
         jobs[FLOOR] = floor(args, example, torch_device)
+    graphed = None
+    if args.graph_floor:
+        graphed = GraphFloor()
+        jobs[GRAPH_FLOOR] = new_job(args, example, torch_device)
+        jobs[GRAPH_FLOOR].optimizer.register_step_pre_hook(graphed)
     hooked, bind, tracker, optimizer_hooks = instrumented(args, example, torch_device)
     jobs["ddptop"] = hooked
 
@@ -414,6 +424,8 @@ def measure(args: argparse.Namespace) -> None:
         report(args, world, times)
         if args.lines:
             report_lines({name: lines[job] for name, job in jobs.items()})
+        if graphed is not None:
+            print(f"{GRAPH_FLOOR}: {graphed.said()}")
         sys.stdout.flush()
     bind(True)
     sender_us = sender_cost(hooked, tracker, args.block_steps)
@@ -631,6 +643,9 @@ def capture(captures: Any, hooked: Job, block: Callable[[Job, int], Any]) -> Non
 FLOOR = "+ fused norm, late"
 """The job that costs what any guard judging every step's gradients must."""
 
+GRAPH_FLOOR = "+ norm as a CUDA graph"
+"""The floor's norm replayed as one CUDA graph (graph_floor.py): what that design could save the floor."""
+
 RESAMPLES = 1000
 
 
@@ -721,6 +736,11 @@ def main() -> None:
     parser.add_argument(
         "--floor", action="store_true", help="also run a plain DDP step with one fused grad norm read late beside ddptop (see above)"
     )
+    parser.add_argument(
+        "--graph-floor",
+        action="store_true",
+        help="also run the floor's norm as one CUDA graph replayed while the gradients stay put (a GPU only; see above)",
+    )
     parser.add_argument("--ranks", type=int, default=1, help="ranks, under torchrun when more than one")
     parser.add_argument("--lines", action="store_true", help="also time each line of the step, per job (see report_lines)")
     parser.add_argument(
@@ -732,6 +752,11 @@ def main() -> None:
     gpt = args.model == "gpt"
     args.width = args.width or (384 if gpt else 256)
     args.batch_size = args.batch_size or (64 if gpt else 32)
+    if args.graph_floor:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--graph-floor needs a GPU: a CUDA graph replays kernels")
     if args.ranks > 1 and "WORLD_SIZE" not in os.environ:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks)]
         sys.exit(subprocess.run([*torchrun, __file__, *sys.argv[1:]]).returncode)
