@@ -10,7 +10,7 @@ A loop of one op runs on warm caches, so inside a real step each costs more (on 
 host, what inrank.py finds a step's ops cost by line is several times these): the figures rank the
 ops and the choices between them; they do not add up to a step's cost.
 
-Two rows are for designs not taken yet. The example's guard (the fused norm of its
+Two rows are for designs not taken yet. The guard's own norm (the fused norm of the
 gradients and the pack) replayed as one captured CUDA graph: torch's fused norm does host
 work for each gradient, the graph's replay is one launch. And the allocator's figures the
 sender's thread reads once a second, holding the GIL a training thread may wait for.
@@ -66,7 +66,12 @@ def graph_row(name: str, ops: Callable[[], Any]) -> tuple[str, Callable[[], Any]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=20000, help="calls of each op timed")
-    parser.add_argument("--tensors", type=int, default=16, help="gradients the fused norm takes (the example MLP's 16)")
+    parser.add_argument(
+        "--tensors",
+        type=int,
+        default=16,
+        help="gradients the fused norm takes, each 256 x 256 (16: an MLP of 8 layers, as inrank.py counts; the example's has 6)",
+    )
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
@@ -84,7 +89,7 @@ def main() -> None:
         (f"the fused norm of {args.tensors} gradients and their total (the floor's)", lambda: guard.total(guard.norms(grads))),
         ("the pack: stack of 2 scalars (guard.pack)", lambda: guard.pack([norm, loss])),
         (
-            f"the example's guard: the fused norm of {args.tensors} gradients, packed with a loss",
+            f"the guard's own norm: the fused norm of {args.tensors} gradients, packed with a loss",
             lambda: guard.pack([*guard.norms(grads), loss]),
         ),
         ("the pack's copy into a pinned slot, non_blocking", lambda: host.copy_(packed, non_blocking=True)),
@@ -100,7 +105,7 @@ def main() -> None:
             ("event.query(), the reader's look (sender thread)", event.query),
             ("the allocator's figures, sampled.memory(0) (the sender's thread, once a second)", lambda: sampled.memory(0)),
             graph_row(
-                f"the example's guard ({args.tensors} gradients) as one CUDA graph, captured once and replayed",
+                f"the same guard's norm of {args.tensors} gradients as one CUDA graph, captured once and replayed",
                 lambda: guard.pack([*guard.norms(grads), loss]),
             ),
         ]
