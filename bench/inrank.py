@@ -56,7 +56,7 @@ what any guard that gives one must, so ddptop's cost can be read against
 it in the same run.
 
 --graph-floor (a GPU only) adds the floor's norm as one CUDA graph, replayed
-while the gradients keep their addresses (bench/graph_floor.py): what a guard
+while the gradients keep their addresses (bench/floors.py): what a guard
 whose launches do not grow with the model's tensors would pay.
 
 Last it counts what a GPU pays for even where a CPU's clock cannot see it:
@@ -84,7 +84,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from graph_floor import GraphFloor
+from floors import Floor, GraphFloor
 from overhead import device
 from scratch import scratch_folder
 
@@ -225,31 +225,10 @@ def sending_tracker(sampled: Any) -> Any:
     return tracker
 
 
-def floor(args: argparse.Namespace, example: Any, torch_device: Any) -> Job:
-    """A Job with what any NaN/Inf guard cannot do without: one fused grad norm a step,
-    read late (see above); register before ddptop's hooks go in."""
-    import torch
-
+def floored(args: argparse.Namespace, example: Any, torch_device: Any, hook: Floor) -> Job:
+    """A Job whose optimizer steps after hook (a floor, floors.py); made before ddptop's hooks go in."""
     job = new_job(args, example, torch_device)
-    cuda = torch_device.type == "cuda"
-    host = torch.empty((), pin_memory=cuda)
-    event = torch.cuda.Event() if cuda else None
-    stream = torch.cuda.current_stream() if cuda else None  # looked up once: this loop never switches streams
-    read: list[float] = []
-
-    def verdict(optimizer: Any, hook_args: Any, hook_kwargs: Any) -> None:
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        if event is None:
-            read.append(float(norm))
-            return
-        if read and event.query():  # last step's, once its copy has passed
-            read.append(float(host))
-        host.copy_(norm, non_blocking=True)
-        event.record(stream)
-        read.append(0.0)
-
-    job.optimizer.register_step_pre_hook(verdict)
+    job.optimizer.register_step_pre_hook(hook)
     return job
 
 
@@ -364,12 +343,10 @@ def measure(args: argparse.Namespace) -> None:
     leader = dist.get_rank() == 0
     jobs = {"plain": new_job(args, example, torch_device)}
     if args.floor:
-        jobs[FLOOR] = floor(args, example, torch_device)
-    graphed = None
-    if args.graph_floor:
-        graphed = GraphFloor()
-        jobs[GRAPH_FLOOR] = new_job(args, example, torch_device)
-        jobs[GRAPH_FLOOR].optimizer.register_step_pre_hook(graphed)
+        jobs[FLOOR] = floored(args, example, torch_device, Floor(cuda))
+    graphed = GraphFloor() if args.graph_floor else None
+    if graphed is not None:
+        jobs[GRAPH_FLOOR] = floored(args, example, torch_device, graphed)
     hooked, bind, tracker, optimizer_hooks = instrumented(args, example, torch_device)
     jobs["ddptop"] = hooked
 
@@ -644,7 +621,7 @@ FLOOR = "+ fused norm, late"
 """The job that costs what any guard judging every step's gradients must."""
 
 GRAPH_FLOOR = "+ norm as a CUDA graph"
-"""The floor's norm replayed as one CUDA graph (graph_floor.py): what that design could save the floor."""
+"""The floor's norm replayed as one CUDA graph (floors.py): what that design could save the floor."""
 
 RESAMPLES = 1000
 

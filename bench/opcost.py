@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from floors import capture
 
 from ddptop.trainer import guard, sampled, torchapi
 
@@ -54,13 +55,10 @@ def graph_row(name: str, ops: Callable[[], Any]) -> tuple[str, Callable[[], Any]
         for _ in range(3):
             ops()
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            ops()
-    except RuntimeError as error:
-        return f"{name}: not captured ({str(error).splitlines()[0][:60]})", lambda: None
-    return name, graph.replay
+    captured = capture(ops, side)
+    if isinstance(captured, str):
+        return f"{name}: not captured ({captured[:60]})", lambda: None
+    return name, captured[0].replay
 
 
 def main() -> None:
