@@ -105,13 +105,16 @@ def test_a_late_value_made_on_a_side_stream_waits_for_that_stream():
 class Job:
     """A DDP model on NCCL under ddptop's hooks, as in a rank; its records, read as the sender reads them."""
 
-    def __init__(self, optimizer: str, scaler: bool = False, clips: bool = False) -> None:
+    def __init__(self, optimizer: str, scaler: bool = False, clips: bool = False, bucket_view: bool = False) -> None:
         self.records: list[dict[str, Any]] = []
         self.tracker = StepTracker(0, emit=self.records.append)
         self.sampled = Sampled(every=0.0)
         self.probe = hooks.install(self.tracker, GuardPolicy(), self.sampled)
         torch.manual_seed(0)
-        self.model = DistributedDataParallel(nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 16)).cuda(), device_ids=[0])
+        module = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 16)).cuda()
+        # Under gradient_as_bucket_view, in two buckets once DDP has rebuilt them.
+        buckets = {"gradient_as_bucket_view": True, "bucket_cap_mb": 0.03} if bucket_view else {}
+        self.model = DistributedDataParallel(module, device_ids=[0], **buckets)
         params = self.model.parameters()
         self.optimizer = torch.optim.SGD(params, lr=1e-3, momentum=0.9) if optimizer == "sgd" else torch.optim.AdamW(params, fused=True)
         self.scaler = torch.amp.GradScaler("cuda", init_scale=2.0**12) if scaler else None
@@ -146,13 +149,22 @@ class Job:
 
 
 @pytest.mark.parametrize(
-    ("optimizer", "scaler", "clips"),
-    [("sgd", False, False), ("adamw-fused", False, False), ("adamw-fused", True, False), ("adamw-fused", False, True)],
+    ("optimizer", "scaler", "clips", "bucket_view"),
+    [
+        ("sgd", False, False, False),
+        ("adamw-fused", False, False, False),
+        ("adamw-fused", True, False, False),
+        ("adamw-fused", False, True, False),
+        ("adamw-fused", False, False, True),
+        ("sgd", False, False, True),
+    ],
 )
-def test_a_steady_instrumented_step_never_synchronises_and_reports_the_right_values(nccl_world_of_one, optimizer, scaler, clips):
+def test_a_steady_instrumented_step_never_synchronises_and_reports_the_right_values(
+    nccl_world_of_one, optimizer, scaler, clips, bucket_view
+):
     """DDP times iterations 1-10 and every 100th, waiting for its own events at the next forward:
     steps 12 to 41 are what a steady step costs, and there any wait on the device raises."""
-    job = Job(optimizer, scaler=scaler, clips=clips)
+    job = Job(optimizer, scaler=scaler, clips=clips, bucket_view=bucket_view)
     for _ in range(12):
         job.step()
     torch.cuda.synchronize()
@@ -170,11 +182,17 @@ def test_a_steady_instrumented_step_never_synchronises_and_reports_the_right_val
     sampled = [r for r in rows if "comm_ms" in r]
     assert sampled and all(r["comm_ms"] > 0 and r["comm_bytes"] == (256 * 512 + 512 + 512 * 16 + 16) * 4 for r in sampled), sampled
     assert any(r.get("mem_alloc", 0) > 0 for r in rows)
+    flat = job.probe.gradients[id(job.optimizer)][3]
+    assert (flat is not None and len(flat.buffers) == 2) is bucket_view, "gradients in DDP's buckets are normed by the buckets"
 
 
-@pytest.mark.parametrize("clips", [False, True], ids=["its own norm", "the script's clip norm"])
-def test_a_nan_step_is_skipped_on_the_device_for_a_fused_optimizer_without_a_sync(nccl_world_of_one, clips):
-    job = Job("adamw-fused", clips=clips)
+@pytest.mark.parametrize(
+    ("clips", "bucket_view"),
+    [(False, False), (True, False), (False, True)],
+    ids=["its own norm", "the script's clip norm", "the buckets' norm"],
+)
+def test_a_nan_step_is_skipped_on_the_device_for_a_fused_optimizer_without_a_sync(nccl_world_of_one, clips, bucket_view):
+    job = Job("adamw-fused", clips=clips, bucket_view=bucket_view)
     for _ in range(12):
         job.step()
     torch.cuda.synchronize()

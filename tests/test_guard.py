@@ -201,3 +201,54 @@ def test_policy_round_trips_through_the_environment():
     policy = GuardPolicy(on_nan="stop", clip_grad=0.5, desync_every=7)
     assert GuardPolicy.from_env(policy.to_env()) == policy
     assert GuardPolicy.from_env({"DDPTOP_ON_NAN": "bogus", "DDPTOP_CLIP_GRAD": "x"}) == GuardPolicy()
+
+
+def bucketed(grads: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
+    """grads copied into flat buffers of sizes elements, each a view of its buffer at the next
+    offset, as DDP lays out its buckets under gradient_as_bucket_view=True."""
+    views, at, buffers = [], 0, [torch.empty(size) for size in sizes]
+    buffer = iter(buffers)
+    current = next(buffer)
+    for grad in grads:
+        if at + grad.numel() > current.numel():
+            current, at = next(buffer), 0
+        views.append(current[at : at + grad.numel()].view_as(grad).copy_(grad))
+        at += grad.numel()
+    return views
+
+
+def test_gradients_that_tile_flat_buffers_are_normed_by_the_buffers_as_clip_grad_norm_norms_them():
+    grads = [p.grad for p in model_with_grads(scale=3.0).parameters()]  # 128, 16, 32 and 2 elements
+    views = bucketed(grads, [144, 34])
+    flat = guard.flat_buffers(views)
+    assert flat is not None and [b.numel() for b in flat.buffers] == [144, 34]
+    assert flat.at == [v.data_ptr() for v in views]
+    expected = torch.nn.utils.get_total_norm(grads).item()
+    assert read(guard.norms(flat.buffers))["grad_norm"] == pytest.approx(expected, rel=1e-6)
+    guard.clip_on_device(flat.buffers, guard.total(guard.norms(flat.buffers)), 1.0)
+    assert torch.nn.utils.get_total_norm(views).item() == pytest.approx(1.0, rel=1e-5), "a buffer clipped is its gradients clipped"
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["each its own", "room for another", "a gap", "an overlap", "a transposed view", "two dtypes"],
+)
+def test_gradients_that_do_not_tile_their_buffers_exactly_are_not_normed_by_them(layout):
+    grads = [p.grad for p in model_with_grads().parameters()]
+    if layout == "each its own":  # DDP without gradient_as_bucket_view
+        views = grads
+    elif layout == "room for another":  # a buffer that also holds a gradient another optimizer steps
+        views = bucketed(grads, [200])
+    elif layout == "a gap":
+        buffer = torch.zeros(180)
+        views = [buffer[:128].view(16, 8), buffer[130:146], buffer[146:178].view(2, 16), buffer[178:180]]
+    elif layout == "an overlap":
+        buffer = torch.zeros(176)
+        views = [buffer[:128].view(16, 8), buffer[120:136], buffer[136:168].view(2, 16), buffer[168:170]]
+    elif layout == "a transposed view":
+        views = bucketed(grads, [178])
+        views[0] = views[0].t()
+    else:  # one buffer's bytes read as two dtypes
+        buffer = torch.zeros(180)
+        views = [buffer[:128].view(16, 8), buffer[128:144], buffer[144:176].view(2, 16), buffer[176:180].view(torch.float64)]
+    assert guard.flat_buffers(views) is None

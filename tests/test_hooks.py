@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import importlib
 import importlib.util
 import io
@@ -680,3 +681,73 @@ def test_a_model_under_composable_replicate_has_the_loss_its_backward_was_called
         optimizer.zero_grad()
     records.tracker.flush()
     assert [r["loss"] for r in records if r["type"] == "step"] == pytest.approx(losses, rel=1e-6)
+
+
+def bucket_view_model() -> DistributedDataParallel:
+    """DDP whose gradients are views of its buckets (gradient_as_bucket_view=True): one bucket
+    for the first step, two once DDP has rebuilt them in the order the gradients came."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
+    return DistributedDataParallel(module, gradient_as_bucket_view=True, bucket_cap_mb=400 / 2**20)
+
+
+@pytest.mark.parametrize("records", [GuardPolicy(), GuardPolicy(clip_grad=0.5)], indirect=True, ids=["default", "ddptop clips"])
+def test_gradients_in_ddps_buckets_are_normed_and_clipped_a_bucket_at_a_time_also_after_ddp_rebuilds_them(records):
+    model = bucket_view_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    clip = records.policy.clip_grad
+    buckets = []
+    for _ in range(4):
+        optimizer.zero_grad()
+        backward(model, scale=10.0)
+        expected = norm_of(model.parameters())
+        factor = 1.0 if clip is None else min(1.0, clip / (expected + guard.CLIP_EPS))
+        after = [p.grad * factor for p in model.parameters()]
+        with OpsSeen() as seen:
+            optimizer.step()
+        buckets.append(len(records.probe.gradients[id(optimizer)][3].buffers))
+        assert seen.names.count("aten._foreach_norm.Scalar") == 1, "one fused norm, of the buckets"
+        record = last_step(records, model)
+        assert record["grad_norm"] == pytest.approx(expected, rel=1e-6)
+        assert record.get("clipped", False) is (clip is not None)
+    assert buckets == [1, 2, 2, 2], "found again once DDP has rebuilt its buckets"
+    assert all(torch.allclose(p.grad, a, rtol=1e-6) for p, a in zip(model.parameters(), after)), "clipped as clip_grad_norm_ clips"
+
+
+def test_a_non_finite_step_in_ddps_buckets_is_skipped_and_the_next_one_normed_by_them_again(records):
+    model = bucket_view_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for scale in (1.0, 1.0, math.inf, 2.0):
+        before = [p.detach().clone() for p in model.parameters()]
+        optimizer.zero_grad()
+        backward(model, scale=scale)
+        expected = norm_of(model.parameters())
+        optimizer.step()
+        record = last_step(records, model)
+        if math.isinf(scale):
+            assert record["skipped"] == "nan" and all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        else:
+            assert record["grad_norm"] == pytest.approx(expected, rel=1e-6)
+    assert len(records.probe.gradients[id(optimizer)][3].buffers) == 2
+
+
+def test_an_optimizer_over_part_of_ddps_buckets_is_normed_a_gradient_at_a_time(records):
+    model = bucket_view_model()
+    head = list(model.module[4].parameters())
+    optimizer = torch.optim.SGD(head, lr=0.1)
+    for _ in range(3):
+        backward(model)
+        step_and_check_the_norm(records, model, optimizer, head)
+    assert records.probe.gradients[id(optimizer)][3] is None, "its bucket holds gradients it does not step"
+
+
+def test_the_buckets_an_optimizer_was_normed_by_are_let_go_with_the_optimizer(records):
+    model = bucket_view_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(model)
+    optimizer.step()
+    key = id(optimizer)
+    assert records.probe.gradients[key][3] is not None
+    del optimizer
+    gc.collect()
+    assert key not in records.probe.gradients

@@ -156,6 +156,63 @@ def norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
     return [_norm(grad) for grad in grads]
 
 
+class Flat(NamedTuple):
+    """Gradients that lie whole in a few flat buffers, and those buffers: DDP's buckets when
+    the script builds it with gradient_as_bucket_view=True, where each gradient is a view of
+    its bucket. The norm of a buffer is the norm of the gradients it holds, so the guard norms
+    and clips a bucket at a time: on a GPU torch's fused norm does host work for each tensor
+    it is given (docs/benchmarks.md), so the step pays for a few buckets rather than every
+    gradient, and on the CPU, where the fused norm is a loop, a few norms rather than one a
+    gradient.
+
+    Found once (flat_buffers) and kept while every gradient is where it was found (`at`, each
+    one's address): the buffers are held, so no other tensor can take their memory, and a
+    gradient at a kept address is the same part of the same buffer. A gradient that moved (DDP
+    rebuilds its buckets after the first step) has them found again, `moves` times at most
+    (MOVES_KEPT), past which the gradients are normed one by one."""
+
+    at: list[int]
+    buffers: list[torch.Tensor]
+    moves: int = 0
+
+
+MOVES_KEPT = 3
+"""How often an optimizer's flat buffers are found again before the guard stops looking: a
+layout that moves every step (buffers made afresh each step) would cost a look at every
+gradient each step, more than the fused norm it spares."""
+
+
+def flat_buffers(grads: list[torch.Tensor], moves: int = 0) -> Flat | None:
+    """The flat buffers that grads tile exactly, each gradient a dense slice of one and every
+    element of each one some gradient's; None where they do not, or where there are as many
+    buffers as gradients (each its own: nothing spared). Exact or nothing: a buffer with room
+    for anything else (a gradient another optimizer steps, a gap, an overlap) would change the
+    norm, so it is not used. Python for each gradient: called when the optimizer's gradients
+    are first seen and when they move, never on a step where they stay."""
+    found: dict[int, tuple[Any, torch.Tensor, list[tuple[Any, int]]]] = {}
+    for grad in grads:
+        if type(grad) is not torch.Tensor or grad.layout is not torch.strided or not grad.is_contiguous():
+            return None
+        storage = grad.untyped_storage()
+        entry = found.setdefault(storage.data_ptr(), (storage, grad, []))
+        if entry[1].dtype is not grad.dtype:
+            return None
+        entry[2].append((grad.storage_offset(), grad.numel()))
+    if len(found) >= len(grads):
+        return None
+    buffers = []
+    for storage, first, spans in found.values():
+        end = 0
+        for offset, numel in sorted(spans):
+            if offset != end:
+                return None
+            end += numel
+        if end * first.element_size() != storage.nbytes():
+            return None
+        buffers.append(torch.empty(0, dtype=first.dtype, device=first.device).set_(storage))
+    return Flat([grad.data_ptr() for grad in grads], buffers, moves)
+
+
 def _norm(grad: torch.Tensor) -> torch.Tensor:
     """One gradient's L2 norm, unread, in fp32 for fp16. Of a sparse one, the norm of its values:
     coalesced first on the CPU (a row given twice adds up first); on a GPU, where coalescing

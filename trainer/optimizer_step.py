@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -123,8 +124,16 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     if known is None or known[0] != len(grads):  # the usual step: no call
         if len(probe.gradients) >= COVERS_KEPT:  # a script that makes optimizer after optimizer
             probe.gradients.clear()
-        known = probe.gradients[id(optimizer)] = (len(grads), guard.any_sharded(grads), guard.on_several_devices(grads))
-    sharded = known[1]
+        sharded = guard.any_sharded(grads)
+        known = probe.gradients[id(optimizer)] = (
+            len(grads),
+            sharded,
+            guard.on_several_devices(grads),
+            _flat(probe, optimizer, grads, sharded),
+        )
+    sharded, flat = known[1], known[3]
+    if flat is not None and list(map(_ADDRESS, grads)) != flat.at:  # the usual step: no call
+        flat = _moved(probe, optimizer, grads, known)
     if sharded and "sharded" not in probe.noticed:
         probe.tell_once("sharded", SHARDED_NOTICE)
     skips = probe.skips and not sharded
@@ -151,11 +160,12 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     elif sharded:
         parts, local = guard.sharded_norms(grads, clip, grad_scale)
     else:
-        parts = guard.norms(grads)
+        normed = grads if flat is None else flat.buffers
+        parts = guard.norms(normed)
         if clip is not None or on_device:
             parts = [guard.total(parts)]
             if clip is not None:
-                guard.clip_on_device(grads, parts[0] if grad_scale is None else parts[0] / grad_scale, clip, known[2])
+                guard.clip_on_device(normed, parts[0] if grad_scale is None else parts[0] / grad_scale, clip, known[2])
     if on_device:  # the flag on the norm's device, which a script's clip of a model over GPUs picks (its first gradient's)
         flag, norm = probe.inf_flag, parts[0]
         if flag is None or flag.device != norm.device:
@@ -223,6 +233,33 @@ NAN_APPLIED_NOTICE = (
     "{name} on a GPU takes no found_inf tensor, so a non-finite step is seen a step late and "
     "reaches the weights; --on-nan skip skips it exactly, at a wait for the backward pass every step"
 )
+
+
+_ADDRESS = torch.Tensor.data_ptr
+
+
+def _flat(probe: Probe, optimizer: Any, grads: list[torch.Tensor], sharded: bool, moves: int = 0) -> guard.Flat | None:
+    """The flat buffers the optimizer's gradients lie in (guard.Flat), where they lie in a few
+    and are no ranks' shards. The buffers are held by Probe.gradients, which lets go of them
+    when the optimizer goes: they are DDP's buckets, which a script that builds model after
+    model would otherwise keep, a model's gradients each."""
+    flat = None if sharded else guard.flat_buffers(grads, moves)
+    if flat is not None and not moves:
+        try:
+            weakref.finalize(optimizer, probe.gradients.pop, id(optimizer), None).atexit = False
+        except TypeError:  # an optimizer that takes no weak reference: its gradients are normed one by one
+            return None
+    return flat
+
+
+def _moved(probe: Probe, optimizer: Any, grads: list[torch.Tensor], known: tuple[Any, ...]) -> guard.Flat | None:
+    """A step whose gradients are not where its optimizer's flat buffers were found (DDP
+    rebuilt its buckets after the first step, or a script set its own gradients): found
+    again, up to guard.MOVES_KEPT times."""
+    moves = known[3].moves + 1
+    flat = _flat(probe, optimizer, grads, False, moves) if moves <= guard.MOVES_KEPT else None
+    probe.gradients[id(optimizer)] = (*known[:3], flat)
+    return flat
 
 
 COVERS_KEPT = 16

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ddptop.trainer import guard
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.profiling import Captures
 from ddptop.trainer.sampled import Sampled
@@ -50,10 +51,11 @@ class Probe:
         self.clips = 0
         self.clipped: list[Any] = []
         """The parameters the script's clip_grad_norm_ was given this step (not held past it)."""
-        self.gradients: dict[int, tuple[int, bool, bool]] = {}
+        self.gradients: dict[int, tuple[int, bool, bool, guard.Flat | None]] = {}
         """By optimizer id: how many gradients it stepped last, whether any of them is sharded
-        (a DTensor), and whether they are on several devices (a model split over GPUs): found
-        when that count changes, then looked up without a call."""
+        (a DTensor), whether they are on several devices (a model split over GPUs), and the flat
+        buffers they lie in (DDP's buckets under gradient_as_bucket_view): found when that count
+        changes, then looked up without a call."""
         self.covers: dict[tuple[int, ...], bool] = {}
         """Whether a script's clip covered every gradient an optimizer steps, by (optimizer, gradients,
         parameters clipped, first and last of them): found once, then looked up without a call."""
