@@ -36,7 +36,9 @@ class GptJob:
         torch.manual_seed(0)
         self.device = torch_device
         self.batch_size, self.context = args.batch_size, args.context
-        self.model, self.optimizer, self.scaler = make(torch_device, args.context, args.layers, args.width, args.heads)
+        self.model, self.optimizer, self.scaler = make(
+            torch_device, args.context, args.layers, args.width, args.heads, bucket_view=args.bucket_view
+        )
         self.iteration = 0
 
     def tokens(self) -> Any:

@@ -94,15 +94,20 @@ LOSS_READ_EVERY = 10
 
 
 def make(
-    device: torch.device, context: int, layers: int, width: int, heads: int, vocab: int = VOCAB
+    device: torch.device, context: int, layers: int, width: int, heads: int, vocab: int = VOCAB, bucket_view: bool = False
 ) -> tuple[DistributedDataParallel, torch.optim.Optimizer, torch.amp.GradScaler]:
-    """The GPT under DDP on device, its optimizer (torch's fused AdamW on a GPU) and its
-    GradScaler (off: bf16 autocast, which nanoGPT's enables only for fp16); seed torch first."""
+    """The GPT under DDP on device (its gradients views of DDP's buckets with bucket_view), its
+    optimizer (torch's fused AdamW on a GPU) and its GradScaler (off: bf16 autocast, which
+    nanoGPT's enables only for fp16); seed torch first."""
     cuda = device.type == "cuda"
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    model = DistributedDataParallel(GPT(vocab, context, layers, width, heads).to(device), device_ids=[device.index] if cuda else None)
+    model = DistributedDataParallel(
+        GPT(vocab, context, layers, width, heads).to(device),
+        device_ids=[device.index] if cuda else None,
+        gradient_as_bucket_view=bucket_view,
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=cuda)
     return model, optimizer, torch.amp.GradScaler(device.type, enabled=False)
 

@@ -24,6 +24,7 @@ process reads and drops.
     python bench/inrank.py --ranks 4 --blocks 100   # the example as `--gpus 4` runs it
     python bench/inrank.py --floor   # beside it, what any NaN guard must pay
     python bench/inrank.py --floor --lines   # and where in the step each job's cost falls
+    python bench/inrank.py --floor --bucket-view   # DDP's gradients as views of its buckets (guard.Flat)
     python bench/inrank.py --model gpt --floor --blocks 100   # nanoGPT's loop (bench/gpt_job.py), on a GPU
 
 The medians of blocks leave out what happens only now and then, since
@@ -106,7 +107,9 @@ class Job:
 
         torch.manual_seed(0)
         self.device = torch_device
-        self.model = torch.nn.parallel.DistributedDataParallel(example.make_model(args.width).to(torch_device))
+        self.model = torch.nn.parallel.DistributedDataParallel(
+            example.make_model(args.width).to(torch_device), gradient_as_bucket_view=args.bucket_view
+        )
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-2, momentum=0.9)
         self.loss_fn = nn.CrossEntropyLoss()
         data_args = argparse.Namespace(seed=0, samples=max(8192, 2 * args.batch_size), batch_size=args.batch_size)
@@ -241,7 +244,9 @@ def without(parts: list[str]) -> None:
         optimizer_step._guard = lambda probe, optimizer: {}
 
 
-def counts(optimizer_hooks: dict[str, Any], torch_device: Any, steps: int = 100) -> tuple[dict[int, tuple[float, float]], float]:
+def counts(
+    optimizer_hooks: dict[str, Any], torch_device: Any, bucket_view: bool, steps: int = 100
+) -> tuple[dict[int, tuple[float, float]], float]:
     """By buckets (2, 8): ddptop's Python calls and torch ops a step on the training thread (see above);
     and of those ops, the parameter checksum's share, averaged over the steps between two checksums.
 
@@ -275,7 +280,9 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, steps: int = 100)
             torch.manual_seed(0)
             module = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).to(torch_device)
             with contextlib.nullcontext() if hooked else patches.suspended():
-                model = torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=layer_bytes * (layers // buckets) / 2**20 * 0.999)
+                model = torch.nn.parallel.DistributedDataParallel(
+                    module, bucket_cap_mb=layer_bytes * (layers // buckets) / 2**20 * 0.999, gradient_as_bucket_view=bucket_view
+                )
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             if hooked:
                 optimizer.register_step_pre_hook(optimizer_hooks["pre"])
@@ -408,7 +415,7 @@ def measure(args: argparse.Namespace) -> None:
     sender_us = sender_cost(hooked, tracker, args.block_steps)
     checksum_us = checksum_cost(hooked)
     sampled = heartbeat_samples(lambda: hooked.run(args.block_steps))
-    counted, checksum_ops = counts(optimizer_hooks, torch_device) if world == 1 else ({}, 0.0)
+    counted, checksum_ops = counts(optimizer_hooks, torch_device, args.bucket_view) if world == 1 else ({}, 0.0)
     loss_us = zero_code_cost(hooked)  # last: its stand-in backward stays among patches.py's replacements
     dist.destroy_process_group()
     if leader:
@@ -717,6 +724,11 @@ def main() -> None:
         "--graph-floor",
         action="store_true",
         help="also run the floor's norm as one CUDA graph replayed while the gradients stay put (a GPU only; see above)",
+    )
+    parser.add_argument(
+        "--bucket-view",
+        action="store_true",
+        help="build every job's DDP with gradient_as_bucket_view=True: the gradients are views of DDP's buckets, which ddptop's guard norms a bucket at a time",
     )
     parser.add_argument("--ranks", type=int, default=1, help="ranks, under torchrun when more than one")
     parser.add_argument("--lines", action="store_true", help="also time each line of the step, per job (see report_lines)")
