@@ -229,6 +229,16 @@ def test_gradients_that_tile_flat_buffers_are_normed_by_the_buffers_as_clip_grad
     assert torch.nn.utils.get_total_norm(views).item() == pytest.approx(1.0, rel=1e-5), "a buffer clipped is its gradients clipped"
 
 
+def test_gradients_in_one_buffer_are_normed_by_one_reduction():
+    grads = [p.grad for p in model_with_grads(scale=3.0).parameters()]
+    flat = guard.flat_buffers(bucketed(grads, [178]))
+    assert flat is not None
+    with OpsSeen() as seen:
+        normed = guard.norms(flat.buffers)
+    assert seen.names == ["aten.linalg_vector_norm.default"]
+    assert float(normed[0]) == pytest.approx(torch.nn.utils.get_total_norm(grads).item(), rel=1e-6)
+
+
 @pytest.mark.parametrize(
     "layout",
     ["each its own", "room for another", "a gap", "an overlap", "a transposed view", "two dtypes"],

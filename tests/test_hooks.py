@@ -706,7 +706,8 @@ def test_gradients_in_ddps_buckets_are_normed_and_clipped_a_bucket_at_a_time_als
         with OpsSeen() as seen:
             optimizer.step()
         buckets.append(len(records.probe.gradients[id(optimizer)][3].buffers))
-        assert seen.names.count("aten._foreach_norm.Scalar") == 1, "one fused norm, of the buckets"
+        fused = seen.names.count("aten._foreach_norm.Scalar")
+        assert fused == (buckets[-1] > 1), "one fused norm of the buckets, or one reduction of the one bucket"
         record = last_step(records, model)
         assert record["grad_norm"] == pytest.approx(expected, rel=1e-6)
         assert record.get("clipped", False) is (clip is not None)

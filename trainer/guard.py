@@ -145,7 +145,13 @@ def norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
     gradients' norms are taken in fp32: a large fp16 tensor's norm overflows to inf (a
     torch whose _foreach_norm takes no dtype, before 2.4, takes them one by one). A sparse
     gradient (nn.Embedding(sparse=True)), which _foreach_norm refuses, has them taken one
-    by one too: found by that refusal, so a dense step pays no look at its layouts."""
+    by one too: found by that refusal, so a dense step pays no look at its layouts.
+
+    A single tensor (a model's gradients in one of DDP's buckets, Flat) is normed alone:
+    one reduction kernel, where on a GPU torch's fused norm launches four (two fills of its
+    scratch, its kernel, its cleanup) and allocates its results one by one."""
+    if len(grads) == 1:
+        return [_norm(grads[0])]
     try:
         if grads[0].dtype is not torch.float16:
             return list(torchapi.foreach_norm(grads))
