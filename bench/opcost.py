@@ -10,10 +10,13 @@ A loop of one op runs on warm caches, so inside a real step each costs more (on 
 host, what inrank.py finds a step's ops cost by line is several times these): the figures rank the
 ops and the choices between them; they do not add up to a step's cost.
 
-Two rows are for designs not taken yet. The guard's own norm (the fused norm of the
-gradients and the pack) replayed as one captured CUDA graph: torch's fused norm does host
-work for each gradient, the graph's replay is one launch. And the allocator's figures the
-sender's thread reads once a second, holding the GIL a training thread may wait for.
+Two rows are for the norm of gradients that are views of one of DDP's buckets
+(gradient_as_bucket_view=True, guard.Flat): the bucket's one reduction, and the same bucket
+through torch's fused norm, which launches four kernels for it. Two are for designs not taken
+yet: the guard's own norm (the fused norm of the gradients and the pack) replayed as one
+captured CUDA graph, since torch's fused norm does host work for each gradient and the
+graph's replay is one launch; and the allocator's figures the sender's thread reads once a
+second, holding the GIL a training thread may wait for.
 
     python bench/opcost.py                   # on a GPU
     python bench/opcost.py --calls 2000      # on the CPU, a quick look
@@ -76,6 +79,7 @@ def main() -> None:
     sync: Callable[[], None] = torch.cuda.synchronize if cuda else lambda: None
     norm, loss = torch.tensor(1.5, device=dev), torch.tensor(2.5, device=dev)
     grads = [torch.randn(256, 256, device=dev) for _ in range(args.tensors)]
+    bucket = torch.cat([grad.view(-1) for grad in grads])
     packed = torch.stack((norm, loss))
     host = torch.empty(2, pin_memory=cuda)
     flag = torch.empty((), dtype=torch.float32, device=dev)
@@ -85,6 +89,8 @@ def main() -> None:
         ("found_inf: ne(norm - norm, 0), 2 ops (guard.found_inf)", lambda: guard.found_inf(norm, flag)),
         ("found_inf by isfinite(norm).logical_not(), 5 ops", lambda: torch.logical_not(torch.isfinite(norm), out=flag)),
         (f"the fused norm of {args.tensors} gradients and their total (the floor's)", lambda: guard.total(guard.norms(grads))),
+        (f"the {args.tensors} gradients as one bucket of DDP's: its reduction (guard.norms)", lambda: guard.norms([bucket])),
+        ("the bucket through torch's fused norm instead", lambda: torch._foreach_norm([bucket])),
         ("the pack: stack of 2 scalars (guard.pack)", lambda: guard.pack([norm, loss])),
         (
             f"the guard's own norm: the fused norm of {args.tensors} gradients, packed with a loss",
