@@ -752,3 +752,16 @@ def test_the_buckets_an_optimizer_was_normed_by_are_let_go_with_the_optimizer(re
     del optimizer
     gc.collect()
     assert key not in records.probe.gradients
+
+
+def test_a_script_that_clips_itself_has_its_norm_taken_and_ddps_buckets_let_go(records):
+    model = bucket_view_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        backward(model, scale=10.0)
+        expected = norm_of(model.parameters())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+        optimizer.step()
+        assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
+        assert records.probe.gradients[id(optimizer)][3] is None, "no bucket held past DDP's rebuild of them"

@@ -175,7 +175,9 @@ class Flat(NamedTuple):
     one's address): the buffers are held, so no other tensor can take their memory, and a
     gradient at a kept address is the same part of the same buffer. A gradient that moved (DDP
     rebuilds its buckets after the first step) has them found again, `moves` times at most
-    (MOVES_KEPT), past which the gradients are normed one by one."""
+    (MOVES_KEPT), past which the gradients are normed one by one. A step that takes the
+    script's own norm needs none: they are let go then, since a kept bucket DDP has since
+    replaced would hold a model's gradients' worth of memory for nothing."""
 
     at: list[int]
     buffers: list[torch.Tensor]

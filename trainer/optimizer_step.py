@@ -131,9 +131,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
             guard.on_several_devices(grads),
             _flat(probe, optimizer, grads, sharded),
         )
-    sharded, flat = known[1], known[3]
-    if flat is not None and list(map(_ADDRESS, grads)) != flat.at:  # the usual step: no call
-        flat = _moved(probe, optimizer, grads, known)
+    sharded = known[1]
     if sharded and "sharded" not in probe.noticed:
         probe.tell_once("sharded", SHARDED_NOTICE)
     skips = probe.skips and not sharded
@@ -157,9 +155,14 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     local = False
     if borrowed is not None:
         parts = [borrowed]
+        if known[3] is not None:  # a script that clips needs no buffers: let go of them, and of looking
+            probe.gradients[id(optimizer)] = (*known[:3], None)
     elif sharded:
         parts, local = guard.sharded_norms(grads, clip, grad_scale)
     else:
+        flat = known[3]
+        if flat is not None and list(map(_ADDRESS, grads)) != flat.at:  # the usual step: no call
+            flat = _moved(probe, optimizer, grads, known)
         normed = grads if flat is None else flat.buffers
         parts = guard.norms(normed)
         if clip is not None or on_device:
