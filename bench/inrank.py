@@ -224,8 +224,22 @@ def sending_tracker(sampled: Any) -> Any:
     hello = {"type": "rank_hello", "rank": 0, "world_size": 1}
     heartbeat = lambda: {"type": "heartbeat", "rank": 0, "wall": time.time()}  # noqa: E731
     sender = Sender(f"unix:{path}", hello, heartbeat, collect=lambda: tracker.build(sampled.read()))
+    flush = sender._flush
+
+    def timed_flush(final: bool) -> None:
+        start = time.thread_time()
+        flush(final)
+        FLUSHING[0] += time.thread_time() - start
+
+    sender._flush = timed_flush  # type: ignore[method-assign]
     sender.start()
     return tracker
+
+
+FLUSHING = [0.0]
+"""Seconds of the sender thread's CPU inside its flushes (making and sending records, holding the
+GIL), apart from its waits between them: on a VM waking from a timed wait costs a thread tens of
+microseconds of CPU that hold no GIL."""
 
 
 def floored(args: argparse.Namespace, example: Any, torch_device: Any, hook: Floor) -> Job:
@@ -412,7 +426,7 @@ def measure(args: argparse.Namespace) -> None:
             print(f"{GRAPH_FLOOR}: {graphed.said()}")
         sys.stdout.flush()
     bind(True)
-    sender_us = sender_cost(hooked, tracker, args.block_steps)
+    sender_us, flushing_us = sender_cost(hooked, tracker, args.block_steps)
     checksum_us = checksum_cost(hooked)
     sampled = heartbeat_samples(lambda: hooked.run(args.block_steps))
     counted, checksum_ops = counts(optimizer_hooks, torch_device, args.bucket_view) if world == 1 else ({}, 0.0)
@@ -423,7 +437,8 @@ def measure(args: argparse.Namespace) -> None:
         print(
             "periodic work, which the medians of blocks leave out (a block seldom holds it): "
             f"the sender's thread, {sender_us:.1f} µs of its own CPU a step (it builds and sends the records "
-            f"every {flush_interval(1) * 1e3:.0f} ms); "
+            f"every {flush_interval(1) * 1e3:.0f} ms), of which {flushing_us:.1f} inside its flushes, holding the GIL, "
+            "and the rest its waits between them; "
             f"the parameter checksum every {every} steps, {checksum_us:.0f} µs warm ({checksum_us / every:.1f} µs a step)"
         )
         print(
@@ -450,9 +465,10 @@ def report_counts(counted: dict[int, tuple[float, float]], checksum_ops: float, 
     )
 
 
-def sender_cost(job: Job, tracker: Any, steps: int, flushes: int = 20) -> float:
+def sender_cost(job: Job, tracker: Any, steps: int, flushes: int = 20) -> tuple[float, float]:
     """µs of the sender thread's CPU per instrumented step, over `flushes` flush intervals of the
-    job training alone: what the blocks' medians leave out, since a flush falls in few blocks."""
+    job training alone: what the blocks' medians leave out, since a flush falls in few blocks.
+    And of it, the µs inside its flushes (FLUSHING), where it holds the GIL."""
     import threading
 
     from ddptop.trainer.sender import flush_interval
@@ -460,11 +476,12 @@ def sender_cost(job: Job, tracker: Any, steps: int, flushes: int = 20) -> float:
     thread = next(t for t in threading.enumerate() if t.name == "ddptop-sender")
     assert thread.ident is not None
     clock = time.pthread_getcpuclockid(thread.ident)
-    first_step, first_cpu = tracker.step, time.clock_gettime(clock)
+    first_step, first_cpu, first_flushing = tracker.step, time.clock_gettime(clock), FLUSHING[0]
     deadline = time.monotonic() + flushes * flush_interval(1)
     while time.monotonic() < deadline:
         job.run(steps)
-    return (time.clock_gettime(clock) - first_cpu) / (tracker.step - first_step) * 1e6
+    stepped = tracker.step - first_step
+    return (time.clock_gettime(clock) - first_cpu) / stepped * 1e6, (FLUSHING[0] - first_flushing) / stepped * 1e6
 
 
 def checksum_cost(job: Job, calls: int = 200) -> float:
