@@ -4,7 +4,8 @@ Called from the optimizer step pre-hook (optimizer_step.py), so the script needs
 change. Before the optimizer applies a step, on every step:
 
 - each gradient's norm is taken in one fused kernel (_foreach_norm, what
-  clip_grad_norm_ itself calls). The global norm of them is the pre-clip
+  clip_grad_norm_ itself calls), or each bucket's where the gradients are
+  views of DDP's buckets (Flat). The global norm of them is the pre-clip
   grad norm the dashboard shows, the NaN/Inf test and the clipping factor;
 - those norms go to the host in one small tensor (the pack) with what else
   the step must tell: the losses backward() was called on, the scale a

@@ -2,8 +2,9 @@
 
 hooks.install registers `begin` and `end` as torch's global optimizer
 step pre- and post-hooks. Before the optimizer sees the gradients, `begin`
-runs the in-rank watchdog (guard.py): one fused norm of the gradients (or
-the script's own clip_grad_norm_'s, where it measured all of them), packed
+runs the in-rank watchdog (guard.py): one fused norm of the gradients (of
+DDP's buckets, where the gradients are views of them; or the script's own
+clip_grad_norm_'s, where it measured all of them), packed
 with the step's losses and scales into one tensor, one copy to the host;
 the NaN/Inf skip where the policy asks; clipping on the device; every few
 steps a checksum. After it, `end` closes the step's record, reads DDP's
@@ -95,7 +96,7 @@ def _follow_the_scripts_resume(probe: Probe, optimizer: Any) -> None:
 def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     """The guard, before the optimizer sees the gradients: the step record's values.
 
-    One fused norm per gradient, packed with the step's losses and scales
+    One fused norm per gradient (per bucket, guard.Flat), packed with the step's losses and scales
     into one tensor, one copy to the host (guard.py says what is in it). The
     verdict is read now where the step may have to be skipped on the host
     (the CPU, where reading waits for nothing; `--on-nan skip` on a GPU with
