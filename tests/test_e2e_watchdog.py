@@ -103,15 +103,17 @@ def test_nan_inf_explosion_and_desync_on_four_ranks(ddptop_home, tmp_path):
     assert {a["kind"] for a in job.alerts()} == {"nan", "desync"}
 
 
-def test_clipping_is_enforced_when_the_script_never_clips(ddptop_home, tmp_path):
-    job = launch(tmp_path, str(SCRIPTS / "clip_check.py"), "--gpus", "2", "--clip-grad", "1.0", "--steps", "30")
+@pytest.mark.parametrize("bucket_view", [False, True], ids=["gradients apart", "--bucket-view: clipped a bucket at a time"])
+def test_clipping_is_enforced_when_the_script_never_clips(ddptop_home, tmp_path, bucket_view):
+    given = ["--bucket-view"] if bucket_view else []
+    job = launch(tmp_path, str(SCRIPTS / "clip_check.py"), "--gpus", "2", "--clip-grad", "1.0", *given, "--steps", "30")
     assert job.proc.returncode == 0, job.proc.stderr[-3000:]
     # Found by pattern, not by line: with PYTHONUNBUFFERED=1 a rank writes a print's text and its
     # newline apart, and torchrun's tail threads may pass half a line on, joined to the next rank's.
-    reports = re.findall(r"\[rank(\d+)\]:applied-steps (\d+) max-applied-grad-norm ([\d.]+)", job.proc.stdout)
-    assert sorted(rank for rank, _, _ in reports) == ["0", "1"], job.proc.stdout[-2000:]
-    for _, steps, norm in reports:
-        assert steps == "30" and float(norm) <= 1.0 + 1e-6, reports
+    reports = re.findall(r"\[rank(\d+)\]:applied-steps (\d+) max-applied-grad-norm ([\d.]+) bucket-view (\w+)", job.proc.stdout)
+    assert sorted(rank for rank, _, _, _ in reports) == ["0", "1"], job.proc.stdout[-2000:]
+    for _, steps, norm, viewed in reports:
+        assert steps == "30" and float(norm) <= 1.0 + 1e-6 and viewed == str(bucket_view), reports
     rows = [r for r in job.of("step")]
     assert all(r["clipped"] and r["grad_norm"] > 1.0 for r in rows)
     assert "clip 100%" in job.proc.stdout  # the summary line reports the clip rate

@@ -198,8 +198,9 @@ def test_only_an_asked_for_skip_makes_a_gpu_rank_wait_for_the_verdict(on_nan, sk
 
 
 def test_policy_round_trips_through_the_environment():
-    policy = GuardPolicy(on_nan="stop", clip_grad=0.5, desync_every=7)
+    policy = GuardPolicy(on_nan="stop", clip_grad=0.5, desync_every=7, bucket_view=True)
     assert GuardPolicy.from_env(policy.to_env()) == policy
+    assert GuardPolicy.from_env(GuardPolicy().to_env()) == GuardPolicy()
     assert GuardPolicy.from_env({"DDPTOP_ON_NAN": "bogus", "DDPTOP_CLIP_GRAD": "x"}) == GuardPolicy()
 
 

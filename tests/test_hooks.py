@@ -13,6 +13,7 @@ import copy
 import gc
 import importlib
 import importlib.util
+import inspect
 import io
 import math
 import sys
@@ -765,3 +766,28 @@ def test_a_script_that_clips_itself_has_its_norm_taken_and_ddps_buckets_let_go(r
         optimizer.step()
         assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
         assert records.probe.gradients[id(optimizer)][3] is None, "no bucket held past DDP's rebuild of them"
+
+
+@pytest.mark.parametrize("records", [GuardPolicy(bucket_view=True)], indirect=True, ids=["--bucket-view"])
+def test_bucket_view_builds_ddp_with_gradients_in_its_buckets_where_the_script_did_not_say(records):
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    model = DistributedDataParallel(module)
+    assert model.gradient_as_bucket_view
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        backward(model)
+        step_and_check_the_norm(records, model, optimizer, model.parameters())
+    assert len(records.probe.gradients[id(optimizer)][3].buffers) == 1, "normed by its one bucket"
+    said = DistributedDataParallel(nn.Linear(8, 2), gradient_as_bucket_view=False)
+    assert not said.gradient_as_bucket_view, "what the script says stands"
+    places = list(inspect.signature(DistributedDataParallel.__init__).parameters)[1:]
+    given = [nn.Linear(8, 2), *(inspect.signature(DistributedDataParallel.__init__).parameters[name].default for name in places[1:])]
+    at = places.index("gradient_as_bucket_view")
+    given[at] = False
+    assert not DistributedDataParallel(*given[: at + 1]).gradient_as_bucket_view, "also said by its place"
+
+
+def test_without_bucket_view_ddp_is_built_as_the_script_says(records):
+    assert not DistributedDataParallel(nn.Linear(8, 2)).gradient_as_bucket_view

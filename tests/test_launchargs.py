@@ -7,9 +7,9 @@ from ddptop.supervisor.launching.args import split
 
 
 def test_options_after_the_script_are_ddptops_when_it_knows_them():
-    args = split(["train.py", "--gpus", "4", "--lr", "3e-4", "--headless"])
+    args = split(["train.py", "--gpus", "4", "--lr", "3e-4", "--headless", "--bucket-view"])
     assert args.script == Path("train.py")
-    assert args.options.gpus == 4 and args.options.headless
+    assert args.options.gpus == 4 and args.options.headless and args.options.bucket_view
     assert args.script_args == ["--lr", "3e-4"]
 
 

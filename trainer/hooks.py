@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import functools
+import inspect
 import time
 import weakref
 from collections.abc import Callable
@@ -122,8 +123,15 @@ def _wrap_ddp(probe: Probe) -> None:
     original_setstate = DistributedDataParallel.__setstate__
     original_forward = DistributedDataParallel.forward
 
+    # --bucket-view: DDP's gradient_as_bucket_view, where the script did not say, by name or by
+    # place (its place among the arguments after self: 9 in torch 2.3, 10 once init_sync came).
+    named = list(inspect.signature(original_init).parameters)
+    place = named.index("gradient_as_bucket_view") - 1 if probe.policy.bucket_view and "gradient_as_bucket_view" in named else -1
+
     @functools.wraps(original_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) <= place:
+            kwargs.setdefault("gradient_as_bucket_view", True)
         original_init(self, *args, **kwargs)
         _known(self, probe)
 

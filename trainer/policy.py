@@ -35,7 +35,12 @@ STACK_SIGNAL = signal.SIGUSR2
 """The signal that makes a rank write its Python stacks (faulthandler).
 SIGUSR1 is left alone: SLURM and Lightning use it for preemption."""
 
-_ENV = {"on_nan": "DDPTOP_ON_NAN", "clip_grad": "DDPTOP_CLIP_GRAD", "desync_every": "DDPTOP_DESYNC_EVERY"}
+_ENV = {
+    "on_nan": "DDPTOP_ON_NAN",
+    "clip_grad": "DDPTOP_CLIP_GRAD",
+    "desync_every": "DDPTOP_DESYNC_EVERY",
+    "bucket_view": "DDPTOP_BUCKET_VIEW",
+}
 STACKS_DIR_ENV = "DDPTOP_STACKS_DIR"
 
 
@@ -44,6 +49,11 @@ class GuardPolicy:
     on_nan: OnNan = "auto"
     clip_grad: float | None = None
     desync_every: int = DESYNC_EVERY
+    bucket_view: bool = False
+    """Build DDP with gradient_as_bucket_view=True where the script does not say (`--bucket-view`):
+    its gradients are then views of its buckets, which spares DDP a copy and the memory of every
+    gradient, and the guard norms a bucket at a time (guard.Flat). Off unless asked: a script that
+    calls detach_() on a gradient, or keeps one past zero_grad for its values, behaves differently."""
 
     @property
     def skips(self) -> bool:
@@ -59,6 +69,8 @@ class GuardPolicy:
         env = {_ENV["on_nan"]: self.on_nan, _ENV["desync_every"]: str(self.desync_every)}
         if self.clip_grad is not None:
             env[_ENV["clip_grad"]] = repr(self.clip_grad)
+        if self.bucket_view:
+            env[_ENV["bucket_view"]] = "1"
         return env
 
     @classmethod
@@ -74,4 +86,4 @@ class GuardPolicy:
             every = int(env.get(_ENV["desync_every"], DESYNC_EVERY))
         except ValueError:
             every = DESYNC_EVERY
-        return cls(on_nan, clip if clip and clip > 0 else None, max(0, every))
+        return cls(on_nan, clip if clip and clip > 0 else None, max(0, every), env.get(_ENV["bucket_view"]) == "1")

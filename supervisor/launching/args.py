@@ -135,6 +135,13 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
         {"type": _positive_float, "help": "enforce this global grad norm inside optimizer.step, also when the script does not clip"},
     ),
     (
+        ("--bucket-view",),
+        {
+            "action": "store_true",
+            "help": "build DDP with gradient_as_bucket_view=True where the script does not say: no copy of each gradient, and the grad norm taken a bucket at a time",
+        },
+    ),
+    (
         ("--desync-every",),
         {"type": _non_negative_int, "help": f"steps between parameter checksums compared across ranks (default {DESYNC_EVERY}; 0: off)"},
     ),
@@ -199,6 +206,7 @@ class LaunchOptions:
     summary_every: float = SUMMARY_EVERY_S
     on_nan: OnNan = "auto"
     clip_grad: float | None = None
+    bucket_view: bool = False
     desync_every: int = DESYNC_EVERY
     on_desync: OnDesync = "warn"
     hang_timeout: float = HANG_TIMEOUT_S

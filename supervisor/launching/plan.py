@@ -145,7 +145,7 @@ def plan_job(
         address=f"unix:{run.socket_path}",
         cpu_only=not gpus,
         stacks_dir=run.raw_stacks_path,
-        guard=GuardPolicy(on_nan=opts.on_nan, clip_grad=opts.clip_grad, desync_every=opts.desync_every),
+        guard=GuardPolicy(on_nan=opts.on_nan, clip_grad=opts.clip_grad, desync_every=opts.desync_every, bucket_view=opts.bucket_view),
         visible_gpus=visible,
         nnodes=opts.nnodes,
         node_rank=opts.node_rank,

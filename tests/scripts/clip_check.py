@@ -3,7 +3,8 @@
 It registers its own optimizer pre-hook, which torch runs after the global
 ones (ddptop's), to see the gradients the optimizer really applies, and
 prints the largest norm it saw: with `ddptop launch --clip-grad 1.0` that
-must be at most 1.0.
+must be at most 1.0. It also prints whether DDP made its gradients views of its
+buckets, which it does not say itself (`ddptop launch --bucket-view` does).
 """
 
 import argparse
@@ -34,5 +35,5 @@ for _step in range(args.steps):
     optimizer.zero_grad()
     (model(torch.randn(8, 16)).pow(2).sum() * 1e4).backward()
     optimizer.step()
-print(f"applied-steps {len(applied)} max-applied-grad-norm {max(applied):.9f}", flush=True)
+print(f"applied-steps {len(applied)} max-applied-grad-norm {max(applied):.9f} bucket-view {model.gradient_as_bucket_view}", flush=True)
 dist.destroy_process_group()
