@@ -16,7 +16,9 @@ through torch's fused norm, which launches four kernels for it. Two are for desi
 yet: the guard's own norm (the fused norm of the gradients and the pack) replayed as one
 captured CUDA graph, since torch's fused norm does host work for each gradient and the
 graph's replay is one launch; and the allocator's figures the sender's thread reads once a
-second, holding the GIL a training thread may wait for.
+second, holding the GIL a training thread may wait for. The last two rows are torch's fused
+AdamW step of nanoGPT's 76 tensors, alone and handed a found_inf as the guard hands it for the
+NaN skip on the device: what that skip costs inside torch's own step.
 
     python bench/opcost.py                   # on a GPU
     python bench/opcost.py --calls 2000      # on the CPU, a quick look
@@ -64,6 +66,36 @@ def graph_row(name: str, ops: Callable[[], Any]) -> tuple[str, Callable[[], Any]
     return name, captured[0].replay
 
 
+ADAMW_PARAMS = 76
+"""nanoGPT's parameter tensors (bench/gpt_train.py's GPT at 6 layers)."""
+
+
+def fused_adamw_rows(dev: torch.device, flag: torch.Tensor) -> list[tuple[str, Callable[[], Any]]]:
+    """A fused AdamW step of ADAMW_PARAMS small tensors, alone and handed a found_inf (0: a finite
+    step), as the guard hands one on a GPU: what the NaN skip on the device costs inside torch's
+    own step, which then also subtracts found_inf from each parameter's step count (_foreach_sub_).
+    Two optimizers, so that each row's step counts and moments are its own."""
+    steppers = []
+    for handed in (False, True):
+        params = [torch.zeros(64, 64, device=dev, requires_grad=True) for _ in range(ADAMW_PARAMS)]
+        for param in params:
+            param.grad = torch.zeros_like(param)
+        optimizer = torch.optim.AdamW(params, fused=True)
+        steppers.append((optimizer, handed))
+
+    def step(optimizer: Any, handed: bool) -> None:
+        if handed:
+            optimizer.found_inf = flag.zero_()
+        optimizer.step()
+        if handed:
+            del optimizer.found_inf
+
+    return [
+        (f"fused AdamW's step of {ADAMW_PARAMS} tensors", lambda: step(*steppers[0])),
+        ("the same step handed a found_inf, as the guard hands it (a zero_ more)", lambda: step(*steppers[1])),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=20000, help="calls of each op timed")
@@ -97,6 +129,7 @@ def main() -> None:
             lambda: guard.pack([*guard.norms(grads), loss]),
         ),
         ("the pack's copy into a pinned slot, non_blocking", lambda: host.copy_(packed, non_blocking=True)),
+        *fused_adamw_rows(dev, flag),
     ]
     if cuda:
         event, stream = torch.cuda.Event(), torch.cuda.current_stream()
