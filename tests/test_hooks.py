@@ -19,6 +19,7 @@ import math
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -791,3 +792,29 @@ def test_bucket_view_builds_ddp_with_gradients_in_its_buckets_where_the_script_d
 
 def test_without_bucket_view_ddp_is_built_as_the_script_says(records):
     assert not DistributedDataParallel(nn.Linear(8, 2)).gradient_as_bucket_view
+
+
+class SometimesTwo(nn.Module):
+    """Two layers, the second used only when asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, both: bool) -> torch.Tensor:
+        return self.second(self.first(x)) if both else self.first(x)
+
+
+def test_an_optimizer_whose_gradients_come_and_go_is_watched_for_its_end_once(records):
+    """A parameter used on every other step (its gradient None between): the optimizer's count of
+    gradients changes each step, and its buckets are found again each time, but its end is watched
+    once, not once a step."""
+    torch.manual_seed(0)
+    model = DistributedDataParallel(SometimesTwo(), gradient_as_bucket_view=True, find_unused_parameters=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    watchers = len(weakref.finalize._registry)  # type: ignore[attr-defined]
+    for step in range(6):
+        optimizer.zero_grad(set_to_none=True)
+        model(torch.randn(4, 8), step % 2 == 0).pow(2).sum().backward()
+        step_and_check_the_norm(records, model, optimizer, model.parameters())
+    assert len(weakref.finalize._registry) - watchers == 1  # type: ignore[attr-defined]

@@ -248,12 +248,20 @@ def _flat(probe: Probe, optimizer: Any, grads: list[torch.Tensor], sharded: bool
     when the optimizer goes: they are DDP's buckets, which a script that builds model after
     model would otherwise keep, a model's gradients each."""
     flat = None if sharded else guard.flat_buffers(grads, moves)
-    if flat is not None and not moves:
+    key = id(optimizer)
+    if flat is not None and key not in probe.watched:  # once an optimizer: its count of gradients may come and go
         try:
-            weakref.finalize(optimizer, probe.gradients.pop, id(optimizer), None).atexit = False
+            weakref.finalize(optimizer, _let_go, probe, key).atexit = False
         except TypeError:  # an optimizer that takes no weak reference: its gradients are normed one by one
             return None
+        probe.watched.add(key)
     return flat
+
+
+def _let_go(probe: Probe, key: int) -> None:
+    """An optimizer is gone: its entry, and the buckets it held, go with it."""
+    probe.gradients.pop(key, None)
+    probe.watched.discard(key)
 
 
 def _moved(probe: Probe, optimizer: Any, grads: list[torch.Tensor], known: tuple[Any, ...]) -> guard.Flat | None:

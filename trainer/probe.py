@@ -56,6 +56,8 @@ class Probe:
         (a DTensor), whether they are on several devices (a model split over GPUs), and the flat
         buffers they lie in (DDP's buckets under gradient_as_bucket_view): found when that count
         changes, then looked up without a call."""
+        self.watched: set[int] = set()
+        """The optimizers (by id) whose end lets go of their entry in gradients: watched once each."""
         self.covers: dict[tuple[int, ...], bool] = {}
         """Whether a script's clip covered every gradient an optimizer steps, by (optimizer, gradients,
         parameters clipped, first and last of them): found once, then looked up without a call."""
