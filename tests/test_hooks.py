@@ -694,12 +694,12 @@ def bucket_view_model() -> DistributedDataParallel:
     return DistributedDataParallel(module, gradient_as_bucket_view=True, bucket_cap_mb=400 / 2**20)
 
 
-@pytest.mark.parametrize("records", [GuardPolicy(), GuardPolicy(clip_grad=0.5)], indirect=True, ids=["default", "ddptop clips"])
 def buckets_of(model: nn.Module) -> int:
     """How many buffers the model's gradients lie in."""
     return len({p.grad.untyped_storage().data_ptr() for p in model.parameters()})
 
 
+@pytest.mark.parametrize("records", [GuardPolicy(), GuardPolicy(clip_grad=0.5)], indirect=True, ids=["default", "ddptop clips"])
 def test_gradients_in_ddps_buckets_are_normed_and_clipped_a_bucket_at_a_time_also_after_ddp_rebuilds_them(records):
     model = bucket_view_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
