@@ -125,8 +125,8 @@ def _wrap_ddp(probe: Probe) -> None:
 
     # --bucket-view: DDP's gradient_as_bucket_view, where the script did not say, by name or by
     # place (its place among the arguments after self: 9 in torch 2.3, 10 once init_sync came).
-    named = list(inspect.signature(original_init).parameters)
-    place = named.index("gradient_as_bucket_view") - 1 if probe.policy.bucket_view and "gradient_as_bucket_view" in named else -1
+    named = list(inspect.signature(original_init).parameters) if probe.policy.bucket_view else []
+    place = named.index("gradient_as_bucket_view") - 1 if "gradient_as_bucket_view" in named else -1
 
     @functools.wraps(original_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
