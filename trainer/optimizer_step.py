@@ -130,7 +130,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
             len(grads),
             sharded,
             guard.on_several_devices(grads),
-            _flat(probe, optimizer, grads, sharded),
+            None if sharded else _flat(probe, optimizer, grads),
         )
     sharded = known[1]
     if sharded and "sharded" not in probe.noticed:
@@ -242,12 +242,12 @@ NAN_APPLIED_NOTICE = (
 _ADDRESS = torch.Tensor.data_ptr
 
 
-def _flat(probe: Probe, optimizer: Any, grads: list[torch.Tensor], sharded: bool, moves: int = 0) -> guard.Flat | None:
+def _flat(probe: Probe, optimizer: Any, grads: list[torch.Tensor], moves: int = 0) -> guard.Flat | None:
     """The flat buffers the optimizer's gradients lie in (guard.Flat), where they lie in a few
-    and are no ranks' shards. The buffers are held by Probe.gradients, which lets go of them
+    (asked only of gradients that are no ranks' shards). The buffers are held by Probe.gradients, which lets go of them
     when the optimizer goes: they are DDP's buckets, which a script that builds model after
     model would otherwise keep, a model's gradients each."""
-    flat = None if sharded else guard.flat_buffers(grads, moves)
+    flat = guard.flat_buffers(grads, moves)
     key = id(optimizer)
     if flat is not None and key not in probe.watched:  # once an optimizer: its count of gradients may come and go
         try:
@@ -269,7 +269,7 @@ def _moved(probe: Probe, optimizer: Any, grads: list[torch.Tensor], known: tuple
     rebuilt its buckets after the first step, or a script set its own gradients): found
     again, up to guard.MOVES_KEPT times."""
     moves = known[3].moves + 1
-    flat = _flat(probe, optimizer, grads, False, moves) if moves <= guard.MOVES_KEPT else None
+    flat = _flat(probe, optimizer, grads, moves) if moves <= guard.MOVES_KEPT else None
     probe.gradients[id(optimizer)] = (*known[:3], flat)
     return flat
 
