@@ -68,5 +68,5 @@ part 45 inrank-mlp python3 "$root/bench/inrank.py" --floor --blocks 200 --lines
 part 50 inrank-mlp-graph python3 "$root/bench/inrank.py" --floor --graph-floor --blocks 100
 part 30 opcost python3 "$root/bench/opcost.py" --calls 10000
 part 45 inrank-mlp-bucket-view python3 "$root/bench/inrank.py" --floor --bucket-view --blocks 150 --lines
-part 95 overhead-256 python3 "$root/bench/overhead.py" --ranks 1 --steps 1500 --rounds 3
+part 115 overhead-256 python3 "$root/bench/overhead.py" --ranks 1 --steps 1500 --rounds 3
 part 85 overhead-4096 python3 "$root/bench/overhead.py" --ranks 1 --steps 600 --rounds 2 --width 4096 --batch-size 512

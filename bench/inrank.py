@@ -71,6 +71,7 @@ buckets: what grows with the buckets is paid per bucket.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import itertools
 import math
@@ -258,11 +259,15 @@ def without(parts: list[str]) -> None:
         optimizer_step._guard = lambda probe, optimizer: {}
 
 
-def counts(
-    optimizer_hooks: dict[str, Any], torch_device: Any, bucket_view: bool, steps: int = 100
-) -> tuple[dict[int, tuple[float, float]], float]:
-    """By buckets (2, 8): ddptop's Python calls and torch ops a step on the training thread (see above);
-    and of those ops, the parameter checksum's share, averaged over the steps between two checksums.
+Counted = dict[int, tuple[float, float, list[tuple[str, float]]]]
+"""By buckets: ddptop's Python calls and torch ops a step, and the ops it adds by name, most first."""
+
+
+def counts(optimizer_hooks: dict[str, Any], torch_device: Any, bucket_view: bool, steps: int = 100) -> tuple[Counted, float]:
+    """By buckets (2, 8): ddptop's Python calls and torch ops a step on the training thread (see above),
+    with the ops the instrumented run made beyond the plain one's by name (a count that moves between
+    runs says what moved it); and of those ops, the parameter checksum's share, averaged over the
+    steps between two checksums.
 
     The checksum covers every DDP model the rank built, so while counting it is pointed at the
     counted model alone: a one-model job's count, not one that includes the bench's other jobs."""
@@ -278,14 +283,16 @@ def counts(
         def __init__(self) -> None:
             super().__init__()
             self.count = 0
+            self.names: collections.Counter[str] = collections.Counter()
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             self.count += 1
+            self.names[str(func)] += 1
             return func(*args, **(kwargs or {}))
 
     width, layers = 256, 8
     layer_bytes = (width * width + width) * 4
-    found: dict[int, tuple[float, float]] = {}
+    found: Counted = {}
     probe = optimizer_hooks["probe"]
     jobs_models = probe.models
     for buckets in (2, 8):
@@ -318,7 +325,7 @@ def counts(
             if event == "call" and is_ddptop(frame.f_code.co_filename):
                 calls += 1
 
-        ops = {}
+        ops: dict[bool, Ops] = {}
         for hooked in (False, True):
             model, optimizer = make(hooked)
             if hooked:
@@ -326,14 +333,17 @@ def counts(
             run(model, optimizer, 20, hooked)  # steady: buckets rebuilt, DDP's sampled iterations 1-10 past
             with Ops() as counted:
                 run(model, optimizer, steps, hooked)
-            ops[hooked] = counted.count / steps
+            ops[hooked] = counted
             if hooked:
                 sys.setprofile(profile)
                 run(model, optimizer, steps, hooked)
                 sys.setprofile(None)
             sizes = str(model._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
             assert len(sizes.split(",")) == buckets, sizes
-        found[buckets] = (calls / steps, ops[True] - ops[False])
+        added = ops[True].names
+        added.subtract(ops[False].names)
+        by_name = [(name, count / steps) for name, count in added.most_common() if count > 0]
+        found[buckets] = (calls / steps, (ops[True].count - ops[False].count) / steps, by_name)
     with Ops() as counted:
         guard.checksum_parts(probe.parameters())
     probe.models = jobs_models
@@ -454,8 +464,8 @@ def measure(args: argparse.Namespace) -> None:
             report_counts(counted, checksum_ops, every)
 
 
-def report_counts(counted: dict[int, tuple[float, float]], checksum_ops: float, every: int) -> None:
-    (few, (calls_few, ops_few)), (many, (calls_many, ops_many)) = sorted(counted.items())
+def report_counts(counted: Counted, checksum_ops: float, every: int) -> None:
+    (few, (calls_few, ops_few, _)), (many, (calls_many, ops_many, _)) = sorted(counted.items())
     per_bucket = ((calls_many - calls_few) / (many - few), (ops_many - ops_few) / (many - few))
     print(
         "ddptop on the training thread, a step of a DDP MLP (8 layers, AdamW), 100 steady steps: "
@@ -463,6 +473,13 @@ def report_counts(counted: dict[int, tuple[float, float]], checksum_ops: float, 
         f"{many} buckets {calls_many:.1f} calls, {ops_many:.1f} ops; per bucket {per_bucket[0]:.2f} calls, {per_bucket[1]:.2f} ops; "
         f"of the ops, the checksum's every {every} steps, averaged: {checksum_ops:.2f} a step"
     )
+    for buckets, (_, _, by_name) in sorted(counted.items()):
+        named = ", ".join(f"{name} {count:.2f}" for name, count in by_name[:OPS_NAMED]) or "none"
+        print(f"  the ops ddptop added a step, {buckets} buckets, by name: {named}")
+
+
+OPS_NAMED = 6
+"""Op names the count's report gives, the most added first."""
 
 
 def sender_cost(job: Job, tracker: Any, steps: int, flushes: int = 20) -> tuple[float, float]:

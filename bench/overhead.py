@@ -140,12 +140,13 @@ def main() -> None:
         checks += ["--on-nan", args.on_nan]
     with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *checks, *job]
 
+    on = device()  # before the rounds: a run cut at its time limit has said the rounds it finished, not lost them to this
     commands = {"plain torchrun": (plain, env), **ddptop_commands(with_ddptop, env, args.also)}
     runs = {name: functools.partial(printed, cmd, run_env, "train-steps-per-s") for name, (cmd, run_env) in commands.items()}
     results = alternating(args.rounds, runs)
     print()
     print(
-        f"example job on {device()}, {args.ranks} ranks, {args.steps} steps, width {args.width}, batch {args.batch_size}, "
+        f"example job on {on}, {args.ranks} ranks, {args.steps} steps, width {args.width}, batch {args.batch_size}, "
         f"{args.rounds} alternating rounds; ddptop {' '.join(checks)}"
     )
     report(results, "plain torchrun", "median steps/s", ".1f", higher_is_faster=True)
