@@ -6,11 +6,12 @@
 #
 # A session is lent a GPU for 15 minutes at most, starts included, so this runs what #44 asks
 # for in one go: the CUDA tests, both in-rank benches (nanoGPT's loop, the example's), the cost
-# of each op the guard launches, the floor's norm as one CUDA graph (inrank.py --graph-floor),
-# the example under gradient_as_bucket_view (the guard's norm a bucket at a time), and the
-# example's whole job at both widths. The parts run most needed first; one that might not end
-# within BUDGET_S of the call's start is left out (the second width, most likely), for a
-# second call to run. Each job's host time by op (inrank.py --torch-profile, about
+# of each op the guard launches, the example under gradient_as_bucket_view (the guard's norm a
+# bucket at a time) beside the floor's norm as one CUDA graph (inrank.py --graph-floor: under
+# bucket views the gradients do not move, so it should replay at every step, where 096e540's
+# lease saw it replay a third of the steps in DDP's default layout), and the example's whole
+# job at both widths. The parts run most needed first; one that might not end within BUDGET_S
+# of the call's start is left out (the second width, most likely), for a second call to run. Each job's host time by op (inrank.py --torch-profile, about
 # 40 s a loop) is left to a second call: the lease of 464cd8e ran it, docs/benchmarks.md has it.
 # ../shared/gpu/check.sh runs the tests and the example's benches alone, and a second tree
 # beside this one; this adds the nanoGPT loop and the op costs, and leaves the second tree out.
@@ -65,8 +66,7 @@ cd /tmp
 part 140 pytest-cuda python3 -m pytest -m cuda "$root/tests" --rootdir "$root" -c "$root/pyproject.toml" -p no:cacheprovider -rA -q
 part 115 inrank-gpt python3 "$root/bench/inrank.py" --model gpt --floor --blocks 100 --lines
 part 45 inrank-mlp python3 "$root/bench/inrank.py" --floor --blocks 200 --lines
-part 50 inrank-mlp-graph python3 "$root/bench/inrank.py" --floor --graph-floor --blocks 100
 part 30 opcost python3 "$root/bench/opcost.py" --calls 10000
-part 45 inrank-mlp-bucket-view python3 "$root/bench/inrank.py" --floor --bucket-view --blocks 150 --lines
+part 60 inrank-mlp-bucket-view python3 "$root/bench/inrank.py" --floor --graph-floor --bucket-view --blocks 150 --lines
 part 115 overhead-256 python3 "$root/bench/overhead.py" --ranks 1 --steps 1500 --rounds 3
 part 85 overhead-4096 python3 "$root/bench/overhead.py" --ranks 1 --steps 600 --rounds 2 --width 4096 --batch-size 512
