@@ -30,9 +30,14 @@ pack() { tar -czf "$OUT/gpu-logs.tgz" -C /tmp gpu-logs 2>/dev/null; }
 
 BUDGET_S=${BUDGET_S:-575}  # the device's run stops the whole call at 600 s: a part that might not end by then is left out
 
+ONLY=${ONLY:-}  # the parts to run, by log name ("overhead-4096 opcost"): a second call's; all when empty
+
 part() {  # seconds, the log's name, then the command
     local limit=$1 name=$2
     shift 2
+    if [[ -n $ONLY && " $ONLY " != *" $name "* ]]; then
+        return
+    fi
     if (( SECONDS + limit > BUDGET_S )); then
         echo "== $name left out: at ${SECONDS} s its ${limit} s would pass ${BUDGET_S} s" | tee "$logs/$name.txt"
         return
