@@ -73,5 +73,5 @@ part 115 inrank-gpt python3 "$root/bench/inrank.py" --model gpt --floor --blocks
 part 45 inrank-mlp python3 "$root/bench/inrank.py" --floor --blocks 200 --lines
 part 30 opcost python3 "$root/bench/opcost.py" --calls 10000
 part 60 inrank-mlp-bucket-view python3 "$root/bench/inrank.py" --floor --graph-floor --bucket-view --blocks 150 --lines
-part 115 overhead-256 python3 "$root/bench/overhead.py" --ranks 1 --steps 1500 --rounds 3
+part 150 overhead-256 python3 "$root/bench/overhead.py" --ranks 1 --steps 1500 --rounds 3
 part 85 overhead-4096 python3 "$root/bench/overhead.py" --ranks 1 --steps 600 --rounds 2 --width 4096 --batch-size 512
