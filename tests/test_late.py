@@ -9,6 +9,7 @@ ring on a real GPU: tests/test_cuda.py.
 from __future__ import annotations
 
 import torch
+from ops_seen import OpsSeen
 from stand_in_gpu import Device
 
 from ddptop.trainer import late
@@ -53,6 +54,20 @@ def test_each_shape_and_dtype_takes_turns_in_a_ring_of_its_own():
     device.catch_up()
     assert [read.get() for read in pairs] == [[0.0, 0.0], [1.0, 0.0]], "no other shape took their slots"
     assert three.get() == [1, 2, 3] and wide.get() == [9.0]
+
+
+def test_a_ring_is_made_in_as_many_ops_whatever_its_slots():
+    """A shape's first value makes its ring on the training thread: 1,024 slots on a GPU, each
+    with its own views of the block. They are made by a few ops for all, not two ops a slot."""
+    made = {}
+    for slots in (4, 64):
+        values, device = ring(slots)
+        with OpsSeen() as seen:
+            read = values.send(torch.tensor([1.0, 2.0]))
+        device.catch_up()
+        assert read.get() == [1.0, 2.0]
+        made[slots] = seen.names
+    assert made[4] == made[64], made
 
 
 class OnDevice(torch.Tensor):

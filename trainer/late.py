@@ -48,9 +48,9 @@ RING_SLOTS = 1024
 class _Slot:
     __slots__ = ("event", "flat", "holds", "host")
 
-    def __init__(self, host: Any, event: Any) -> None:
+    def __init__(self, host: Any, flat: Any, event: Any) -> None:
         self.host = host
-        self.flat = host.view(-1)
+        self.flat = flat
         """The same memory as one row, made once: what the reader's tolist() takes, with no view a read."""
         self.event = event
         self.holds = -1
@@ -100,7 +100,10 @@ class PinnedRing:
             self._stream = torchapi.current_stream
         event = self._event or torch.cuda.Event
         block = torch.empty((self._slots, *tensor.shape), dtype=tensor.dtype, pin_memory=self._event is None)
-        slots = [_Slot(block[i], event()) for i in range(self._slots)]
+        # Each slot's two views by one op each for all of them (unbind), not an op a slot: the step
+        # that first sends a shape makes them, on the training thread.
+        rows, flats = block.unbind(0), block.view(self._slots, tensor.numel()).unbind(0)
+        slots = [_Slot(host, flat, event()) for host, flat in zip(rows, flats)]
         stream = self._stream(device)
         for slot in slots:
             slot.event.record(stream)  # CUDA makes an event at its first record: all of them now, none in a later step
