@@ -331,8 +331,8 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, bucket_view: bool
             if hooked:
                 probe.models = probe.models[-1:]  # the model just built, registered by ddptop's DDP hook
             # Steady: buckets rebuilt, DDP's sampled iterations 1-10 past, and a checksum step made, so
-            # that the pinned ring of each pack's shape (late.py: RING_SLOTS slots, a select and a view
-            # each, made once) is made before the count, not in it.
+            # that the pinned ring of each pack's shape (late.py: RING_SLOTS slots and their events, made
+            # once) is made before the count, not in it.
             run(model, optimizer, 20 + GuardPolicy().desync_every, hooked)
             with Ops() as counted:
                 run(model, optimizer, steps, hooked)

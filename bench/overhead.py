@@ -140,7 +140,7 @@ def main() -> None:
         checks += ["--on-nan", args.on_nan]
     with_ddptop = [DDPTOP, "launch", "--headless", "--nproc-per-node", str(args.ranks), *checks, *job]
 
-    on = device()  # before the rounds: a run cut at its time limit has said the rounds it finished, not lost them to this
+    on = device()  # before the rounds, so the summary follows the last one at once: a time limit cut it while torch imported
     commands = {"plain torchrun": (plain, env), **ddptop_commands(with_ddptop, env, args.also)}
     runs = {name: functools.partial(printed, cmd, run_env, "train-steps-per-s") for name, (cmd, run_env) in commands.items()}
     results = alternating(args.rounds, runs)
