@@ -12,11 +12,14 @@ ops and the choices between them; they do not add up to a step's cost.
 
 Two rows are for the norm of gradients that are views of one of DDP's buckets
 (gradient_as_bucket_view=True, guard.Flat): the bucket's one reduction, and the same bucket
-through torch's fused norm, which launches four kernels for it. Two are for designs not taken
+through torch's fused norm, which launches four kernels for it. Three are for designs not taken
 yet: the guard's own norm (the fused norm of the gradients and the pack) replayed as one
 captured CUDA graph, since torch's fused norm does host work for each gradient and the
-graph's replay is one launch; and the allocator's figures the sender's thread reads once a
-second, holding the GIL a training thread may wait for. The last two rows are torch's fused
+graph's replay is one launch; the pack's stack and copy as one op, each value copied into its
+row of the pinned slot by _foreach_copy_ (one dispatch from Python where the pack takes two; on
+the H200 a dispatch costs a launch-bound step about 35 to 40 us, wherever it is made); and the
+allocator's figures the sender's thread reads once a second, holding the GIL a training thread
+may wait for. The last two rows are torch's fused
 AdamW step of nanoGPT's 76 tensors, alone and handed a found_inf as the guard hands it for the
 NaN skip on the device: what that skip costs inside torch's own step.
 
@@ -114,6 +117,7 @@ def main() -> None:
     bucket = torch.cat([grad.view(-1) for grad in grads])
     packed = torch.stack((norm, loss))
     host = torch.empty(2, pin_memory=cuda)
+    host_rows = list(host.unbind(0))
     flag = torch.empty((), dtype=torch.float32, device=dev)
     rows: list[tuple[str, Callable[[], Any]]] = [
         ("a Python call that does nothing (the unit of Python)", lambda: None),
@@ -129,6 +133,14 @@ def main() -> None:
             lambda: guard.pack([*guard.norms(grads), loss]),
         ),
         ("the pack's copy into a pinned slot, non_blocking", lambda: host.copy_(packed, non_blocking=True)),
+        (
+            "the pack and its copy: stack of a norm and a loss, then one copy",
+            lambda: host.copy_(guard.pack([norm, loss]), non_blocking=True),
+        ),
+        (
+            "the two copied into the slot's rows by one op instead, _foreach_copy_",
+            lambda: torch._foreach_copy_(host_rows, [norm, loss], non_blocking=True),
+        ),
         *fused_adamw_rows(dev, flag),
     ]
     if cuda:
