@@ -11,8 +11,9 @@
 # bucket views the gradients do not move, so it should replay at every step, where 096e540's
 # lease saw it replay a third of the steps in DDP's default layout), and the example's whole
 # job at both widths. The parts run most needed first; one that might not end within BUDGET_S
-# of the call's start is left out (the second width, most likely), for a second call to run. Each job's host time by op (inrank.py --torch-profile, about
-# 40 s a loop) is left to a second call: the lease of 464cd8e ran it, docs/benchmarks.md has it.
+# of the call's start is left out (the second width, most likely), for a second call to run
+# (ONLY names its parts). Each job's host time by op (inrank.py --torch-profile, about 40 s a
+# loop) is left to a second call: the lease of 464cd8e ran it, docs/benchmarks.md has it.
 # ../shared/gpu/check.sh runs the tests and the example's benches alone, and a second tree
 # beside this one; this adds the nanoGPT loop and the op costs, and leaves the second tree out.
 #

@@ -19,9 +19,9 @@ graph's replay is one launch; the pack's stack and copy as one op, each value co
 row of the pinned slot by _foreach_copy_ (one dispatch from Python where the pack takes two; on
 the H200 a dispatch costs a launch-bound step about 35 to 40 us, wherever it is made); and the
 allocator's figures the sender's thread reads once a second, holding the GIL a training thread
-may wait for. The last two rows are torch's fused
-AdamW step of nanoGPT's 76 tensors, alone and handed a found_inf as the guard hands it for the
-NaN skip on the device: what that skip costs inside torch's own step.
+may wait for. The last two rows are torch's fused AdamW step of nanoGPT's 76 tensors, alone
+and handed a found_inf as the guard hands it for the NaN skip on the device: what that skip
+costs inside torch's own step.
 
     python bench/opcost.py                   # on a GPU
     python bench/opcost.py --calls 2000      # on the CPU, a quick look
