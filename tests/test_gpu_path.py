@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 from builders import steps_made
+from norms import total_norm
 from stand_in_gpu import Device, on_gpu
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -94,9 +95,9 @@ class Job:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
         for param in self.model.parameters():
             param.grad = on_gpu(param.grad)  # DDP on gloo made them plain tensors: as in a GPU job, they say they are on it
-        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.model.parameters()]))
+        norm = total_norm([p.grad for p in self.model.parameters()])
         scale = 1.0 if self.scaler is None else self.scaler.get_scale()
-        self.expected.append((loss.item(), norm.item() / scale))
+        self.expected.append((loss.item(), norm / scale))
         if self.clips:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1e9)
         if self.scaler is None:

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from norms import total_norm
 from ops_seen import OpsSeen
 from torch import nn
 
@@ -202,11 +203,6 @@ def test_policy_round_trips_through_the_environment():
     assert GuardPolicy.from_env(policy.to_env()) == policy
     assert GuardPolicy.from_env(GuardPolicy().to_env()) == GuardPolicy()
     assert GuardPolicy.from_env({"DDPTOP_ON_NAN": "bogus", "DDPTOP_CLIP_GRAD": "x"}) == GuardPolicy()
-
-
-def total_norm(tensors: list[torch.Tensor]) -> float:
-    """The global L2 norm of tensors, one by one (torch.nn.utils.get_total_norm came in torch 2.6)."""
-    return torch.linalg.vector_norm(torch.stack([t.norm() for t in tensors])).item()
 
 
 def bucketed(grads: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:

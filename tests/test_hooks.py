@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import torch
+from norms import total_norm
 from ops_seen import OpsSeen
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -125,7 +126,7 @@ def backward(model: nn.Module, scale: float = 1.0) -> None:
 
 
 def norm_of(params: Any) -> float:
-    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])).item()
+    return total_norm([p.grad for p in params if p.grad is not None])
 
 
 def last_step(records: Records, model: nn.Module) -> dict[str, Any]:
