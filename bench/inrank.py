@@ -238,9 +238,10 @@ def sending_tracker(sampled: Any) -> Any:
 
 
 FLUSHING = [0.0]
-"""Seconds of the sender thread's CPU inside its flushes (making and sending records, holding the
-GIL), apart from its waits between them: on a VM waking from a timed wait costs a thread tens of
-microseconds of CPU that hold no GIL."""
+"""Seconds of the sender thread's CPU inside its flushes, apart from its waits between them: making
+and encoding records, Python that holds the GIL, and the socket's system calls, which let it go (a
+quarter of a flush on this VM at 42 ms steps). On a VM waking from a timed wait costs a thread
+tens of microseconds of CPU that hold no GIL."""
 
 
 def floored(args: argparse.Namespace, example: Any, torch_device: Any, hook: Floor) -> Job:
@@ -450,7 +451,7 @@ def measure(args: argparse.Namespace) -> None:
         print(
             "periodic work, which the medians of blocks leave out (a block seldom holds it): "
             f"the sender's thread, {sender_us:.1f} µs of its own CPU a step (it builds and sends the records "
-            f"every {flush_interval(1) * 1e3:.0f} ms), of which {flushing_us:.1f} inside its flushes, holding the GIL, "
+            f"every {flush_interval(1) * 1e3:.0f} ms), of which {flushing_us:.1f} inside its flushes (mostly holding the GIL), "
             "and the rest its waits between them; "
             f"the parameter checksum every {every} steps, {checksum_us:.0f} µs warm ({checksum_us / every:.1f} µs a step)"
         )
@@ -488,7 +489,7 @@ OPS_NAMED = 6
 def sender_cost(job: Job, tracker: Any, steps: int, flushes: int = 20) -> tuple[float, float]:
     """µs of the sender thread's CPU per instrumented step, over `flushes` flush intervals of the
     job training alone: what the blocks' medians leave out, since a flush falls in few blocks.
-    And of it, the µs inside its flushes (FLUSHING), where it holds the GIL."""
+    And of it, the µs inside its flushes (FLUSHING), mostly Python that holds the GIL."""
     import threading
 
     from ddptop.trainer.sender import flush_interval
