@@ -244,9 +244,10 @@ _ADDRESS = torch.Tensor.data_ptr
 
 def _flat(probe: Probe, optimizer: Any, grads: list[torch.Tensor], moves: int = 0) -> guard.Flat | None:
     """The flat buffers the optimizer's gradients lie in (guard.Flat), where they lie in a few
-    (asked only of gradients that are no ranks' shards). The buffers are held by Probe.gradients, which lets go of them
-    when the optimizer goes: they are DDP's buckets, which a script that builds model after
-    model would otherwise keep, a model's gradients each."""
+    (asked only of gradients that are no ranks' shards). The buffers are held by
+    Probe.gradients, which lets go of them when the optimizer goes: they are DDP's buckets,
+    which a script that builds model after model would otherwise keep, a model's gradients
+    each."""
     flat = guard.flat_buffers(grads, moves)
     key = id(optimizer)
     if flat is not None and key not in probe.watched:  # once an optimizer: its count of gradients may come and go
