@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from builders import steps_made
 from conftest import DDPTOP, EXAMPLE, SCRIPTS, run_ddptop, wait_for
+from norms import flat_of
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -182,7 +183,7 @@ def test_a_steady_instrumented_step_never_synchronises_and_reports_the_right_val
     sampled = [r for r in rows if "comm_ms" in r]
     assert sampled and all(r["comm_ms"] > 0 and r["comm_bytes"] == (256 * 512 + 512 + 512 * 16 + 16) * 4 for r in sampled), sampled
     assert any(r.get("mem_alloc", 0) > 0 for r in rows)
-    flat = job.probe.gradients[id(job.optimizer)][3]
+    flat = flat_of(job.probe, job.optimizer)
     buckets = len({p.grad.untyped_storage().data_ptr() for p in job.model.parameters()})
     assert (flat is not None and len(flat.buffers) == buckets) is bucket_view, "gradients in DDP's buckets are normed by the buckets"
 

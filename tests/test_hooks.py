@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import torch
-from norms import total_norm
+from norms import flat_of, total_norm
 from ops_seen import OpsSeen
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -714,7 +714,7 @@ def test_gradients_in_ddps_buckets_are_normed_and_clipped_a_bucket_at_a_time_als
         after = [p.grad * factor for p in model.parameters()]
         with OpsSeen() as seen:
             optimizer.step()
-        flat = records.probe.gradients[id(optimizer)][3]
+        flat = flat_of(records.probe, optimizer)
         assert len(flat.buffers) == buckets_of(model) < len(flat.at)
         moves.append(flat.moves)
         fused = seen.names.count("aten._foreach_norm.Scalar")
@@ -740,7 +740,7 @@ def test_a_non_finite_step_in_ddps_buckets_is_skipped_and_the_next_one_normed_by
             assert record["skipped"] == "nan" and all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
         else:
             assert record["grad_norm"] == pytest.approx(expected, rel=1e-6)
-    assert len(records.probe.gradients[id(optimizer)][3].buffers) == buckets_of(model)
+    assert len(flat_of(records.probe, optimizer).buffers) == buckets_of(model)
 
 
 def test_an_optimizer_over_part_of_ddps_buckets_is_normed_a_gradient_at_a_time(records):
@@ -750,7 +750,7 @@ def test_an_optimizer_over_part_of_ddps_buckets_is_normed_a_gradient_at_a_time(r
     for _ in range(3):
         backward(model)
         step_and_check_the_norm(records, model, optimizer, head)
-    assert records.probe.gradients[id(optimizer)][3] is None, "its bucket holds gradients it does not step"
+    assert flat_of(records.probe, optimizer) is None, "its bucket holds gradients it does not step"
 
 
 def test_the_buckets_an_optimizer_was_normed_by_are_let_go_with_the_optimizer(records):
@@ -759,10 +759,40 @@ def test_the_buckets_an_optimizer_was_normed_by_are_let_go_with_the_optimizer(re
     backward(model)
     optimizer.step()
     key = id(optimizer)
-    assert records.probe.gradients[key][3] is not None
+    assert flat_of(records.probe, optimizer) is not None
     del optimizer
     gc.collect()
-    assert key not in records.probe.gradients
+    assert not [look for look in records.probe.gradients if look[0] == key]
+
+
+class SometimesDeeper(nn.Module):
+    """A model whose second layer takes part only when the forward is asked to use it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, deeper: bool) -> torch.Tensor:
+        x = self.first(x)
+        return self.second(x) if deeper else x
+
+
+def test_an_optimizer_whose_gradients_come_and_go_each_step_looks_at_each_set_once(records, monkeypatch):
+    torch.manual_seed(0)
+    model = DistributedDataParallel(SometimesDeeper(), find_unused_parameters=True, gradient_as_bucket_view=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    looks = []
+    found = guard.flat_buffers
+    monkeypatch.setattr(guard, "flat_buffers", lambda *args: looks.append(args) or found(*args))
+    looked, bucketed = [], []
+    for step in range(10):
+        optimizer.zero_grad()
+        model(torch.randn(4, 8), deeper=step % 2 == 0).pow(2).sum().backward()
+        step_and_check_the_norm(records, model, optimizer, model.parameters())
+        looked.append(len(looks))
+        bucketed.append(flat_of(records.probe, optimizer) is not None)
+    assert looked[3] >= 2 and looked[-1] == looked[3], f"each set of gradients looked at once it settled, not every step: {looked}"
+    assert bucketed == [True, False] * 5, "the whole set fills its bucket; the first layer's alone does not"
 
 
 def test_a_script_that_clips_itself_has_its_norm_taken_and_ddps_buckets_let_go(records):
@@ -775,7 +805,7 @@ def test_a_script_that_clips_itself_has_its_norm_taken_and_ddps_buckets_let_go(r
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
         optimizer.step()
         assert last_step(records, model)["grad_norm"] == pytest.approx(expected, rel=1e-6)
-        assert records.probe.gradients[id(optimizer)][3] is None, "no bucket held past DDP's rebuild of them"
+        assert flat_of(records.probe, optimizer) is None, "no bucket held past DDP's rebuild of them"
 
 
 @pytest.mark.parametrize("records", [GuardPolicy(bucket_view=True)], indirect=True, ids=["--bucket-view"])
@@ -789,7 +819,7 @@ def test_bucket_view_builds_ddp_with_gradients_in_its_buckets_where_the_script_d
         optimizer.zero_grad()
         backward(model)
         step_and_check_the_norm(records, model, optimizer, model.parameters())
-    assert len(records.probe.gradients[id(optimizer)][3].buffers) == 1, "normed by its one bucket"
+    assert len(flat_of(records.probe, optimizer).buffers) == 1, "normed by its one bucket"
     said = DistributedDataParallel(nn.Linear(8, 2), gradient_as_bucket_view=False)
     assert not said.gradient_as_bucket_view, "what the script says stands"
     places = list(inspect.signature(DistributedDataParallel.__init__).parameters)[1:]

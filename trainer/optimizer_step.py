@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ddptop.trainer import guard, late, torchapi
-from ddptop.trainer.probe import Probe
+from ddptop.trainer.probe import Gradients, Probe
 
 
 def begin(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> tuple[Any, Any] | None:
@@ -121,18 +121,16 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         return losses_only(probe)
     losses, tracker.losses = tracker.losses, []
     first = grads[0]
-    known = probe.gradients.get(id(optimizer))
-    if known is None or known[0] != len(grads):  # the usual step: no call
+    look = (id(optimizer), len(grads))
+    known = probe.gradients.get(look)
+    if known is None:  # the usual step: no call
         if len(probe.gradients) >= COVERS_KEPT:  # a script that makes optimizer after optimizer
             probe.gradients.clear()
         sharded = guard.any_sharded(grads)
-        known = probe.gradients[id(optimizer)] = (
-            len(grads),
-            sharded,
-            guard.on_several_devices(grads),
-            None if sharded else _flat(probe, optimizer, grads),
+        known = probe.gradients[look] = Gradients(
+            sharded, guard.on_several_devices(grads), None if sharded else _flat(probe, optimizer, grads)
         )
-    sharded = known[1]
+    sharded = known.sharded
     if sharded and "sharded" not in probe.noticed:
         probe.tell_once("sharded", SHARDED_NOTICE)
     skips = probe.skips and not sharded
@@ -156,20 +154,20 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     local = False
     if borrowed is not None:
         parts = [borrowed]
-        if known[3] is not None:  # a script that clips needs no buffers: let go of them, and of looking
-            probe.gradients[id(optimizer)] = (*known[:3], None)
+        if known.flat is not None:  # a script that clips needs no buffers: let go of them, and of looking
+            probe.gradients[look] = known._replace(flat=None)
     elif sharded:
         parts, local = guard.sharded_norms(grads, clip, grad_scale)
     else:
-        flat = known[3]
+        flat = known.flat
         if flat is not None and list(map(_ADDRESS, grads)) != flat.at:  # the usual step: no call
-            flat = _moved(probe, optimizer, grads, known)
+            flat = _moved(probe, optimizer, grads, look, flat)
         normed = grads if flat is None else flat.buffers
         parts = guard.norms(normed)
         if clip is not None or on_device:
             parts = [guard.total(parts)]
             if clip is not None:
-                guard.clip_on_device(normed, parts[0] if grad_scale is None else parts[0] / grad_scale, clip, known[2])
+                guard.clip_on_device(normed, parts[0] if grad_scale is None else parts[0] / grad_scale, clip, known.several_devices)
     if on_device:  # the flag on the norm's device, which a script's clip of a model over GPUs picks (its first gradient's)
         flag, norm = probe.inf_flag, parts[0]
         if flag is None or flag.device != norm.device:
@@ -260,18 +258,19 @@ def _flat(probe: Probe, optimizer: Any, grads: list[torch.Tensor], moves: int = 
 
 
 def _let_go(probe: Probe, key: int) -> None:
-    """An optimizer is gone: its entry, and the buckets it held, go with it."""
-    probe.gradients.pop(key, None)
+    """An optimizer is gone: its entries, and the buckets they held, go with it."""
+    for look in [look for look in probe.gradients if look[0] == key]:
+        del probe.gradients[look]
     probe.watched.discard(key)
 
 
-def _moved(probe: Probe, optimizer: Any, grads: list[torch.Tensor], known: tuple[Any, ...]) -> guard.Flat | None:
+def _moved(probe: Probe, optimizer: Any, grads: list[torch.Tensor], look: tuple[int, int], was: guard.Flat) -> guard.Flat | None:
     """A step whose gradients are not where its optimizer's flat buffers were found (DDP
     rebuilt its buckets after the first step, or a script set its own gradients): found
     again, up to guard.MOVES_KEPT times."""
-    moves = known[3].moves + 1
+    moves = was.moves + 1
     flat = _flat(probe, optimizer, grads, moves) if moves <= guard.MOVES_KEPT else None
-    probe.gradients[id(optimizer)] = (*known[:3], flat)
+    probe.gradients[look] = probe.gradients[look]._replace(flat=flat)
     return flat
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -18,6 +18,17 @@ from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.profiling import Captures
 from ddptop.trainer.sampled import Sampled
 from ddptop.trainer.steps import StepTracker
+
+
+class Gradients(NamedTuple):
+    """What the guard found of one optimizer's gradients, for one count of them (Probe.gradients)."""
+
+    sharded: bool
+    """Whether any of them is sharded over ranks (a DTensor)."""
+    several_devices: bool
+    """Whether they are on several devices (a model split over GPUs)."""
+    flat: guard.Flat | None
+    """The flat buffers they lie in (DDP's buckets under gradient_as_bucket_view), or None."""
 
 
 class Probe:
@@ -51,13 +62,13 @@ class Probe:
         self.clips = 0
         self.clipped: list[Any] = []
         """The parameters the script's clip_grad_norm_ was given this step (not held past it)."""
-        self.gradients: dict[int, tuple[int, bool, bool, guard.Flat | None]] = {}
-        """By optimizer id: how many gradients it stepped last, whether any of them is sharded
-        (a DTensor), whether they are on several devices (a model split over GPUs), and the flat
-        buffers they lie in (DDP's buckets under gradient_as_bucket_view): found when that count
-        changes, then looked up without a call."""
+        self.gradients: dict[tuple[int, int], Gradients] = {}
+        """What the guard found of an optimizer's gradients, by optimizer id and how many of them
+        a step has: found at the first step with that count, then looked up without a call. By
+        count too, since a script may step a different set each step (find_unused_parameters
+        with a layer used every other step): each set keeps its own."""
         self.watched: set[int] = set()
-        """The optimizers (by id) whose end lets go of their entry in gradients: watched once each."""
+        """The optimizers (by id) whose end lets go of their entries in gradients: watched once each."""
         self.covers: dict[tuple[int, ...], bool] = {}
         """Whether a script's clip covered every gradient an optimizer steps, by (optimizer, gradients,
         parameters clipped, first and last of them): found once, then looked up without a call."""
