@@ -258,9 +258,12 @@ def _flat(probe: Probe, optimizer: Any, grads: list[torch.Tensor], moves: int = 
 
 
 def _let_go(probe: Probe, key: int) -> None:
-    """An optimizer is gone: its entries, and the buckets they held, go with it."""
-    for look in [look for look in probe.gradients if look[0] == key]:
-        del probe.gradients[look]
+    """An optimizer is gone: its entries, and the buckets they held, go with it. Its keys are
+    copied first in one call (list), since a collection on another thread may run this while the
+    training thread adds an entry."""
+    for look in list(probe.gradients):
+        if look[0] == key:
+            probe.gradients.pop(look, None)
     probe.watched.discard(key)
 
 
