@@ -65,7 +65,10 @@ ddptop's Python calls on the training thread (sys.setprofile: calls whose
 code is in ddptop's folders) and its torch ops (a TorchDispatchMode, the
 instrumented job's ops less the plain job's), per step, over steady steps
 of a DDP MLP of 8 layers with AdamW, its gradients in 2 and then in 8
-buckets: what grows with the buckets is paid per bucket.
+buckets: what grows with the buckets is paid per bucket. Then in 2 buckets
+with the last half of the layers used every other step (DDP's
+find_unused_parameters): the optimizer's count of gradients alternates,
+which should cost no more calls than a count that stays.
 """
 
 from __future__ import annotations
@@ -260,15 +263,18 @@ def without(parts: list[str]) -> None:
         optimizer_step._guard = lambda probe, optimizer: {}
 
 
-Counted = dict[int, tuple[float, float, list[tuple[str, float]]]]
-"""By buckets: ddptop's Python calls and torch ops a step, and the ops it adds by name, most first."""
+Counted = dict[tuple[int, bool], tuple[float, float, list[tuple[str, float]]]]
+"""By buckets and whether the model's last half sits out every other step: ddptop's Python calls
+and torch ops a step, and the ops it adds by name, most first."""
 
 
 def counts(optimizer_hooks: dict[str, Any], torch_device: Any, bucket_view: bool, steps: int = 100) -> tuple[Counted, float]:
     """By buckets (2, 8): ddptop's Python calls and torch ops a step on the training thread (see above),
     with the ops the instrumented run made beyond the plain one's by name (a count that moves between
     runs says what moved it); and of those ops, the parameter checksum's share, averaged over the
-    steps between two checksums.
+    steps between two checksums. Then the same in 2 buckets with the model's last half used every
+    other step (DDP's find_unused_parameters): an optimizer whose count of gradients alternates,
+    which must cost no more a step than one whose count stays.
 
     The checksum covers every DDP model the rank built, so while counting it is pointed at the
     counted model alone: a one-model job's count, not one that includes the bench's other jobs."""
@@ -296,14 +302,28 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, bucket_view: bool
     found: Counted = {}
     probe = optimizer_hooks["probe"]
     jobs_models = probe.models
-    for buckets in (2, 8):
 
-        def make(hooked: bool, buckets: int = buckets) -> tuple[Any, Any]:
+    class Mlp(nn.Module):
+        """The counted MLP; `whole=False` runs its first half alone."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+
+        def forward(self, x: Any, whole: bool = True) -> Any:
+            return self.layers(x) if whole else self.layers[: layers // 2](x)
+
+    for buckets, every_other in ((2, False), (8, False), (2, True)):
+
+        def make(hooked: bool, buckets: int = buckets, every_other: bool = every_other) -> tuple[Any, Any]:
             torch.manual_seed(0)
-            module = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).to(torch_device)
+            module = Mlp().to(torch_device)
             with contextlib.nullcontext() if hooked else patches.suspended():
                 model = torch.nn.parallel.DistributedDataParallel(
-                    module, bucket_cap_mb=layer_bytes * (layers // buckets) / 2**20 * 0.999, gradient_as_bucket_view=bucket_view
+                    module,
+                    bucket_cap_mb=layer_bytes * (layers // buckets) / 2**20 * 0.999,
+                    gradient_as_bucket_view=bucket_view,
+                    find_unused_parameters=every_other,
                 )
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             if hooked:
@@ -311,12 +331,12 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, bucket_view: bool
                 optimizer.register_step_post_hook(optimizer_hooks["post"])
             return model, optimizer
 
-        def run(model: Any, optimizer: Any, n: int, hooked: bool) -> None:
+        def run(model: Any, optimizer: Any, n: int, hooked: bool, every_other: bool = every_other) -> None:
             x = torch.randn(32, width, device=torch_device)
             with contextlib.nullcontext() if hooked else patches.suspended():
-                for _ in range(n):
+                for step in range(n):
                     optimizer.zero_grad(set_to_none=True)
-                    model(x).pow(2).mean().backward()
+                    model(x, not every_other or step % 2 == 0).pow(2).mean().backward()
                     optimizer.step()
 
         calls = 0
@@ -343,11 +363,11 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, bucket_view: bool
                 run(model, optimizer, steps, hooked)
                 sys.setprofile(None)
             sizes = str(model._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
-            assert len(sizes.split(",")) == buckets, sizes
+            assert every_other or len(sizes.split(",")) == buckets, sizes  # DDP rebuilds no buckets for unused parameters
         added = ops[True].names
         added.subtract(ops[False].names)
         by_name = [(name, count / steps) for name, count in added.most_common() if count > 0]
-        found[buckets] = (calls / steps, (ops[True].count - ops[False].count) / steps, by_name)
+        found[buckets, every_other] = (calls / steps, (ops[True].count - ops[False].count) / steps, by_name)
     with Ops() as counted:
         guard.checksum_parts(probe.parameters())
     probe.models = jobs_models
@@ -469,7 +489,9 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def report_counts(counted: Counted, checksum_ops: float, every: int) -> None:
-    (few, (calls_few, ops_few, _)), (many, (calls_many, ops_many, _)) = sorted(counted.items())
+    ((few, _), (calls_few, ops_few, _)), ((many, _), (calls_many, ops_many, _)) = sorted(
+        (layout, count) for layout, count in counted.items() if not layout[1]
+    )
     per_bucket = ((calls_many - calls_few) / (many - few), (ops_many - ops_few) / (many - few))
     print(
         "ddptop on the training thread, a step of a DDP MLP (8 layers, AdamW), 100 steady steps: "
@@ -477,9 +499,16 @@ def report_counts(counted: Counted, checksum_ops: float, every: int) -> None:
         f"{many} buckets {calls_many:.1f} calls, {ops_many:.1f} ops; per bucket {per_bucket[0]:.2f} calls, {per_bucket[1]:.2f} ops; "
         f"of the ops, the checksum's every {every} steps, averaged: {checksum_ops:.2f} a step"
     )
-    for buckets, (_, _, by_name) in sorted(counted.items()):
+    calls_alternating, ops_alternating, _ = counted[few, True]
+    print(
+        f"  the last half of its layers used every other step (find_unused_parameters), {few} buckets: "
+        f"{calls_alternating:.1f} calls, {ops_alternating:.1f} ops a step"
+    )
+    for (buckets, every_other), (_, _, by_name) in sorted(counted.items()):
         named = ", ".join(f"{name} {count:.2f}" for name, count in by_name[:OPS_NAMED]) or "none"
-        print(f"  the ops ddptop added a step, {buckets} buckets, by name: {named}")
+        print(
+            f"  the ops ddptop added a step, {buckets} buckets{', half the layers every other step' if every_other else ''}, by name: {named}"
+        )
 
 
 OPS_NAMED = 6
