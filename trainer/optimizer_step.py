@@ -124,7 +124,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     look = (id(optimizer), len(grads))
     known = probe.gradients.get(look)
     if known is None:  # the usual step: no call
-        if len(probe.gradients) >= COVERS_KEPT:  # a script that makes optimizer after optimizer
+        if len(probe.gradients) >= COVERS_KEPT:  # a script that makes optimizer after optimizer, or steps ever new sets
             probe.gradients.clear()
         sharded = guard.any_sharded(grads)
         known = probe.gradients[look] = Gradients(
@@ -161,7 +161,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     else:
         flat = known.flat
         if flat is not None and list(map(_ADDRESS, grads)) != flat.at:  # the usual step: no call
-            flat = _moved(probe, optimizer, grads, look, flat)
+            flat = _moved(probe, optimizer, grads, look, known)
         normed = grads if flat is None else flat.buffers
         parts = guard.norms(normed)
         if clip is not None or on_device:
@@ -267,18 +267,19 @@ def _let_go(probe: Probe, key: int) -> None:
     probe.watched.discard(key)
 
 
-def _moved(probe: Probe, optimizer: Any, grads: list[torch.Tensor], look: tuple[int, int], was: guard.Flat) -> guard.Flat | None:
+def _moved(probe: Probe, optimizer: Any, grads: list[torch.Tensor], look: tuple[int, int], known: Gradients) -> guard.Flat | None:
     """A step whose gradients are not where its optimizer's flat buffers were found (DDP
     rebuilt its buckets after the first step, or a script set its own gradients): found
     again, up to guard.MOVES_KEPT times."""
-    moves = was.moves + 1
+    assert known.flat is not None
+    moves = known.flat.moves + 1
     flat = _flat(probe, optimizer, grads, moves) if moves <= guard.MOVES_KEPT else None
-    probe.gradients[look] = probe.gradients[look]._replace(flat=flat)
+    probe.gradients[look] = known._replace(flat=flat)
     return flat
 
 
 COVERS_KEPT = 16
-"""Arrangements Probe.covers, and optimizers Probe.gradients, keep at most: cleared when full."""
+"""Arrangements Probe.covers, and (optimizer, count of gradients) entries Probe.gradients, keep at most: cleared when full."""
 
 
 def _script_covers(probe: Probe, optimizer: Any, clipped: list[Any], key: tuple[int, ...]) -> bool:
