@@ -259,17 +259,20 @@ def test_a_quiet_rank_is_said_to_be_stopped_and_where_it_was_last():
     from ddptop.core.model.rank import RankState
     from ddptop.supervisor.watching.stuck import quiet_rank
 
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # A process starting up may be in state D for a moment (reading its interpreter's pages from
+    # a busy disk): it says when it is past that, and the test waits for its sleep to be seen.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
     try:
+        assert sleeper.stdout is not None and sleeper.stdout.readline() == b"\n"
         rank = RankState(1, pid=sleeper.pid, host=socket.gethostname(), where="train.py:51 in _run_batch")
-        assert quiet_rank(rank) == "last at train.py:51 in _run_batch", "a sleeping process says nothing more"
+        assert wait_for(lambda: quiet_rank(rank) == "last at train.py:51 in _run_batch", 5, "a sleeping process says nothing more")
         os.kill(sleeper.pid, signal.SIGSTOP)
         assert wait_for(lambda: quiet_rank(rank) == "stopped by SIGSTOP, last at train.py:51 in _run_batch", 5, "the stop seen")
         elsewhere = RankState(1, pid=sleeper.pid, host="another-host", where="train.py:51 in _run_batch")
         assert quiet_rank(elsewhere) == "last at train.py:51 in _run_batch", "another host's pid is not this one's"
     finally:
         sleeper.kill()
-        sleeper.wait()
+        sleeper.communicate()
     stopped = Standing(True, "all-reduce", "train.py:50 in _run_batch", 2391)
     text = describe({0: stopped}, {0: 16.0}, {1: 16.2}, ["default group: rank 0 in all_reduce #2398 (84 B)"], {1: "stopped by SIGSTOP"})
     assert text == (
