@@ -3,7 +3,9 @@
 import json
 import math
 import os
+import socket
 import subprocess
+from pathlib import Path
 
 import psutil
 import pytest
@@ -12,6 +14,7 @@ from conftest import DDPTOP, EXAMPLE, run_ddptop
 from ddptop.core import rundir
 from ddptop.core.eventlog import EventLog
 from ddptop.core.model.history import pack
+from ddptop.core.wire import unixpath
 
 
 def assert_one_line_error(result, fragment: str) -> None:
@@ -114,6 +117,15 @@ def _fake_run(tmp_path, state: str, supervisor_pid: int) -> rundir.RunDir:
     return run
 
 
+def _bound(path: Path) -> socket.socket:
+    """A socket bound at a run's socket path, as its supervisor binds it: through unixpath, since
+    a test's temporary folder (a worker's, under pytest-xdist) can be longer than AF_UNIX allows."""
+    sock = socket.socket(socket.AF_UNIX)
+    with unixpath.usable(str(path)) as short:
+        sock.bind(short)
+    return sock
+
+
 def test_attach_to_nothing_or_to_a_missing_run(ddptop_home):
     assert_one_line_error(run_ddptop("attach"), "no running job of yours")
     assert_one_line_error(run_ddptop("attach", "nope"), "no run matches")
@@ -125,22 +137,15 @@ def test_attach_to_a_finished_run_points_to_replay(ddptop_home, tmp_path):
 
 
 def test_attach_to_a_dead_socket_file(ddptop_home, tmp_path):
-    import socket
-
     run = _fake_run(tmp_path, "running", os.getpid())  # a live pid, but nobody listens
-    dead = socket.socket(socket.AF_UNIX)
-    dead.bind(str(run.socket_path))
-    dead.close()
+    _bound(run.socket_path).close()
     assert_one_line_error(run_ddptop("attach", run.id), "does not answer on its socket")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a socket another user's needs root")
 def test_attach_to_another_users_socket(ddptop_home, tmp_path):
-    import socket
-
     run = _fake_run(tmp_path, "running", os.getpid())
-    sock = socket.socket(socket.AF_UNIX)
-    sock.bind(str(run.socket_path))
+    sock = _bound(run.socket_path)
     os.chown(run.socket_path, 65534, 65534)
     try:
         assert_one_line_error(run_ddptop("attach", run.id), "belongs to another user")
@@ -150,16 +155,12 @@ def test_attach_to_another_users_socket(ddptop_home, tmp_path):
 
 def test_operating_a_run_that_cannot_be_operated_is_one_line_and_exit_2(ddptop_home, tmp_path):
     """stop, restart and kill find their run alike (control.live_run): each case once, by one of them."""
-    import socket
-
     assert_one_line_error(run_ddptop("stop"), "no running job of yours to stop")
     assert_one_line_error(run_ddptop("kill", "nope", "--rank", "0"), "no run matches")
     ended = _fake_run(tmp_path, "finished", os.getpid())
     assert_one_line_error(run_ddptop("restart", ended.id), f"run {ended.id} has finished: nothing to restart")
     stale = _fake_run(tmp_path, "running", os.getpid())  # its supervisor died: the socket file stayed
-    dead = socket.socket(socket.AF_UNIX)
-    dead.bind(str(stale.socket_path))
-    dead.close()
+    _bound(stale.socket_path).close()
     assert_one_line_error(run_ddptop("stop", stale.id), "does not answer on its socket")
 
 
@@ -185,8 +186,6 @@ def test_replay_of_a_missing_run(ddptop_home):
 @pytest.fixture
 def taken_port():
     """A port something else listens on."""
-    import socket
-
     with socket.create_server(("127.0.0.1", 0)) as sock:
         yield sock.getsockname()[1]
 
