@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SCRIPTS
 
-pytestmark = [pytest.mark.slow, pytest.mark.wheel]
+# One worker builds the wheel and its venv (module fixtures) for all of them.
+pytestmark = [pytest.mark.slow, pytest.mark.wheel, pytest.mark.xdist_group("wheel")]
 
 PARTS = ("core", "supervisor", "trainer", "tui")
 PACKAGE_FILES = (".py", ".tcss", ".typed")
