@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -13,12 +14,22 @@ from pathlib import Path
 import pytest
 
 from ddptop.core import rundir, wire
+from ddptop.core.wire import unixpath
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))  # the synthetic-rank load generator
 DDPTOP = str(Path(sys.executable).parent / "ddptop")
 EXAMPLE = REPO / "examples" / "train.py"
 SCRIPTS = REPO / "tests" / "scripts"
+
+
+def bound_unix(path: Path) -> socket.socket:
+    """A Unix socket bound at path as ddptop binds its own, through unixpath: a test's temporary
+    folder (a pytest-xdist worker's is a level deeper) can be longer than AF_UNIX allows."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with unixpath.usable(str(path)) as short:
+        sock.bind(short)
+    return sock
 
 
 class Deadline:

@@ -5,16 +5,14 @@ import math
 import os
 import socket
 import subprocess
-from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DDPTOP, EXAMPLE, run_ddptop
+from conftest import DDPTOP, EXAMPLE, bound_unix, run_ddptop
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import EventLog
 from ddptop.core.model.history import pack
-from ddptop.core.wire import unixpath
 
 
 def assert_one_line_error(result, fragment: str) -> None:
@@ -117,15 +115,6 @@ def _fake_run(tmp_path, state: str, supervisor_pid: int) -> rundir.RunDir:
     return run
 
 
-def _bound(path: Path) -> socket.socket:
-    """A socket bound at a run's socket path, as its supervisor binds it: through unixpath, since
-    a test's temporary folder (a worker's, under pytest-xdist) can be longer than AF_UNIX allows."""
-    sock = socket.socket(socket.AF_UNIX)
-    with unixpath.usable(str(path)) as short:
-        sock.bind(short)
-    return sock
-
-
 def test_attach_to_nothing_or_to_a_missing_run(ddptop_home):
     assert_one_line_error(run_ddptop("attach"), "no running job of yours")
     assert_one_line_error(run_ddptop("attach", "nope"), "no run matches")
@@ -138,14 +127,14 @@ def test_attach_to_a_finished_run_points_to_replay(ddptop_home, tmp_path):
 
 def test_attach_to_a_dead_socket_file(ddptop_home, tmp_path):
     run = _fake_run(tmp_path, "running", os.getpid())  # a live pid, but nobody listens
-    _bound(run.socket_path).close()
+    bound_unix(run.socket_path).close()
     assert_one_line_error(run_ddptop("attach", run.id), "does not answer on its socket")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a socket another user's needs root")
 def test_attach_to_another_users_socket(ddptop_home, tmp_path):
     run = _fake_run(tmp_path, "running", os.getpid())
-    sock = _bound(run.socket_path)
+    sock = bound_unix(run.socket_path)
     os.chown(run.socket_path, 65534, 65534)
     try:
         assert_one_line_error(run_ddptop("attach", run.id), "belongs to another user")
@@ -160,7 +149,7 @@ def test_operating_a_run_that_cannot_be_operated_is_one_line_and_exit_2(ddptop_h
     ended = _fake_run(tmp_path, "finished", os.getpid())
     assert_one_line_error(run_ddptop("restart", ended.id), f"run {ended.id} has finished: nothing to restart")
     stale = _fake_run(tmp_path, "running", os.getpid())  # its supervisor died: the socket file stayed
-    _bound(stale.socket_path).close()
+    bound_unix(stale.socket_path).close()
     assert_one_line_error(run_ddptop("stop", stale.id), "does not answer on its socket")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DDPTOP, EXAMPLE, SCRIPTS, recorded, run_ddptop, wait_for
+from conftest import DDPTOP, EXAMPLE, SCRIPTS, bound_unix, recorded, run_ddptop, wait_for
 
 from ddptop.core import rundir, wire
 from ddptop.supervisor.launching.torchrun import BOOTSTRAP_DIR
@@ -214,8 +214,7 @@ def rank_alone(script: Path, address: str, *args: str, timeout: float = 120) -> 
 
 def test_a_rank_trains_on_when_the_supervisor_stalls(tmp_path):
     path = tmp_path / "s"
-    with socket.socket(socket.AF_UNIX) as server:
-        server.bind(str(path))
+    with bound_unix(path) as server:
         server.listen()  # accepts into the backlog, never reads
         result = rank_alone(SCRIPTS / "plain_ddp.py", f"unix:{path}", "--steps", "3000")
     assert result.returncode == 0, result.stderr
@@ -225,8 +224,7 @@ def test_a_rank_counts_what_it_dropped_while_the_supervisor_was_gone(tmp_path):
     """The listener hangs up on the first connection; the rank reconnects and reports its drops."""
     path = tmp_path / "s"
     result: dict = {}
-    with socket.socket(socket.AF_UNIX) as server:
-        server.bind(str(path))
+    with bound_unix(path) as server:
         server.listen()
         server.settimeout(60)
         rank = threading.Thread(target=lambda: result.update(r=rank_alone(SCRIPTS / "plain_ddp.py", f"unix:{path}", "--steps", "3000")))

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 from builders import hello
-from conftest import wait_for
+from conftest import bound_unix, wait_for
 
 from ddptop.core import wire
 from ddptop.trainer.sender import Sender
@@ -24,8 +24,7 @@ def step(i: int) -> dict:
 @pytest.fixture
 def listener(tmp_path):
     path = tmp_path / "s"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
+    server = bound_unix(path)
     server.listen()
     yield server, f"unix:{path}"
     server.close()
@@ -157,11 +156,7 @@ def test_a_socket_path_longer_than_af_unix_allows(tmp_path):
     deep.mkdir(parents=True)
     path = deep / "sock"
     assert len(str(path)) > 108
-    from ddptop.core.wire import unixpath
-
-    server = socket.socket(socket.AF_UNIX)
-    with unixpath.usable(str(path)) as short:
-        server.bind(short)
+    server = bound_unix(path)  # through unixpath, as the supervisor binds it
     server.listen()
     assert path.exists()
     frames: list = []
