@@ -159,10 +159,13 @@ class Sampler:
             if proc is not None:
                 try:
                     with proc.oneshot():
-                        # An exited rank not yet reaped reads as 0 bytes and 0%: no reading, so its last one stays.
-                        if proc.status() != psutil.STATUS_ZOMBIE:
+                        # A rank that is exiting reads as 0 bytes and 0% from the moment the kernel
+                        # releases its memory, before it is a zombie and after: no reading, so its
+                        # last one stays. No live Python process has no resident memory.
+                        rss = proc.memory_info().rss
+                        if rss and proc.status() != psutil.STATUS_ZOMBIE:
                             entry["cpu"] = proc.cpu_percent()
-                            entry["rss"] = proc.memory_info().rss
+                            entry["rss"] = rss
                 except psutil.Error:
                     self._procs.pop(pid, None)
             if rank in gpu_procs:

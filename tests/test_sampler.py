@@ -125,3 +125,16 @@ def test_a_rank_that_exited_but_is_not_reaped_gives_no_reading():
     child.wait()
     [entry] = Sampler(None).sample({0: os.getpid()})["procs"]
     assert entry["rss"] > 0  # a live process still gives its reading
+
+
+def test_a_process_whose_memory_is_released_gives_no_reading():
+    """An exiting rank's memory goes before it is a zombie; kthreadd (pid 2) has none at all, as
+    such a rank has then. Rank 0 of an ended job read "0 B" while rank 1 kept its last reading."""
+    try:
+        kernel_thread = psutil.Process(2)
+        if kernel_thread.memory_info().rss != 0:
+            pytest.skip("pid 2 here is not a kernel thread")
+    except psutil.Error:
+        pytest.skip("pid 2 is not visible in this process namespace")
+    [entry] = Sampler(None).sample({0: 2})["procs"]
+    assert entry == {"rank": 0, "pid": 2}
