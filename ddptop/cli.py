@@ -58,7 +58,7 @@ def _launch_help() -> str:
 def launch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_launch_help())
-        return 0
+        return 0 if argv else 2  # no script given: the usage, and a failure to a shell that chains on it, as bare `ddptop`
     from ddptop.supervisor.launch import launch as supervisor_launch
 
     return supervisor_launch(argv, _dashboard_for_launch)

@@ -47,6 +47,12 @@ def test_bad_input_is_one_line_and_exit_2(ddptop_home, args, fragment):
     assert_one_line_error(run_ddptop(*args), fragment)
 
 
+@pytest.mark.parametrize("args", [[], ["launch"]])
+def test_no_command_or_no_script_prints_the_usage_and_fails(ddptop_home, args):
+    result = run_ddptop(*args)
+    assert result.returncode == 2 and result.stdout.startswith("usage: ddptop launch"), result
+
+
 @pytest.mark.parametrize("args", [["--help"], ["launch", "--help"], ["ls"]])
 def test_a_reader_that_went_away_ends_the_output_quietly(ddptop_home, args):
     """`ddptop --help | head -1`: the pipe's reader closes before ddptop has written; here, before it starts."""
