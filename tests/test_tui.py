@@ -93,6 +93,34 @@ async def test_a_cpu_job_s_table_at_160_columns_shows_cpu_and_rss_not_empty_gpu_
         assert "CPU %" in header and "RSS" in header and "GPU" not in header, header
 
 
+async def test_at_80_columns_the_numbers_come_first_and_scroll_into_view_beside_their_rank(job):
+    """A narrow terminal shows the step time at once, and right (column by column) brings the
+    rest into view with NODE and RANK still there to say whose they are; WHERE comes last."""
+    job.feed(world=4)
+    app = dashboard(job)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(lambda: table(app).row_count == 4 and "-" not in column(app, "where") + column(app, "grad_norm"), "full rows")
+        await pilot.press("p")  # the table as it is: no later record widens a column while it scrolls
+        await until(lambda: app.paused, "the display paused")
+        rank_table = table(app)
+        header = rank_table.render_line(0).text
+        assert header.split()[:2] == ["NODE", "RANK"] and "STEP MS" in header and "WHERE" not in header, header
+        rank_table.focus()
+        await until(lambda: rank_table.has_focus, "the table focused: its keys are its own")
+        row = rank_table.ranks_in_order().index(2) + 1
+        for _ in range(30):  # to the end: a press past the last column's start leaves the table where it is
+            x = rank_table.scroll_offset.x
+            await pilot.press("right")
+            if rank_table.scroll_offset.x == x:
+                break
+        header, line = rank_table.render_line(0).text, rank_table.render_line(row).text
+        assert header.split()[:2] == ["NODE", "RANK"] and "WHERE" in header and "STEP MS" not in header, header
+        assert line.split()[:2] == ["0", "2"] and column(app, "where")[2] in line, line
+        for _ in range(30):
+            await pilot.press("left")
+        assert rank_table.scroll_offset.x == 0 and rank_table.render_line(0).text.split()[2] == "PID"
+
+
 async def test_the_header_says_how_the_script_started_its_ranks(job):
     job.hub.record({"type": "run", "wall": time.time(), "script": "/data/dp.py", "launch_style": "single", "gpus": 2})
     job.feed(world=1)

@@ -10,6 +10,7 @@ from textual.widgets import Static
 
 KEYS = [
     ("enter", "rank detail: its step and comm time over the run, its stack, its own log tail; on a node, its ranks"),
+    ("← / →", "scroll a table wider than the terminal a column at a time (its node and rank stay)"),
     ("n", "node rollup (one line per node, worst rank named) / every rank"),
     ("s / S", "sort by the next column / reverse the order"),
     ("/", "filter ranks (words match node, rank, host, state); esc clears, or goes back to the nodes"),

@@ -6,6 +6,10 @@ its rows as texts keyed by an id (a rank, a node), draws a line as a string
 join and a Strip, and keeps the cursor on its id, not its position, through
 re-sorts and filtering. Subclasses say what the header is and how a row
 is coloured.
+
+A table wider than its view scrolls sideways a column at a time (left,
+right), with its first FROZEN columns kept in place, as a spreadsheet keeps
+its key column: a rank's numbers scrolled into view still say whose they are.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ GAP = "  "
 class LineTable(ScrollView, can_focus=True):
     PREFIX = ""
     """The subclass's component-class prefix: its styles are PREFIX--header, --cursor..."""
+    FROZEN = 1
+    """Leading columns that stay in view when the table scrolls sideways: the row's key."""
 
     BINDINGS = [
         Binding("up", "cursor(-1)", show=False),
@@ -34,6 +40,8 @@ class LineTable(ScrollView, can_focus=True):
         Binding("pagedown", "page(1)", show=False),
         Binding("home", "cursor(-1000000)", show=False),
         Binding("end", "cursor(1000000)", show=False),
+        Binding("left", "column(-1)", show=False),
+        Binding("right", "column(1)", show=False),
     ]
 
     def __init__(self, header: list[str], optional: frozenset[int] = frozenset(), **kwargs: Any) -> None:
@@ -81,6 +89,19 @@ class LineTable(ScrollView, can_focus=True):
             self.virtual_size = size
         self.refresh()
 
+    def _column_starts(self) -> list[int]:
+        """Where each shown column after the frozen ones starts, in the line's cells."""
+        starts, at = [], 1
+        for width in (w for w in self._widths if w):
+            starts.append(at)
+            at += width + len(GAP)
+        return starts[self.FROZEN :]
+
+    def _frozen_width(self) -> int:
+        """The cells that stay put when the table scrolls sideways: up to its first unfrozen column."""
+        starts = self._column_starts()
+        return starts[0] if starts else 0
+
     def _row_segments(self, key: int, line: str, base: Style) -> list[Segment]:
         """One row's segments; base already has the cursor or zebra style."""
         raise NotImplementedError
@@ -104,7 +125,13 @@ class LineTable(ScrollView, can_focus=True):
             elif index % 2:
                 base += self._style("zebra")
             segments = self._row_segments(key, self._line(self._row_texts(key)), base)
-        return Strip(segments).crop(scroll_x, scroll_x + width).adjust_cell_length(width, self._style("base"))
+        line = Strip(segments)
+        frozen = min(self._frozen_width(), width) if scroll_x else 0
+        if frozen:
+            line = Strip.join([line.crop(0, frozen), line.crop(frozen + scroll_x, scroll_x + width)])
+        else:
+            line = line.crop(scroll_x, scroll_x + width)
+        return line.adjust_cell_length(width, self._style("base"))
 
     def _move_to(self, index: int) -> None:
         if not self._order:
@@ -117,6 +144,14 @@ class LineTable(ScrollView, can_focus=True):
     def action_cursor(self, delta: int) -> None:
         current = self._order.index(self._cursor) if self._cursor in self._order else 0
         self._move_to(current + delta)
+
+    def action_column(self, direction: int) -> None:
+        """Scroll sideways to the next column's start (direction 1) or the previous one's (-1)."""
+        frozen = self._frozen_width()
+        offsets = [start - frozen for start in self._column_starts()]
+        x = self.scroll_offset.x
+        target = next((o for o in offsets if o > x), x) if direction > 0 else max((o for o in offsets if o < x), default=0)
+        self.scroll_to(x=min(target, self.max_scroll_x), animate=False)
 
     def action_page(self, direction: int) -> None:
         self.action_cursor(direction * max(1, self.size.height - 2))

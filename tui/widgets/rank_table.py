@@ -63,9 +63,10 @@ IDENTITY = [
     Column("pid", "PID", lambda r, now, live: str(r.pid or "-"), lambda r: r.pid),
     Column("state", "STATE", lambda r, now, live: rank_status(r, now, live), lambda r: r.phase),
     Column("step", "STEP", lambda r, now, live: "-" if r.step < 0 else str(r.step), lambda r: r.step),
-    Column("where", "WHERE", lambda r, now, live: r.where or "-", lambda r: r.where or ""),
 ]
-COLUMNS = IDENTITY + [_metric_column(header, metrics) for header, metrics in grouped(lambda metric: metric.column)]
+WHERE = Column("where", "WHERE", lambda r, now, live: r.where or "-", lambda r: r.where or "")
+"""Last, as top's COMMAND is: the one long text, which a narrow terminal cuts rather than the numbers."""
+COLUMNS = IDENTITY + [_metric_column(header, metrics) for header, metrics in grouped(lambda metric: metric.column)] + [WHERE]
 SORTABLE = [c.key for c in COLUMNS if c.key not in ("pid", "state")]
 HIGHLIGHTED = ("rank", "state")
 _KEYS = [c.key for c in COLUMNS]
@@ -75,6 +76,8 @@ _SORT = {c.key: c.sort_of for c in COLUMNS}
 
 class RankTable(LineTable):
     PREFIX = "rank-table"
+    FROZEN = 2
+    """NODE and RANK stay in view when the table scrolls sideways."""
     DEFAULT_CSS = """
     RankTable > .rank-table--header { text-style: bold; background: $panel; }
     RankTable > .rank-table--cursor { background: $accent 40%; text-style: bold; }
