@@ -225,6 +225,23 @@ async def test_detail_logs_and_help_screens(job):
 
 
 @pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
+async def test_a_rank_s_detail_at_80x24_keeps_its_title_and_a_log_in_view(job):
+    """The detail's title says which rank it is: on a small terminal the charts give up rows
+    rather than the screen scrolling the title out of view and the log to nothing."""
+    job.feed(world=2)
+    app = dashboard(job)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(lambda: table(app).row_count == 2, "rows")
+        await pilot.press("down", "enter")
+        screen = app.screen
+        assert isinstance(screen, RankDetailScreen)
+        await until(lambda: "job.py:42 in train_step" in str(screen.query_one("#live-stack").render()), "the main thread's stack")
+        await pilot.pause()
+        title, log = screen.query_one("#detail-title"), screen.query_one("#log")
+        assert title.region.y == 0 and "rank 1" in str(title.render()), title.region
+        assert log.region.height >= 3 and log.region.bottom <= 23, log.region  # above the footer's row
+
+
 async def test_kill_rank_asks_first(job):
     job.feed(world=4)
     app = dashboard(job)
