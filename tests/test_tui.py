@@ -175,6 +175,9 @@ async def test_too_many_ranks_roll_up_by_node_with_the_worst_named_and_drill_dow
         assert nodes.cell(1, "WORST RANK").startswith("rank 13: straggler")
         assert nodes.cell(1, "RANKS") == "8/8" and nodes.cell(0, "NODE") == "0"
         assert all(nodes.mark(n) == "" for n in range(8) if n != 1)
+        await pilot.resize_terminal(80, 24)  # the worst rank, what the rollup is for, in view at 80 columns
+        await until(lambda: "rank 13: straggler" in nodes.render_line(2).text, "node 1's worst rank at 80 columns")
+        await pilot.resize_terminal(160, 30)
         await pilot.press("down", "enter")
         await until(lambda: not app.showing_nodes() and table(app).row_count == 8, "node 1's ranks")
         assert column(app, "rank") == [str(r) for r in range(8, 16)]

@@ -24,7 +24,8 @@ from ddptop.core.model.rank import RankState
 from ddptop.tui.widgets.line_table import LineTable
 from ddptop.tui.widgets.rank_table import rank_status
 
-HEADER = ["NODE", "HOST", "RANKS", "STEP", "SAMPLES/S", "SLOWEST STEP MS", "MAX COMM %", "ALERTS", "WORST RANK"]
+HEADER = ["NODE", "HOST", "RANKS", "WORST RANK", "STEP", "SAMPLES/S", "SLOWEST STEP MS", "MAX COMM %", "ALERTS"]
+"""The worst rank right after the node: what the rollup is for, in view on an 80-column terminal."""
 
 
 @dataclass
@@ -97,12 +98,12 @@ class NodeTable(LineTable):
                 str(node),
                 ranks[0].host or "-",
                 f"{sum(not r.exited for r in ranks)}/{len(ranks)}",
+                f"rank {worst.rank}: {worst.why}",
                 "-" if not steps else str(min(steps)) if min(steps) == max(steps) else f"{min(steps)}-{max(steps)}",
                 count(sum(rates)) if rates else "-",
                 ms(max(p50s)) if p50s else "-",
                 f"{max(shares):.0%}" if shares else "-",
                 str(sum(r.alerts for r in ranks)),
-                f"rank {worst.rank}: {worst.why}",
             ]
             marks[node] = worst.mark
             self._widen(rows[node])
