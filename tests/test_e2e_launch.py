@@ -194,7 +194,9 @@ def test_killing_the_supervisor_leaves_no_process_behind(ddptop_home, tmp_path):
 
 
 def rank_alone(script: Path, address: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """One rank (world size 1) as torchrun would start it, reporting to address."""
+    """One rank (world size 1) as torchrun would start it, reporting to address. With one
+    OpenMP thread, as torchrun sets it: two such ranks of two tests side by side (xdist), each
+    with a thread a core, spun on each other's cores and took over 120 s for 16 s of steps."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -207,6 +209,7 @@ def rank_alone(script: Path, address: str, *args: str, timeout: float = 120) -> 
         "WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
     }
     env.pop("DDPTOP_RANK_PID", None)
     return subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout)
