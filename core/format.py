@@ -13,6 +13,11 @@ def count(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
+def counted(number: int, noun: str) -> str:
+    """ "1 alert", "2 alerts": a count with its noun, singular for one."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 

@@ -1,6 +1,6 @@
 """How numbers read on the dashboard and in the summary line."""
 
-from ddptop.core.format import significant
+from ddptop.core.format import counted, significant
 
 
 def test_a_loss_shows_the_same_precision_on_every_row():
@@ -14,3 +14,7 @@ def test_a_loss_shows_the_same_precision_on_every_row():
         "1.000e-05",
         "-",
     ]
+
+
+def test_a_count_of_one_takes_the_singular():
+    assert [counted(n, "alert") for n in (0, 1, 2)] == ["0 alerts", "1 alert", "2 alerts"]

@@ -23,6 +23,7 @@ from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
 from ddptop.tui.screens.help import HelpScreen
 from ddptop.tui.screens.rank_detail import RankDetailScreen, live_stack
 from ddptop.tui.source import LiveSource, ReplaySource
+from ddptop.tui.widgets.node_table import worst_rank
 from ddptop.tui.widgets.rank_table import RankTable
 
 
@@ -492,3 +493,15 @@ def test_an_exited_rank_s_stack_reads_as_where_it_was_last_heard_from():
     """A replay's or a finished job's rank has no 'now': its stack is its last heartbeat's."""
     assert str(live_stack(["job.py:42 in train_step"], None)).startswith("main thread now\n")
     assert str(live_stack(["job.py:42 in train_step"], None, exited=True)).startswith("main thread when last heard from\n")
+
+
+def test_a_finished_job_s_nodes_name_no_rank_worst_for_having_exited():
+    """After exit 0 every rank has exited as it should; the rollup named rank 0 of each node
+    "exited", in red, over a job that went well."""
+    ranks = [RankState(rank=0, exited=True), RankState(rank=1, exited=True)]
+    finished = worst_rank(ranks, {}, now=0.0, live=False, finished=True)
+    assert finished.mark == "" and "exited" not in finished.why, finished
+    failed = worst_rank(ranks, {}, now=0.0, live=False)
+    assert (failed.rank, failed.why, failed.mark) == (0, "exited", "alerting")
+    ranks[1].alerts = 1
+    assert worst_rank(ranks, {}, now=0.0, live=False, finished=True).why == "1 alert"

@@ -10,6 +10,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, RichLog, Static
 
+from ddptop.core.format import counted
 from ddptop.core.model.job import JobState
 from ddptop.tui.widgets.alert_panel import describe
 
@@ -23,7 +24,10 @@ class AlertsScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         alerts = sum(1 for event in self.state.events if event["type"] == "alert")
-        yield Static(f"[b]alerts and events[/b]  {alerts} alerts, {len(self.state.events)} events, newest first", id="alerts-title")
+        yield Static(
+            f"[b]alerts and events[/b]  {counted(alerts, 'alert')}, {counted(len(self.state.events), 'event')}, newest first",
+            id="alerts-title",
+        )
         yield RichLog(id="all-alerts", wrap=True, auto_scroll=False)
         yield Footer()
 

@@ -16,7 +16,7 @@ from typing import Any
 from rich.segment import Segment
 from rich.style import Style
 
-from ddptop.core.format import count, ms
+from ddptop.core.format import count, counted, ms
 from ddptop.core.model.job import JobState
 from ddptop.core.model.lag import HIGHLIGHT_RATIO, HIGHLIGHT_SHARE, Lag
 from ddptop.core.model.metrics import COMM_SHARE, SAMPLES_PER_S, STEP_MS_P50
@@ -38,15 +38,17 @@ class Worst:
     mark: str
 
 
-def worst_rank(ranks: list[RankState], lags: dict[int, Lag], now: float, live: bool) -> Worst:
+def worst_rank(ranks: list[RankState], lags: dict[int, Lag], now: float, live: bool, finished: bool = False) -> Worst:
+    """finished: the job ended with exit 0, so every rank has exited as it should: none is worst for that."""
+
     def judge(rank: RankState) -> Worst:
         status = rank_status(rank, now, live)
-        if rank.exited:
+        if rank.exited and not finished:
             return Worst(5, rank.rank, "exited", "alerting")
         if status.startswith("silent"):
             return Worst(4, rank.rank, "silent", "alerting")
         if rank.alerts or rank.data_problems:
-            problems = f"{rank.alerts} alerts" if rank.alerts else f"bad data {rank.data_problems}"
+            problems = counted(rank.alerts, "alert") if rank.alerts else f"bad data {rank.data_problems}"
             return Worst(3, rank.rank, problems, "alerting")
         lag = lags.get(rank.rank)
         if lag is not None and lag.over(HIGHLIGHT_RATIO, HIGHLIGHT_SHARE):
@@ -87,9 +89,10 @@ class NodeTable(LineTable):
         for rank in state.ranks.values():
             by_node.setdefault(rank.node, []).append(rank)
         lags = state.lags()
+        finished = state.exit is not None and state.exit.get("code") == 0
         rows, marks = {}, {}
         for node, ranks in by_node.items():
-            worst = worst_rank(ranks, lags, now, live)
+            worst = worst_rank(ranks, lags, now, live, finished)
             steps = [r.step for r in ranks if r.step >= 0]
             rates = [x for r in ranks if (x := SAMPLES_PER_S.read(r)) is not None]
             p50s = [x for r in ranks if (x := STEP_MS_P50.read(r)) is not None]
