@@ -40,8 +40,8 @@ def stall_of(tmp_path: Path, mode: str) -> tuple[dict, list[dict], float]:
 
         def stacks_in() -> list[dict]:
             records = list(rundir.read_events(run)) if run.events_path.exists() else []
-            alerts = [r for r in records if r["type"] == "alert"]
-            return records if alerts and len({r["rank"] for r in records if r["type"] == "stack"}) == 3 else []
+            stalls = [r for r in records if r["type"] == "alert" and r["kind"] == "stall"]
+            return records if stalls and len({r["rank"] for r in records if r["type"] == "stack"}) == 3 else []
 
         records = wait_for(stacks_in, timeout=150, what="the stall alert and every rank's stack", interval=0.3)
         for hello in (r for r in records if r["type"] == "rank_hello" and r["rank"] == 2):
@@ -50,8 +50,12 @@ def stall_of(tmp_path: Path, mode: str) -> tuple[dict, list[dict], float]:
         proc.communicate(timeout=90)
     finally:
         proc.kill()
-    [stall] = [r for r in records if r["type"] == "alert"]
-    assert stall["kind"] == "stall", stall
+    # One stall verdict. Other alerts may come before it on a loaded host (a straggler among
+    # three CPU ranks on two cores while another test's job runs): true there, and not this test's.
+    alerts = [r for r in records if r["type"] == "alert"]
+    stalls = [r for r in alerts if r["kind"] == "stall"]
+    assert len(stalls) == 1, alerts
+    stall = stalls[0]
     return stall, recorded(run), float(mark.read_text())
 
 
