@@ -228,7 +228,6 @@ async def test_detail_logs_and_help_screens(job):
         assert not isinstance(app.screen, (HelpScreen, RankDetailScreen))
 
 
-@pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
 async def test_a_rank_s_detail_at_80x24_keeps_its_title_and_a_log_in_view(job):
     """The detail's title says which rank it is: on a small terminal the charts give up rows
     rather than the screen scrolling the title out of view and the log to nothing."""
@@ -246,6 +245,7 @@ async def test_a_rank_s_detail_at_80x24_keeps_its_title_and_a_log_in_view(job):
         assert log.region.height >= 3 and log.region.bottom <= 23, log.region  # above the footer's row
 
 
+@pytest.mark.slow  # waits for the dashboard's real-time windows: seconds
 async def test_kill_rank_asks_first(job):
     job.feed(world=4)
     app = dashboard(job)
