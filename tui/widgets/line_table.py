@@ -89,13 +89,19 @@ class LineTable(ScrollView, can_focus=True):
             self.virtual_size = size
         self.refresh()
 
+    def _starts(self) -> list[int]:
+        """Where each column starts in the line's cells, as _line lays them out (a hidden
+        column, of width 0, at where the next shown one starts)."""
+        starts, at = [], 1
+        for width in self._widths:
+            starts.append(at)
+            if width:
+                at += width + len(GAP)
+        return starts
+
     def _column_starts(self) -> list[int]:
         """Where each shown column after the frozen ones starts, in the line's cells."""
-        starts, at = [], 1
-        for width in (w for w in self._widths if w):
-            starts.append(at)
-            at += width + len(GAP)
-        return starts[self.FROZEN :]
+        return [start for start, width in zip(self._starts(), self._widths) if width][self.FROZEN :]
 
     def _frozen_width(self) -> int:
         """The cells that stay put when the table scrolls sideways: up to its first unfrozen column."""

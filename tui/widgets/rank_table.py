@@ -18,7 +18,7 @@ from ddptop.core.model.job import JobState
 from ddptop.core.model.lag import HIGHLIGHT_RATIO, HIGHLIGHT_SHARE
 from ddptop.core.model.metrics import Metric, grouped
 from ddptop.core.model.rank import RankState
-from ddptop.tui.widgets.line_table import GAP, LineTable
+from ddptop.tui.widgets.line_table import LineTable
 
 SILENT_S = 5.0
 """A live rank not heard from for this long is shown as silent."""
@@ -163,14 +163,7 @@ class RankTable(LineTable):
 
     def _highlight_spans(self) -> list[tuple[int, int]]:
         """Character spans of the highlighted columns in a line."""
-        spans, at = [], 1
-        for key, width in zip(_KEYS, self._widths):
-            if not width:
-                continue
-            if key in HIGHLIGHTED:
-                spans.append((at, at + width))
-            at += width + len(GAP)
-        return spans
+        return [(start, start + width) for key, start, width in zip(_KEYS, self._starts(), self._widths) if width and key in HIGHLIGHTED]
 
     def cycle_sort(self) -> str:
         self.sort_key = SORTABLE[(SORTABLE.index(self.sort_key) + 1) % len(SORTABLE)]
