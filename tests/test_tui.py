@@ -23,6 +23,7 @@ from ddptop.tui.screens.dialogs import ConfirmScreen, QuitScreen
 from ddptop.tui.screens.help import HelpScreen
 from ddptop.tui.screens.rank_detail import RankDetailScreen, live_stack
 from ddptop.tui.source import LiveSource, ReplaySource
+from ddptop.tui.widgets.job_header import fit, plain
 from ddptop.tui.widgets.node_table import worst_rank
 from ddptop.tui.widgets.rank_table import RankTable
 
@@ -95,14 +96,18 @@ async def test_a_cpu_job_s_table_at_160_columns_shows_cpu_and_rss_not_empty_gpu_
 
 
 async def test_at_80_columns_the_numbers_come_first_and_scroll_into_view_beside_their_rank(job):
-    """A narrow terminal shows the step time at once, and right (column by column) brings the
-    rest into view with NODE and RANK still there to say whose they are; WHERE comes last."""
+    """A narrow terminal shows the alerts, loss and comm time in the header and the step time in
+    the table at once, and right (column by column) brings the rest into view with NODE and
+    RANK still there to say whose they are; WHERE comes last."""
     job.feed(world=4)
     app = dashboard(job)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(lambda: table(app).row_count == 4 and "-" not in column(app, "where") + column(app, "grad_norm"), "full rows")
         await pilot.press("p")  # the table as it is: no later record widens a column while it scrolls
         await until(lambda: app.paused, "the display paused")
+        first, second = (app.header.render_line(y).text for y in (0, 1))
+        assert "alerts 0" in first and "comm " in second and "loss " in second, (first, second)  # what says what is wrong
+        assert "…" not in first + second, (first, second)  # what did not fit went whole, not cut
         rank_table = table(app)
         header = rank_table.render_line(0).text
         assert header.split()[:2] == ["NODE", "RANK"] and "STEP MS" in header and "WHERE" not in header, header
@@ -493,6 +498,16 @@ def test_an_exited_rank_s_stack_reads_as_where_it_was_last_heard_from():
     """A replay's or a finished job's rank has no 'now': its stack is its last heartbeat's."""
     assert str(live_stack(["job.py:42 in train_step"], None)).startswith("main thread now\n")
     assert str(live_stack(["job.py:42 in train_step"], None, exited=True)).startswith("main thread when last heard from\n")
+
+
+def test_a_header_line_too_wide_leaves_out_its_least_needed_parts_whole_and_in_order():
+    parts = [plain(0, "alerts 2"), plain(3, "up 05:02"), plain(1, "restarts 0"), plain(3, "ETA 1:00"), plain(0, "comm 1.0 ms")]
+    whole = "alerts 2  up 05:02  restarts 0  ETA 1:00  comm 1.0 ms"
+    assert fit(parts, len(whole)) == fit(parts, 0) == whole  # 0: not laid out yet
+    assert fit(parts, len(whole) - 1) == "alerts 2  up 05:02  restarts 0  comm 1.0 ms"  # the rightmost of the least needed
+    assert fit(parts, 40) == "alerts 2  restarts 0  comm 1.0 ms"
+    assert fit(parts, 10) == "alerts 2  comm 1.0 ms"  # what must stay stays: the widget's ellipsis cuts it
+    assert fit([(0, "[b]x.py[/b]", 4), plain(2, "world 4")], 13) == "[b]x.py[/b]  world 4"  # markup takes no cells
 
 
 def test_a_finished_job_s_nodes_name_no_rank_worst_for_having_exited():

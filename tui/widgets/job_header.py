@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
+from rich.markup import escape
+from rich.text import Text
 from textual.widgets import Static
 
 from ddptop.core.format import count, duration, ms
@@ -27,32 +31,87 @@ def world(state: JobState) -> str:
     return f"world {state.world_size or '?'}" + ("  spawned by the script" if style == "spawn" else "")
 
 
+GAP = "  "
+
+Part = tuple[int, str, int]
+"""One figure of a header line: how long it may stay (0: always; higher ones go first when
+the line is too narrow), its markup, and its width in cells."""
+
+
+def plain(need: int, text: str) -> Part:
+    """A part without markup: its width is its length."""
+    return need, text, len(text)
+
+
+def fit(parts: list[Part], width: int) -> str:
+    """The line's parts that fit in width cells, in their order: where they do not all fit, the
+    least needed go first (the highest `need`, rightmost first), so at 80 columns the header
+    keeps the alerts and the comm time rather than whatever happens to come first. What is left
+    too long is cut by the widget's ellipsis. A width of 0 (not laid out yet) keeps them all."""
+    total = sum(cells for _, _, cells in parts) + len(GAP) * (len(parts) - 1)
+    dropped: set[int] = set()
+    if width:
+        for at in sorted(range(len(parts)), key=lambda i: (-parts[i][0], -i)):
+            if total <= width or not parts[at][0]:
+                break
+            dropped.add(at)
+            total -= parts[at][2] + len(GAP)
+    return GAP.join(text for at, (_, text, _) in enumerate(parts) if at not in dropped)
+
+
+@functools.lru_cache(maxsize=64)
+def cells(markup: str) -> int:
+    """The width of a status's markup (few and repeated: parsing markup costs a tick's share)."""
+    return Text.from_markup(markup).cell_len
+
+
 class JobHeader(Static):
-    """Two lines that never wrap (CSS), so an update never needs a layout pass."""
+    """Two lines that never wrap (CSS), so an update never needs a layout pass; each keeps
+    what fits the width, the figures that say what is wrong first (fit)."""
 
     _shown = ""
+    _last: tuple[JobState, float, str] | None = None
 
     def show(self, state: JobState, now: float, status: str) -> None:
+        self._last = (state, now, status)
         totals = state.totals()
         meta = state.meta
         done = totals.steps_done
         progress = "-" if done is None else f"{done}" + (f"/{state.total_steps}" if state.total_steps else "")
-        nodes = meta.get("nnodes", "1")
         script = str(meta.get("script", "?")).rsplit("/", 1)[-1]
-        text = (
-            f"[b]{script}[/b]  {status}  "
-            f"{world(state)}  nodes {nodes}  up {duration(now - state.started)}  "
-            f"restarts {state.restarts}  alerts {state.alerts}"
-            + ("" if (split := state.goodput.split(now)) is None else f"  goodput {split['goodput']:.0%}")
-            + ("" if state.checkpoint_step is None else f"  ckpt {state.checkpoint_step}")
-            + "\n"
-            f"steps {progress}  ETA {eta(state, totals)}  "
-            f"[b]{count(totals.of(SAMPLES_PER_S))}[/b] samples/s  "
-            + ("" if (tokens := totals.of(TOKENS_PER_S)) is None else f"{count(tokens)} tokens/s  ")
-            + ("" if (loss := totals.of(LOSS)) is None else f"loss {LOSS.text(loss)}  ")
-            + f"step {ms(totals.of(STEP_MS_P50))}/{ms(totals.of(STEP_MS_P95))} ms  "
-            f"comm {ms(totals.of(COMM_MS))} ms" + "".join(f"  {part}" for part in guard_parts(totals))
-        )
+        first = [
+            (0, f"[b]{escape(script)}[/b]", len(script)),
+            (0, status, cells(status)),
+            plain(2, world(state)),
+            plain(4, f"nodes {meta.get('nnodes', '1')}"),
+            plain(3, f"up {duration(now - state.started)}"),
+            plain(1, f"restarts {state.restarts}"),
+            plain(0, f"alerts {state.alerts}"),
+        ]
+        if (split := state.goodput.split(now)) is not None:
+            first.append(plain(2, f"goodput {split['goodput']:.0%}"))
+        if state.checkpoint_step is not None:
+            first.append(plain(4, f"ckpt {state.checkpoint_step}"))
+        samples = count(totals.of(SAMPLES_PER_S))
+        second = [
+            plain(1, f"steps {progress}"),
+            plain(3, f"ETA {eta(state, totals)}"),
+            (0, f"[b]{samples}[/b] samples/s", len(samples) + 10),
+        ]
+        if (tokens := totals.of(TOKENS_PER_S)) is not None:
+            second.append(plain(2, f"{count(tokens)} tokens/s"))
+        if (loss := totals.of(LOSS)) is not None:
+            second.append(plain(0, f"loss {LOSS.text(loss)}"))
+        second.append(plain(3, f"step {ms(totals.of(STEP_MS_P50))}/{ms(totals.of(STEP_MS_P95))} ms"))
+        second.append(plain(1, f"comm {ms(totals.of(COMM_MS))} ms"))
+        second += [plain(1, part) for part in guard_parts(totals)]
+        width = self.content_size.width
+        text = fit(first, width) + "\n" + fit(second, width)
         if text != self._shown:  # re-rendering markup ten times a second is not free
             self._shown = text
             self.update(text, layout=False)
+
+    def on_resize(self) -> None:
+        """A new width fits other parts, even while the dashboard is paused."""
+        if self._last is not None:
+            self.show(*self._last)
