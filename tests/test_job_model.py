@@ -47,6 +47,18 @@ def test_a_rank_s_last_place_stands_once_its_heartbeats_carry_none():
     assert state.ranks[0].where == "train.py:51 in train_step"
 
 
+def test_a_rank_that_steps_before_its_next_heartbeat_is_no_longer_shown_starting_up():
+    """Heartbeats come once a second, steps many times: the table said "startup" beside a step count going up."""
+    state = JobState()
+    state.ingest(hello(0, node=0))
+    assert state.ranks[0].phase == "startup"
+    state.ingest(builders.step(0, 0))
+    assert state.ranks[0].phase == "data"
+    state.ingest({"type": "heartbeat", "rank": 0, "wall": 1.0, "phase": "backward", "step": 1, "dropped": 0})
+    state.ingest(builders.step(0, 1))
+    assert state.ranks[0].phase == "backward", "a heartbeat's phase stands"
+
+
 def test_comm_share_is_of_the_sampled_iterations_own_time_so_a_slow_one_never_reads_over_100_percent():
     """4 ranks on 2 cores: the iteration DDP sampled took 30 ms, 25 of them in its all-reduce
     (5 beside the backward), while the steps around it took 10 ms."""

@@ -95,6 +95,8 @@ class JobState:
         state.step = record["step"]
         state.last_wall = record["wall"]
         state.steps_seen += 1
+        if state.phase == "startup":  # it trains: a step ends in "data" (waiting for its next batch) until a heartbeat says more
+            state.phase = "data"
         for key in LATEST:
             if record.get(key) is not None:
                 state.latest[key] = record[key]
