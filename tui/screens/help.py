@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -30,6 +30,11 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
 
     def compose(self) -> ComposeResult:
-        lines = "\n".join(f"[b]{key:>7}[/b]  {what}" for key, what in KEYS)
-        with Vertical(classes="dialog", id="help"):
-            yield Static("[b]ddptop keys[/b]\n\n" + lines + "\n\n[dim]esc to close[/dim]")
+        """A row a key: its text wraps beside the key, not under it, on a narrow terminal."""
+        with VerticalScroll(classes="dialog", id="help"):
+            yield Static("[b]ddptop keys[/b]\n")
+            for key, what in KEYS:
+                with Horizontal(classes="key-row"):
+                    yield Static(key, classes="key")
+                    yield Static(what, classes="what", markup=False)
+            yield Static("\n[dim]esc to close[/dim]")
