@@ -43,6 +43,12 @@ def plain(need: int, text: str) -> Part:
     return need, text, len(text)
 
 
+def bold(need: int, value: str, after: str = "") -> Part:
+    """A part whose value is bold (escaped: a script's name may hold brackets), then plain text
+    after it: its width is theirs, not the markup's."""
+    return need, f"[b]{escape(value)}[/b]{after}", len(value) + len(after)
+
+
 def fit(parts: list[Part], width: int) -> str:
     """The line's parts that fit in width cells, in their order: where they do not all fit, the
     least needed go first (the highest `need`, rightmost first), so at 80 columns the header
@@ -80,7 +86,7 @@ class JobHeader(Static):
         progress = "-" if done is None else f"{done}" + (f"/{state.total_steps}" if state.total_steps else "")
         script = str(meta.get("script", "?")).rsplit("/", 1)[-1]
         first = [
-            (0, f"[b]{escape(script)}[/b]", len(script)),
+            bold(0, script),
             (0, status, cells(status)),
             plain(2, world(state)),
             plain(4, f"nodes {meta.get('nnodes', '1')}"),
@@ -92,11 +98,10 @@ class JobHeader(Static):
             first.append(plain(2, f"goodput {split['goodput']:.0%}"))
         if state.checkpoint_step is not None:
             first.append(plain(4, f"ckpt {state.checkpoint_step}"))
-        samples = count(totals.of(SAMPLES_PER_S))
         second = [
             plain(1, f"steps {progress}"),
             plain(3, f"ETA {eta(state, totals)}"),
-            (0, f"[b]{samples}[/b] samples/s", len(samples) + 10),
+            bold(0, count(totals.of(SAMPLES_PER_S)), " samples/s"),
         ]
         if (tokens := totals.of(TOKENS_PER_S)) is not None:
             second.append(plain(2, f"{count(tokens)} tokens/s"))
