@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -223,8 +224,18 @@ def test_a_rank_trains_on_when_the_supervisor_stalls(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+def received(connection: socket.socket) -> Iterator[wire.Frame]:
+    """The frames a listener reads from one rank's connection, until the rank ends it (60 s at most a read)."""
+    connection.settimeout(60)
+    decoder = wire.FrameDecoder()
+    while data := connection.recv(65536):
+        yield from decoder.feed(data)
+
+
 def test_a_rank_counts_what_it_dropped_while_the_supervisor_was_gone(tmp_path):
-    """The listener hangs up on the first connection; the rank reconnects and reports its drops."""
+    """The listener hangs up on the first connection once steps arrive on it; the rank reconnects
+    and reports its drops. Hanging up before the rank trains would drop nothing but an empty batch:
+    a rank slow to start (torch's import on a busy machine) then has nothing to count."""
     path = tmp_path / "s"
     result: dict = {}
     with bound_unix(path) as server:
@@ -233,15 +244,15 @@ def test_a_rank_counts_what_it_dropped_while_the_supervisor_was_gone(tmp_path):
         rank = threading.Thread(target=lambda: result.update(r=rank_alone(SCRIPTS / "plain_ddp.py", f"unix:{path}", "--steps", "3000")))
         rank.start()
         first, _ = server.accept()
-        first.close()  # the supervisor is gone mid-run
+        with first:  # the supervisor is gone mid-run
+            assert any(item["type"] == "step" for frame in received(first) for item in frame.get("items", []))
         second, _ = server.accept()
         with second:
-            second.settimeout(60)
-            decoder = wire.FrameDecoder()
             dropped = 0
-            while dropped == 0 and (data := second.recv(65536)):
-                for frame in decoder.feed(data):
-                    dropped = max([dropped] + [i["dropped"] for i in frame.get("items", []) if i["type"] == "heartbeat"])
+            for frame in received(second):
+                dropped = max([dropped] + [i["dropped"] for i in frame.get("items", []) if i["type"] == "heartbeat"])
+                if dropped:
+                    break
         rank.join(120)
     assert result["r"].returncode == 0, result["r"].stderr
     assert dropped > 0
