@@ -180,13 +180,19 @@ def find(spec: str | None) -> RunDir:
 
 
 def all_runs() -> Iterator[RunDir]:
-    """Every run under the root (links resolved), oldest first by start time."""
+    """Every run under the root (links resolved), oldest first by start time, each once: a
+    --run-dir used again after its removal has two links, the old run's now leading to the new."""
     root = runs_root()
     if not root.is_dir():
         return iter(())
     runs = []
+    seen: set[Path] = set()
     for entry in root.iterdir():
-        run = RunDir(entry.resolve())
+        path = entry.resolve()
+        if path in seen:
+            continue
+        seen.add(path)
+        run = RunDir(path)
         try:
             runs.append((run.read_meta().get("started", 0.0), run))
         except (OSError, ValueError):

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 
@@ -100,6 +101,24 @@ def test_ls_and_export_read_run_directories(ddptop_home, tmp_path):
     assert [json.loads(line)["type"] for line in exported] == ["step", "summary"]
     assert json.loads(exported[1])["rank_step_ms"] == [2.0, None]  # a rank with no step in that second
     assert os.stat(run.path).st_mode & 0o777 == 0o700
+
+
+def test_a_run_directory_used_again_is_one_run(ddptop_home, tmp_path):
+    """`--run-dir R` after `rm -rf R`: the first run's link in the root now leads to the second
+    run, beside the second's own link. ls lists it once, and its name finds it."""
+    script = tmp_path / "job.py"
+    script.write_text("")
+    chosen = tmp_path / "R"
+    for started in (1.0, 2.0):
+        if chosen.exists():
+            shutil.rmtree(chosen)
+        run = rundir.create(script, chosen)
+        run.write_meta({"id": run.id, "script": str(script), "nproc_per_node": 2, "started": started, "state": "finished"})
+        EventLog(run.events_path).close()
+    assert len(list(rundir.runs_root().iterdir())) == 2  # both links are there
+    listed = json.loads(run_ddptop("ls", "--json").stdout)
+    assert [(r["id"], r["started"]) for r in listed] == [("R", 2.0)]
+    assert rundir.find("R").path == chosen
 
 
 def _fake_run(tmp_path, state: str, supervisor_pid: int) -> rundir.RunDir:
