@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 from builders import hello
 from conftest import until
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_tui_snapshots import BASE, fixed_run
+from textual_plotext.plot import Plot
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import EventLog
@@ -18,6 +21,8 @@ from ddptop.tui.app import DdptopApp
 from ddptop.tui.source import ReplaySource
 from ddptop.tui.widgets.chart import Chart
 from ddptop.tui.widgets.charts import Charts
+from ddptop.tui.widgets.plot_area import fitted_title, title_room
+from ddptop.tui.widgets.rank_heatmap import RankHeatmap
 from ddptop.tui.widgets.time_axis import value_axis
 
 
@@ -132,3 +137,55 @@ def test_a_byte_axis_reads_in_one_unit():
     assert len(set(labels)) == len(ticks) == 3 and all(label.endswith(" GiB") for label in labels), labels
     _, _, _, labels = value_axis(1024.0, 10 * gib, True, nbytes)
     assert labels[0] == "1.0 KiB" and labels[-1] == "10.0 GiB", "a log axis spans units: each tick in its own"
+
+
+def plotted(width: int, labels: list[str], title: str) -> str:
+    """A line plot as the dashboard's charts build it (textual-plotext's Plot), with this title."""
+    plt = Plot()
+    plt.plotsize(width, 10)
+    plt._set_size(width, 10)  # as PlotextPlot.render sets it
+    plt.plot([0, 1], [0, 1])
+    plt.yticks([0, 1], labels)
+    plt.title(title)
+    return str(plt.build())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    width=st.integers(20, 240),
+    label_width=st.integers(1, 16),
+    heading=st.integers(1, 100),
+    notes=st.lists(st.integers(1, 80), max_size=3),
+)
+def test_a_chart_title_is_the_longest_plotext_draws_heading_first(width, label_width, heading, notes):
+    """plotext draws no title at all where it does not fit over the canvas, and says nothing: the
+    ranks' chart lost its name and its "slowest now" at the widths most terminals have. The title
+    given is drawn whole, keeps the heading first and each note only whole, and title_room is
+    plotext's own limit: one column more and it draws nothing."""
+    labels = ["y" * label_width, "z" * label_width]
+    room = title_room(width, label_width)
+    assert "Q" in plotted(width, labels, "t" * (room - 1) + "Q") and "Q" not in plotted(width, labels, "t" * room + "Q")
+    texts = ["h" * heading, *("abc"[i] * n for i, n in enumerate(notes))]
+    title = fitted_title(texts[0], texts[1:], room)
+    assert title in plotted(width, labels, title) and len(title) <= room
+    if heading > room:
+        assert title == texts[0][: room - 1] + "…"
+    else:
+        kept = [text for text in texts[1:] if f"  {text}" in title]
+        assert title == "  ".join([texts[0], *kept])  # in their order, whole
+        for left_out in (text for text in texts[1:] if text not in kept):
+            assert len(title) + 2 + len(left_out) > room  # left out only for want of room
+
+
+@pytest.mark.parametrize("ranks", [4, 64])
+async def test_the_ranks_chart_keeps_its_name_and_its_slowest_rank_at_130_columns(tmp_path, ddptop_home, ranks):
+    """At 130 columns the ranks' chart (a line a rank, or the heatmap past 8 ranks) is about 86
+    columns wide: its title with every note (here also that own work is the data wait alone)
+    did not fit, and plotext drew none."""
+    app = replay(fixed_run(tmp_path / "run", ranks=ranks, seconds=120, compute=False))
+    async with app.run_test(size=(130, 40)) as pilot:
+        await replayed(app, pilot)
+        widget = app.query_one("#chart-ranks", Chart) if ranks <= 8 else app.query_one(RankHeatmap)
+        assert widget.display and widget.size.width < 100
+        text = str(widget.render())
+        assert "own work per rank" in text and f"slowest now: rank {ranks - 1} at" in text, text

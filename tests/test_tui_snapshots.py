@@ -25,10 +25,12 @@ from ddptop.tui.source import ReplaySource
 BASE = 1_800_000_000.0
 
 
-def fixed_run(path: Path, ranks: int = 4, seconds: int = 300) -> rundir.RunDir:
+def fixed_run(path: Path, ranks: int = 4, seconds: int = 300, compute: bool = True) -> rundir.RunDir:
     """A run of `seconds` at a step a second: the loss falls over two decades, the last rank
     turns straggler half way (its own work up, the others' wait for it up), an alert and a
-    restart are on the time axis."""
+    restart are on the time axis. Without `compute` no rank reports DDP's compute time, as
+    before DDP has timed it: own work is then the data wait alone, the straggler's the
+    longest."""
     run = rundir.create(Path("train.py"), path)
     run.write_meta({"id": "fixed", "script": "train.py", "state": "finished", "started": BASE})
     log, state = EventLog(run.events_path), JobState()
@@ -48,23 +50,24 @@ def fixed_run(path: Path, ranks: int = 4, seconds: int = 300) -> rundir.RunDir:
             own = 70.0 if straggling and rank == ranks - 1 else 40.0 + rank % 3
             step_ms = 100.0 if straggling else 72.0
             loss = 4.0 * math.exp(-step / 60) + 0.02 + 0.001 * rank
-            record(
-                {
-                    "type": "step",
-                    "rank": rank,
-                    "step": step,
-                    "wall": wall,
-                    "step_ms": step_ms,
-                    "data_ms": 0.5,
-                    "samples": 32,
-                    "total_steps": 400,
-                    "loss": loss,
-                    "grad_norm": 1.0 + 0.01 * rank,
-                    "comm_ms": step_ms - own,
-                    "compute_ms": own - 0.5,  # own work: the data wait and DDP's compute
-                    "comm_bytes": 340_000,
-                }
-            )
+            data_ms = 0.5 if compute else own / 10
+            step_record = {
+                "type": "step",
+                "rank": rank,
+                "step": step,
+                "wall": wall,
+                "step_ms": step_ms,
+                "data_ms": data_ms,
+                "samples": 32,
+                "total_steps": 400,
+                "loss": loss,
+                "grad_norm": 1.0 + 0.01 * rank,
+                "comm_ms": step_ms - own,
+                "comm_bytes": 340_000,
+            }
+            if compute:
+                step_record["compute_ms"] = own - data_ms  # own work: the data wait and DDP's compute
+            record(step_record)
         if step % 20 == 19:
             procs = [{"rank": r, "pid": 4000 + r, "cpu": 95.0, "rss": (300 << 20) + step * (1 << 16)} for r in range(ranks)]
             record({"type": "sample", "wall": wall, "gpus": [], "procs": procs})

@@ -60,6 +60,7 @@ class Drawing:
     """Said instead of a plot when no line has a point."""
     legend: bool = True
     notes: list[str] = field(default_factory=list)
+    """Said after the title, the most telling first: those that do not fit whole are left out (PlotArea.set_title)."""
 
 
 class Chart(PlotArea):
@@ -101,6 +102,5 @@ class Chart(PlotArea):
         if not log:  # plotext misplaces a log axis given limits
             plt.ylim(low_y, high_y)
         plt.yticks(ticks, labels)
-        notes = "".join(f"  {note}" for note in drawing.notes)
-        plt.title(f"{drawing.title}{' (log)' if log else ''}{notes}")
+        self.set_title(f"{drawing.title}{' (log)' if log else ''}", drawing.notes, max(map(len, labels), default=0))
         return self.build(drawing.title)

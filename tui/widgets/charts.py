@@ -56,7 +56,7 @@ def rank_drawing(win: Window, ranks: int, data_alone: bool = False) -> Drawing:
     wait alone while it is (lag.counts_compute)."""
     own = own_matrix(win.points, ranks)
     lines = [line_of(f"rank {r}", win, own[:, r].tolist()) for r in range(ranks)]
-    notes = [DATA_ALONE] if data_alone else []
+    notes = []  # the most telling first: the title keeps those that fit (PlotArea.set_title)
     last = own[-1].tolist() if len(own) else []
     finite = [(r, v) for r, v in enumerate(last) if math.isfinite(v)]
     if len(finite) > 1:
@@ -64,6 +64,8 @@ def rank_drawing(win: Window, ranks: int, data_alone: bool = False) -> Drawing:
         rank, value = max(finite, key=lambda item: item[1])
         if typical:
             notes.append(f"slowest now: rank {rank} at {value / typical:.2f}x")
+    if data_alone:
+        notes.append(DATA_ALONE)
     return Drawing(
         "own work per rank (data wait + compute)",
         lines,

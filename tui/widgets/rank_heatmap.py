@@ -136,8 +136,10 @@ class RankHeatmap(PlotArea):
         plt.xlabel("")
         plt.ylabel("")
         per_row = math.ceil(self.ranks / rows)
-        grouping = f", a row is up to {per_row} ranks (the slowest)" if per_row > 1 else ""
-        worst = f"  slowest now: rank {found.worst[0]} at {found.worst[1]:.2f}x" if found.worst else ""
-        alone = f"  {DATA_ALONE}" if self.data_alone else ""
-        plt.title(f"{title}{grouping}{worst}{alone}")
+        notes = [f"slowest now: rank {found.worst[0]} at {found.worst[1]:.2f}x"] if found.worst else []
+        if per_row > 1:
+            notes.append(f"a row is up to {per_row} ranks (the slowest)")
+        if self.data_alone:
+            notes.append(DATA_ALONE)
+        self.set_title(title, notes, label_width)
         return self.build(title)
