@@ -70,6 +70,38 @@ def test_a_rank_captures_the_steps_asked_for_from_its_next_boundary_and_writes_a
     assert len(sent) == before and not captures.active
 
 
+def test_micro_batches_before_the_synced_one_are_their_own_phase_not_data_wait(gloo_world_of_one, tmp_path):
+    """DDP times the forward that synchronises: under gradient accumulation (no_sync) the
+    micro-batches before it were counted as data wait, which sends a user to their DataLoader."""
+    sent: list[dict[str, Any]] = []
+    captures = RankCaptures(0, 0, sent.append)
+    hooks.install(StepTracker(0, emit=lambda record: None), GuardPolicy(), captures=captures)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(256, 256)
+
+    def step() -> None:
+        for _ in range(2):
+            with model.no_sync():
+                model(x).pow(2).mean().backward()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step()
+    captures.ask({"id": "a", "steps": 3, "folder": str(tmp_path)})
+    for _ in range(5):
+        step()
+    [record] = wait_for(lambda: [r for r in sent if r["id"] == "a"], 30, "the capture's record")
+    phases = record["phases"]
+    assert "error" not in record and set(phases) >= {"data", "accumulation", "forward", "backward"}, record
+    # Two micro-batches are about twice the synced one's compute; nothing waits for data here.
+    assert phases["accumulation"] > phases["forward"] + phases["backward"] > 0, phases
+    assert phases["data"] < phases["accumulation"] / 10, phases
+    [head, *_] = profiles.rank_lines(record)
+    assert "micro-batches before the synced one" in head, head
+
+
 def test_a_rank_that_exits_mid_capture_says_so(gloo_world_of_one, tmp_path):
     sent: list[dict[str, Any]] = []
     captures = RankCaptures(2, 1, sent.append)

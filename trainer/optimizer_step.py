@@ -334,4 +334,5 @@ def end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> N
     else:
         probe.tracker.optimizer_end({})
     if probe.captures.active:  # a capture asked for or running (profiling.py): a step boundary for it
-        probe.captures.boundary(probe.tracker.step)
+        tracker = probe.tracker
+        probe.captures.boundary(tracker.step, tracker.began_wall(), tracker.micro)

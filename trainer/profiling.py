@@ -17,9 +17,11 @@ says what): during a capture it times every iteration instead of every
 100th (its runtime logging sample rate, put back to DDP's default after),
 so each captured step has its forward and backward compute, its all-reduce
 and how much of it overlapped the backward, device times on a GPU; the data
-wait is from the previous step's end to DDP's forward start, and the rest
+wait is from the previous step's end to the step's first forward, and the rest
 of the step (the optimizer, zero_grad) is from the backward's end to the
-step's. DDP publishes an iteration's times at the next forward, so the
+step's. DDP times only the forwards that synchronise: a script that
+accumulates gradients over micro-batches (no_sync) has those before the
+synced one as a phase of their own, not as data wait. DDP publishes an iteration's times at the next forward, so the
 capture reads one boundary past its last step.
 """
 
@@ -68,6 +70,8 @@ class Capture:
         self.started = 0.0
         self.ends: list[tuple[int, float]] = []
         """(step, wall) at each boundary from the capture's start: the steps' spans."""
+        self.firsts: dict[int, tuple[float, int]] = {}
+        """Per captured step, when its first training forward began (wall) and how many it had."""
         self.timings: dict[int, dict[str, Any]] = {}
         """DDP's timings by its iteration."""
         self.stopped_early: str | None = None
@@ -108,8 +112,10 @@ class Captures:
         self._pending = Capture(request, self.rank, self.attempt)
         self.active = True
 
-    def boundary(self, step: int) -> None:
-        """A step ended (the optimizer post-hook), or none has yet: start, mark, or finish the capture."""
+    def boundary(self, step: int, began: float = 0.0, forwards: int = 1) -> None:
+        """A step ended (the optimizer post-hook), or none has yet: start, mark, or finish the
+        capture. `began` is when the step ended now had its first training forward (wall),
+        `forwards` how many it had (StepTracker.began, .micro)."""
         capture = self._running
         if capture is None:
             capture = self._pending
@@ -124,6 +130,7 @@ class Captures:
             self._finish(capture)  # one boundary past the last step: DDP has published its times
             return
         capture.ends.append((step - 1, time.time()))
+        capture.firsts[step - 1] = (began, forwards)
         capture.taken += 1
         capture.profiler.step()
         over = time.monotonic() - capture.started > MAX_S
@@ -220,20 +227,26 @@ def _quietly(call: Callable[[], Any]) -> None:
 
 
 def phases(capture: Capture) -> dict[str, float]:
-    """Each phase's mean ms over the captured steps that DDP timed: data, forward, backward,
+    """Each phase's mean ms over the captured steps that DDP timed: data, accumulation (the
+    micro-batches before the synced one, where any step had several), forward, backward,
     comm, overlap (of comm with the backward's compute), optimizer (the backward's end to
     the step's end: the optimizer, zero_grad), step."""
     spans = {step: (begin, end) for (step, end), (_, begin) in zip(capture.ends[1:], capture.ends)}
     taken: dict[str, list[float]] = {}
+    accumulates = any(forwards > 1 for _, forwards in capture.firsts.values())
     for data in capture.timings.values():
         start = data["forward_compute_time_start"] * sampled.NS
         step = next((s for s, (begin, end) in spans.items() if begin <= start <= end), None)
         if step is None or step < capture.first_step:
             continue
         begin, end = spans[step]
+        first, forwards = capture.firsts.get(step, (start, 1))
+        first = min(max(first, begin), start) if forwards > 1 else start
+        if accumulates:
+            taken.setdefault("accumulation", []).append((start - first) * 1e3)
         backward_end = max(data.get("backward_compute_time_end", 0), data.get("backward_comm_time_end", 0)) * sampled.NS
         for name, value in (
-            ("data", (start - begin) * 1e3),
+            ("data", (first - begin) * 1e3),
             ("forward", data.get("forward_compute_time", 0) / 1e6),
             ("backward", data.get("backward_compute_time", 0) / 1e6),
             ("comm", data.get("backward_comm_time", 0) / 1e6),

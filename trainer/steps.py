@@ -114,6 +114,11 @@ class StepTracker:
         self.in_step = False
         """Whether a training forward ran since the last step closed (a backward() before
         one is outside any step, and not the step's loss)."""
+        self.began = 0.0
+        """When the step's first training forward began, on the clock."""
+        self.micro = 0
+        """The step's training forwards of its leader so far: more than one where the script
+        accumulates gradients over micro-batches (DDP's no_sync), of which DDP times the last."""
         self.leader: int | None = None
         """The id of the model whose training forward began the step in progress: only its
         forwards' batches are the step's samples and tokens. Another model's forward in the
@@ -166,17 +171,26 @@ class StepTracker:
         """A training forward of the model whose id is model begins."""
         if self._held is not None:
             self._take_held(self._held)
+        now = self._clock()
         if not self.in_step:  # what backward() was called on before the step's first forward is not its loss
             self.losses, self.loss_ids = [], []
             self.leader = model
+            self.began, self.micro = now, 1
         else:
             if model != self.leader:
                 samples = tokens = None
+            else:
+                self.micro += 1
             if len(self.losses) >= LOSSES_KEPT:
                 self.losses, self.loss_ids = [], []
         self.in_step = True
-        self.journal.append((FORWARD, self._clock(), samples, tokens))
+        self.journal.append((FORWARD, now, samples, tokens))
         self.phase = "forward"
+
+    def began_wall(self) -> float:
+        """When the last step's first training forward began, in Unix seconds: where its data
+        wait ends, for a profiler capture's phases (read only while one runs)."""
+        return time.time() - (self._clock() - self.began)
 
     def optimizer_begin(self, values: dict[str, Any]) -> None:
         """Values measured before the optimizer runs (the pre-clip grad norm)."""

@@ -18,8 +18,17 @@ from dataclasses import dataclass, field
 
 from ddptop.core import wire
 
-PHASES = (("data", "data wait"), ("forward", "forward"), ("backward", "backward"), ("optimizer", "optimizer"), ("comm", "comm"))
-"""A step's phases as a capture splits them, in the order a step runs (comm last: it is waiting)."""
+PHASES = (
+    ("data", "data wait"),
+    ("accumulation", "micro-batches before the synced one"),
+    ("forward", "forward"),
+    ("backward", "backward"),
+    ("optimizer", "optimizer"),
+    ("comm", "comm"),
+)
+"""A step's phases as a capture splits them, in the order a step runs (comm last: it is waiting).
+Accumulation is there only where a step accumulated gradients over micro-batches (no_sync):
+DDP times the synced micro-batch's forward and backward alone, the others are before it."""
 WITHIN = 0.05
 """Differences smaller than this share of the median step are not named."""
 FLOOR_MS = 0.1
