@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -41,5 +42,43 @@ def test_ddps_first_timings_are_asked_for_at_every_read_until_found_then_once_a_
         values = sampled.read()
         assert values["comm_ms"] > 0 and values["comm_bytes"] == (8 * 16 + 16 + 16 * 2 + 2) * 4, values
         assert sampled.comm_due
+    finally:
+        patches.undo()
+
+
+def test_a_step_that_accumulates_over_micro_batches_counts_the_compute_of_all_of_them(gloo_world_of_one):
+    """DDP times only the forward and backward that synchronise: with three micro-batches a
+    step, the last. A rank slow in all three would seem slow in one, its lag a third of what
+    it costs the others; so the step's compute is the synced one's times three."""
+    now = [0.0]
+    sampled, records = Sampled(clock=lambda: now[0]), []
+    tracker = StepTracker(0, emit=records.append)
+    hooks.install(tracker, GuardPolicy(), sampled)
+    try:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8)))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(32, 64)
+
+        def step() -> None:
+            for _ in range(2):
+                with model.no_sync():
+                    model(x).pow(2).mean().backward()
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        for _ in range(3):
+            step()
+            tracker.build(sampled.read())
+            now[0] += 1.0
+        step()  # its forward published the last step's timings, read after it
+        tracker.flush(sampled.read(now=True))
+        measured = [r for r in records if "compute_ms" in r]
+        assert measured, records
+        ddp = model._get_ddp_logging_data()
+        synced = (ddp["forward_compute_time"] + ddp["backward_compute_time"]) / 1e6
+        last = measured[-1]
+        assert last["comm_step"] == 2 and last["compute_ms"] == pytest.approx(3 * synced), (last, synced)
     finally:
         patches.undo()

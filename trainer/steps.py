@@ -71,8 +71,8 @@ GIVEN = 2
 closed if no training forward came since, else for the step in progress; `closes` when
 no torch optimizer marks the steps, so the call ends the step it speaks for (END follows)."""
 END = 3
-"""(END, time, step, values): the step closed; values is what the hooks measured after the
-optimizer (comm, memory, the learning rate)."""
+"""(END, time, step, values, micro): the step closed; values is what the hooks measured after
+the optimizer (comm, memory, the learning rate); micro, its leader's training forwards."""
 RESUME = 4
 """(RESUME, step): the script went on from a checkpoint, so steps jump to `step`."""
 LOSS = 5
@@ -164,8 +164,9 @@ class StepTracker:
         self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
         self._sampled: dict[str, Any] = {}
         """What the sender sampled that no record has taken yet (sampled.py)."""
-        self._spans: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=STEPS_KEPT)
-        """(step, start, end) of the steps closed last, on the clock: where a sampled reading falls."""
+        self._spans: collections.deque[tuple[int, float, float, int]] = collections.deque(maxlen=STEPS_KEPT)
+        """(step, start, end, micro) of the steps closed last, on the clock: where a sampled
+        reading falls, and how many micro-batches that step's compute was."""
 
     def forward_begin(self, samples: int | None, tokens: int | None = None, model: int | None = None) -> None:
         """A training forward of the model whose id is model begins."""
@@ -214,7 +215,7 @@ class StepTracker:
         elif self.losses:
             self._held = self.losses
         self.losses = []
-        self.journal.append((END, self._clock(), self.step, values))
+        self.journal.append((END, self._clock(), self.step, values, self.micro))
         self.in_step = False
         self.step += 1
         self.phase = "data"
@@ -342,7 +343,7 @@ class StepTracker:
             self._values["tokens"] = tokens
 
     def _close(self, entry: tuple[Any, ...]) -> None:
-        _, end, step, values = entry
+        _, end, step, values, micro = entry
         if self._finished is not None:  # a step closed before it with no forward between (two optimizers) is done
             self._seal()
         expected, self._next_step = self._next_step, step + 1
@@ -354,7 +355,7 @@ class StepTracker:
             if values:
                 self._values.update(values)
             begun = self._last_end if self._last_end is not None else self._first
-            self._spans.append((step, end if begun is None else begun, end))
+            self._spans.append((step, end if begun is None else begun, end, micro))
         self._values = {}
         self._samples = self._tokens = 0
         self._given_loss = self._first = None
@@ -376,14 +377,23 @@ class StepTracker:
 
     def _take_sampled(self, record: wire.Frame) -> None:
         """The record takes what was sampled since the last one; a comm reading says
-        which step it measured (comm_step), found by its wall time among the steps kept."""
+        which step it measured (comm_step), found by its wall time among the steps kept.
+
+        DDP times the forward and backward that synchronise, and only those: in a step that
+        accumulated gradients over micro-batches (no_sync, or nanoGPT's
+        require_backward_grad_sync) that is the last one. The step's compute is then taken as
+        that one's times the step's micro-batches, which are alike in a script that splits
+        its batch: otherwise a rank slow in all of them would seem slow in one, and its
+        lag a fraction of what it costs the others (model/lag.py)."""
         sampled, self._sampled = self._sampled, {}
         wall = sampled.pop("comm_wall", None)
         if wall is not None:
             at = wall - self._wall_offset
-            step = next((s for s, start, end in reversed(self._spans) if start <= at <= end), None)
-            if step is not None:
-                sampled["comm_step"] = step
+            found = next(((s, micro) for s, start, end, micro in reversed(self._spans) if start <= at <= end), None)
+            if found is not None:
+                sampled["comm_step"] = found[0]
+                if found[1] > 1 and "compute_ms" in sampled:
+                    sampled["compute_ms"] *= found[1]
         record.update(sampled)
 
     def _send_ready(self) -> None:

@@ -46,7 +46,13 @@ STEP_VALUES: tuple[StepValue, ...] = (
     ),
     StepValue("comm_overlap_ms", float, "window", "sampled: how much of comm_ms ran beside the backward's compute (comm_step)"),
     StepValue("comm_bytes", int, "window", "sampled: bytes DDP's gradient buckets all-reduce in a step (comm_step)"),
-    StepValue("compute_ms", float, "window", "sampled: DDP's forward and backward compute, without the all-reduce's wait (comm_step)"),
+    StepValue(
+        "compute_ms",
+        float,
+        "window",
+        "sampled: DDP's forward and backward compute, without the all-reduce's wait (comm_step); times the step's "
+        "micro-batches where it accumulated gradients (DDP times the synced one alone)",
+    ),
     StepValue("loss", float, "latest", "what backward() was called on, summed over the step, or what monitor.step() said"),
     StepValue("grad_norm", float, "latest", "the global gradient norm before clipping, unscaled"),
     StepValue("lr", float, "latest", "the learning rate of the optimizer's first parameter group, as the step used it"),
