@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,6 +113,17 @@ def gloo_world_of_one() -> Iterator[None]:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+def accumulating_step(model: Any, optimizer: Any, x: Any, micro_batches: int = 3) -> None:
+    """One optimizer step over micro-batches, as gradient accumulation runs it: every one but
+    the last under DDP's no_sync, so that DDP times and all-reduces the last alone."""
+    for _ in range(micro_batches - 1):
+        with model.no_sync():
+            model(x).pow(2).mean().backward()
+    model(x).pow(2).mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
 
 
 def run_ddptop(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

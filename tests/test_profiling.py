@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import wait_for
+from conftest import accumulating_step, wait_for
 from torch import nn
 
 from ddptop.core.model import profiles
@@ -79,19 +79,10 @@ def test_micro_batches_before_the_synced_one_are_their_own_phase_not_data_wait(g
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(256, 256)
-
-    def step() -> None:
-        for _ in range(2):
-            with model.no_sync():
-                model(x).pow(2).mean().backward()
-        model(x).pow(2).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-    step()
+    accumulating_step(model, optimizer, x)
     captures.ask({"id": "a", "steps": 3, "folder": str(tmp_path)})
     for _ in range(5):
-        step()
+        accumulating_step(model, optimizer, x)
     [record] = wait_for(lambda: [r for r in sent if r["id"] == "a"], 30, "the capture's record")
     phases = record["phases"]
     assert "error" not in record and set(phases) >= {"data", "accumulation", "forward", "backward"}, record

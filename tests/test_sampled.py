@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import accumulating_step
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -59,20 +60,11 @@ def test_a_step_that_accumulates_over_micro_batches_counts_the_compute_of_all_of
         model = DistributedDataParallel(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8)))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         x = torch.randn(32, 64)
-
-        def step() -> None:
-            for _ in range(2):
-                with model.no_sync():
-                    model(x).pow(2).mean().backward()
-            model(x).pow(2).mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
-
         for _ in range(3):
-            step()
+            accumulating_step(model, optimizer, x)
             tracker.build(sampled.read())
             now[0] += 1.0
-        step()  # its forward published the last step's timings, read after it
+        accumulating_step(model, optimizer, x)  # its forward published the last step's timings, read after it
         tracker.flush(sampled.read(now=True))
         measured = [r for r in records if "compute_ms" in r]
         assert measured, records
