@@ -95,6 +95,23 @@ def busy(state: JobState, ingest: Callable[[dict], None], ranks: int, steps: int
     ingest({"type": "alert", "wall": BASE + 5, "kind": "straggler", "text": "rank 3 is slow", "ranks": [3], "action": "none"})
     ingest({"type": "group_restart", "wall": BASE + 6, "node": 0, "restart": 1, "remaining": 2})
     ingest({"type": "checkpoint", "rank": 0, "step": 40, "wall": BASE + 6, "write_ms": 12.0, "path": "ckpt.pt"})
+    captured(ingest, list(range(0, ranks, 3)))
+
+
+OP_NAMES = ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "aten::mkldnn_rnn_layer_backward", "aten::addmm")
+
+
+def captured(ingest: Callable[[dict], None], ranks: list[int]) -> None:
+    """A profiler capture of these ranks, done, each with a profile record as long as a real
+    one can be: 15 top ops by CPU and 15 more by CUDA, with long names."""
+    ingest({"type": "capture", "wall": BASE + 5.5, "id": "c1", "state": "started", "text": "capturing", "ranks": ranks, "steps": 5})
+    for rank in ranks:
+        ops = [[f"{OP_NAMES[i % 3]}_{rank}_{i}", 1.5 * i, 0.5 * i, 10.0] for i in range(30)]
+        phases = {"data": 1.0 + rank, "forward": 2.0, "backward": 3.0, "comm": 4.0, "overlap": 1.0, "optimizer": 0.5, "step": 11.0 + rank}
+        path = f"/scratch/runs/a-long-run-name/profiles/attempt0-rank{rank}-step1000.pt.trace.json.gz"
+        ingest({"type": "profile", "rank": rank, "wall": BASE + 5.6, "id": "c1", "first_step": 1000, "steps": 5, "phases": phases,
+                "ops": ops, "cuda": True, "path": path})  # fmt: skip
+    ingest({"type": "capture", "wall": BASE + 5.7, "id": "c1", "state": "done", "text": "profile c1 done", "ranks": ranks, "steps": 5})
 
 
 def restored(frames: list[wire.Frame]) -> JobState:
@@ -127,6 +144,14 @@ def test_a_state_rebuilt_from_its_snapshot_frames_is_the_same_state():
             (p.wall, p.span, p.job, list(p.ranks["step_ms"])) for p in theirs_tl
         ]
     assert [m.kind for m in copy.history.marks] == ["alert", "restart"]
+    ours_capture, their_capture = state.latest_capture, copy.latest_capture  # what a rank's detail shows
+    assert ours_capture is not None and their_capture is not None and their_capture.results == ours_capture.results
+    assert (their_capture.id, their_capture.state, their_capture.ranks, sorted(their_capture.results)) == (
+        "c1",
+        "done",
+        [0, 3, 6, 9],
+        [0, 3, 6, 9],
+    )
     # And it goes on as the original does.
     for s in (state, copy):
         s.ingest({"type": "step", "rank": 0, "step": 120, "wall": BASE + 13, "step_ms": 100.0, "samples": 8})
@@ -138,6 +163,10 @@ def test_snapshot_frames_stay_under_the_frame_limit_at_1024_ranks():
     frames = list(snapshot.frames(state))
     sizes = [len(wire.encode(f)) for f in frames]  # encode raises past the limit
     assert max(sizes) < wire.MAX_FRAME and len(restored(frames).ranks) == 1024
+    capture = restored(frames).latest_capture  # every rank's profile record, over several frames
+    assert capture is not None and len(capture.results) == 342 and len([f for f in frames if f["type"] == "snapshot_capture"]) > 1
+    [one] = [f for f in snapshot.frames(busy_state(ranks=1, steps=1)) if f["type"] == "snapshot_capture"]
+    assert len(wire.encode(one)) < snapshot.CAPTURE_BYTES + 200  # a rank's record, with the capture it belongs to
     full = busy_state(ranks=1, steps=200)  # a full window of steps: what a rank is budgeted at
     [ranks] = [f for f in snapshot.frames(full) if f["type"] == "snapshot_ranks"]
     assert len(wire.encode(ranks)) < snapshot.RANK_BYTES

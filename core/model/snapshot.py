@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddptop.core import wire
 from ddptop.core.eventlog import Position, read_after, read_all
+from ddptop.core.model import profiles
 from ddptop.core.model.goodput import TYPICAL_KEPT, Attempt, Goodput
 from ddptop.core.model.history import RANK_SERIES, Filling, History, Point, pack, unpack
 from ddptop.core.model.rank import GpuState, RankState
@@ -40,21 +41,26 @@ from ddptop.core.model.stats import StepPoint
 if TYPE_CHECKING:
     from ddptop.core.model.job import JobState
 
-SNAPSHOT_TYPES = frozenset({"snapshot", "snapshot_ranks", "snapshot_points"})
-VERSION = 2
-"""The layout of the frames below. 2: ranks and their windows by field name (1 had
-windows by position, and no number). A reader reads only its own version: a
+SNAPSHOT_TYPES = frozenset({"snapshot", "snapshot_ranks", "snapshot_points", "snapshot_capture"})
+VERSION = 3
+"""The layout of the frames below. 3: with the latest profiler capture (2 had none, so a
+replay of a run saved so reads its log whole again); 2: ranks and their windows by field
+name (1 had windows by position, and no number). A reader reads only its own version: a
 replay then reads the log whole, a dashboard says it cannot read the state."""
 FRAME_BUDGET = wire.MAX_FRAME // 2
 """Bytes a snapshot frame aims at: half the limit leaves room for a rank's long stack."""
 RANK_BYTES = 12_000
 """About what one rank's state encodes to, with a full window of steps."""
+CAPTURE_BYTES = 8_000
+"""About what one rank's profile record encodes to at most: its phases, its top ops by CPU
+and by CUDA with their names, its trace's path."""
 _RANK_SKIP = frozenset({"window", "gpu_reading", "gpu"})
 _JOB_FIELDS = ("meta", "world_size", "total_steps", "started", "last_wall", "records", "alerts", "exit", "checkpoint_step")
 
 
 def frames(state: JobState) -> Iterator[wire.Frame]:
-    """The state as frames: the job first, then its ranks, then the charts' points."""
+    """The state as frames: the job first, then its ranks, the latest profiler capture (what
+    a rank's detail shows), then the charts' points."""
     history = state.history
     yield {
         "type": "snapshot",
@@ -73,6 +79,7 @@ def frames(state: JobState) -> Iterator[wire.Frame]:
     per_frame = max(1, FRAME_BUDGET // RANK_BYTES)
     for start in range(0, len(ranks), per_frame):
         yield {"type": "snapshot_ranks", "ranks": [_rank(r) for r in ranks[start : start + per_frame]]}
+    yield from _capture(state.latest_capture)
     point_bytes = 64 + 4 * len(RANK_SERIES) * (max(state.ranks, default=0) + 1) + 16 * 16
     per_frame = max(1, FRAME_BUDGET // point_bytes)
     for tier, timeline in (("recent", history.recent), ("whole", history.whole)):
@@ -160,6 +167,10 @@ def restore(state: JobState, record: wire.Frame) -> None:
             if rank.gpu is not None:
                 rank.gpu_reading = state.gpus.get(rank.gpu)
             state.ranks[rank.rank] = rank
+    elif kind == "snapshot_capture":
+        state.latest_capture = profiles.fold(state.captures, {"type": "capture", **record["capture"]})
+        for result in record["results"]:
+            profiles.fold(state.captures, result)
     elif kind == "snapshot_points":
         timeline = state.history.timeline(whole=record["tier"] == "whole")
         for wall, span, job, ranks in record["points"]:
@@ -171,6 +182,7 @@ def _restore_job(state: JobState, record: wire.Frame) -> None:
         if name in _JOB_FIELDS:
             setattr(state, name, value)
     state.ranks.clear()
+    state.captures, state.latest_capture = {}, None
     state.alert_kinds = Counter(record["alert_kinds"])
     state.events = deque(record["events"], maxlen=state.events.maxlen)
     state.gpus = {(node, gpu["index"]): GpuState(**gpu) for node, gpu in record["gpus"]}
@@ -180,6 +192,18 @@ def _restore_job(state: JobState, record: wire.Frame) -> None:
         state.history.mark(wall, kind, text)
     state.history.whole.span = record["whole_span"]
     state.history.whole.filling = _restored_filling(record["filling"])
+
+
+def _capture(capture: profiles.Capture | None) -> Iterator[wire.Frame]:
+    """The capture as it stands, and the ranks' profile records as they came (a rank's op
+    names are its own, so 1,024 ranks' split into several frames, each with the capture)."""
+    if capture is None:
+        return
+    head = {"id": capture.id, "state": capture.state, "text": capture.text, "ranks": capture.ranks, "steps": capture.steps}
+    results = list(capture.results.values())
+    per_frame = max(1, FRAME_BUDGET // CAPTURE_BYTES)
+    for start in range(0, max(1, len(results)), per_frame):
+        yield {"type": "snapshot_capture", "capture": head, "results": results[start : start + per_frame]}
 
 
 _RANK_FIELDS = tuple(f.name for f in dataclasses.fields(RankState) if f.name not in _RANK_SKIP)
