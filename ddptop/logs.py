@@ -116,6 +116,9 @@ def logs(argv: list[str]) -> int:
         offsets[log.path] = _print_new(printer, log, base + log.local_rank, 0, rest=not opts.follow)
     if opts.follow:
         _follow(run, printer, offsets, local, base, first)
+    elif not any(offsets.values()):  # silence would read as a command that failed to find them
+        who = "the ranks" if local is None else f"rank {opts.rank}"
+        print(f"ddptop: {who} wrote nothing in {'any attempt' if opts.all else f'attempt {first}'}", file=sys.stderr)
     return 0
 
 

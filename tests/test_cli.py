@@ -191,6 +191,9 @@ def test_logs_of_a_run_without_logs_and_of_an_attempt_it_never_had(ddptop_home, 
     log.write_text("hello\nworld\n")
     assert run_ddptop("logs", run.id, "--rank", "1").stdout == "hello\nworld\n"
     assert_one_line_error(run_ddptop("logs", run.id, "--attempt", "3"), "has no attempt 3 (attempts: 0)")
+    log.write_text("")
+    quiet = run_ddptop("logs", run.id, "--rank", "1")
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "ddptop: rank 1 wrote nothing in attempt 0\n"), "said, not silent"
 
 
 def test_replay_of_a_missing_run(ddptop_home):
