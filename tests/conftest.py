@@ -33,6 +33,14 @@ def bound_unix(path: Path) -> socket.socket:
     return sock
 
 
+def received(connection: socket.socket) -> Iterator[wire.Frame]:
+    """The frames a listener reads from one rank's connection, until the rank ends it (60 s at most a read)."""
+    connection.settimeout(60)
+    decoder = wire.FrameDecoder()
+    while data := connection.recv(65536):
+        yield from decoder.feed(data)
+
+
 class Deadline:
     """The one way a test waits: on a condition, failing with what it waited for at a deadline."""
 

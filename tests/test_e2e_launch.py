@@ -13,12 +13,11 @@ import subprocess
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DDPTOP, EXAMPLE, SCRIPTS, bound_unix, recorded, run_ddptop, wait_for
+from conftest import DDPTOP, EXAMPLE, SCRIPTS, bound_unix, received, recorded, run_ddptop, wait_for
 
 from ddptop.core import rundir, wire
 from ddptop.supervisor.launching.torchrun import BOOTSTRAP_DIR
@@ -222,14 +221,6 @@ def test_a_rank_trains_on_when_the_supervisor_stalls(tmp_path):
         server.listen()  # accepts into the backlog, never reads
         result = rank_alone(SCRIPTS / "plain_ddp.py", f"unix:{path}", "--steps", "3000")
     assert result.returncode == 0, result.stderr
-
-
-def received(connection: socket.socket) -> Iterator[wire.Frame]:
-    """The frames a listener reads from one rank's connection, until the rank ends it (60 s at most a read)."""
-    connection.settimeout(60)
-    decoder = wire.FrameDecoder()
-    while data := connection.recv(65536):
-        yield from decoder.feed(data)
 
 
 def test_a_rank_counts_what_it_dropped_while_the_supervisor_was_gone(tmp_path):

@@ -5,9 +5,8 @@ import threading
 
 import pytest
 from builders import hello
-from conftest import bound_unix, wait_for
+from conftest import bound_unix, received, wait_for
 
-from ddptop.core import wire
 from ddptop.trainer.sender import Sender
 
 HELLO = hello(0)
@@ -30,19 +29,13 @@ def listener(tmp_path):
     server.close()
 
 
-def read_all(conn: socket.socket, frames: list) -> None:
-    decoder = wire.FrameDecoder()
-    while data := conn.recv(65536):
-        frames += decoder.feed(data)
-
-
 def test_records_arrive_in_order_after_the_hello(listener):
     server, address = listener
     frames: list = []
     sender = Sender(address, HELLO, heartbeat)
     sender.start()
     conn, _ = server.accept()
-    reader = threading.Thread(target=read_all, args=(conn, frames))
+    reader = threading.Thread(target=frames.extend, args=(received(conn),))
     reader.start()
     for i in range(500):
         sender.put(step(i))
@@ -76,7 +69,7 @@ def test_step_records_are_built_on_the_senders_thread_and_arrive_with_the_next_b
         tracker.optimizer_end({})
     sender.start()
     conn, _ = server.accept()
-    reader = threading.Thread(target=read_all, args=(conn, frames))
+    reader = threading.Thread(target=frames.extend, args=(received(conn),))
     reader.start()
 
     def steps_sent() -> list[int]:
@@ -164,6 +157,6 @@ def test_a_socket_path_longer_than_af_unix_allows(tmp_path):
     sender.start()
     conn, _ = server.accept()
     sender.close(timeout=3)
-    read_all(conn, frames)
+    frames += received(conn)
     server.close()
     assert frames[0] == HELLO
