@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ddptop.core.format import span
-from ddptop.core.model.goodput import Goodput, text
+from ddptop.core.model.goodput import PARTS, Goodput, text
 
 
 def job(goodput: Goodput, attempt: int, steps: range, start: float, step_s: float = 0.1, skipped: int = -1, ranks: int = 2) -> float:
@@ -39,16 +39,14 @@ def test_a_job_with_a_failure_and_a_resume_splits_its_wall_time():
     assert split["productive_s"] == pytest.approx(59 * step) and split["stalled_s"] == 0.0
     assert split["failures"] == 1
     assert split["checkpoint_every_s"] == pytest.approx((2 * 0.5 * split["wall_s"] / 1) ** 0.5, abs=0.05)
-    assert sum(
-        split[f"{p}_s"] for p in ("productive", "startup", "restarts", "recomputed", "skipped", "stalled", "other")
-    ) == pytest.approx(split["wall_s"])
+    assert sum(split[f"{p}_s"] for p in PARTS) == pytest.approx(split["wall_s"])
     assert text(split).startswith(f"goodput {split['goodput']:.0%} of {span(split['wall_s'])}; lost: startup 5.0 s")
 
 
 def test_the_goodput_line_reads_a_day_in_hours_and_a_sub_second_interval_in_tenths():
     """A day's run read "of 86400.0 s", and a checkpoint interval under a second "every 0 s"."""
     split = {"wall_s": 86_400.0, "goodput": 0.9, "failures": 1, "checkpoint_every_s": 0.2}
-    split |= {f"{part}_s": 0.0 for part in ("productive", "startup", "restarts", "recomputed", "skipped", "stalled", "other")}
+    split |= {f"{part}_s": 0.0 for part in PARTS}
     split |= {"startup_s": 2.0, "restarts_s": 1_500.0, "recomputed_s": 300.0}
     assert (
         text(split)
@@ -66,12 +64,40 @@ def test_a_step_far_over_the_job_s_pace_is_a_stall():
     assert split is not None and split["stalled_s"] == pytest.approx(40.0 - 15.0)
 
 
+def test_a_long_step_the_watchdog_called_a_pause_is_paused_and_one_it_called_a_stall_is_stalled():
+    """Rank 0 evaluating alone for 40 s: the watchdog said "rank 1 waits for rank 0", so the goodput
+    line must not call that time stalled. Where the pause turned into a stall (the evaluation hung),
+    or nothing was said, it is stalled. The record of the step before the evaluation comes after
+    the verdicts, as a rank sends it once its next step begins."""
+
+    def fold(*verdicts: dict[str, object]) -> dict[str, float]:
+        goodput = Goodput()
+        goodput.observe({"type": "run", "wall": 0.0})
+        end = job(goodput, 0, range(29), start=0.0, ranks=1) + 0.1
+        for verdict in verdicts:
+            goodput.observe({"wall": end + 15.0, "text": "...", **verdict})
+        goodput.observe({"type": "step", "rank": 0, "step": 29, "step_ms": 100.0, "wall": end})
+        goodput.observe({"type": "step", "rank": 0, "step": 30, "step_ms": 40_000.0, "wall": end + 40.0})
+        split = goodput.split(end + 40.0)
+        assert split is not None
+        return split
+
+    pause, stall = {"type": "notice", "kind": "pause"}, {"type": "alert", "kind": "stall"}
+    paused = fold(pause)
+    assert (paused["paused_s"], paused["stalled_s"]) == (pytest.approx(25.0), 0.0)
+    assert "lost: paused 25 s" in text(paused)
+    for split in (fold(pause, stall), fold()):
+        assert (split["stalled_s"], split["paused_s"]) == (pytest.approx(25.0), 0.0)
+
+
 def test_a_job_that_ends_stuck_spent_its_tail_stalled_and_one_that_recovers_did_not():
     goodput = Goodput()
     goodput.observe({"type": "run", "wall": 0.0})
-    end = job(goodput, 0, range(30), start=0.0, ranks=1)
+    end = job(goodput, 0, range(29), start=0.0, ranks=1) + 0.1
     goodput.observe({"type": "alert", "kind": "stall", "wall": end + 15.0, "text": "..."})
     goodput.observe({"type": "alert", "kind": "hang", "wall": end + 300.0, "text": "..."})
+    # Stuck before its next forward (a data loader that hangs): its last step's record comes at its exit.
+    goodput.observe({"type": "step", "rank": 0, "step": 29, "step_ms": 100.0, "wall": end})
     goodput.observe({"type": "exit", "wall": end + 301.0, "code": 143})
     split = goodput.split()
     assert split is not None and split["stalled_s"] == pytest.approx(301.0) and split["other_s"] == pytest.approx(0.0)

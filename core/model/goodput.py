@@ -14,6 +14,10 @@ dashboard and a replay all split the same time the same way:
 - skipped: steps the NaN guard (or GradScaler) skipped: run, then thrown away;
 - stalled: the part of a step beyond STALL_FACTOR x the job's median step
   time and STALL_MIN_S (a data stall, a rank stuck a while);
+- paused: that part of a step during which the watchdog told of a pause (a
+  rank working while the others wait: rank 0 evaluating alone, a checkpoint
+  being written) and of no stall or hang: the job was not stuck, and a line
+  that had just said "rank 1 waits for rank 0" must not call it stalled;
 - productive: the rest of the steps' time; the remainder of the wall time
   (after the last step: shutdown, a final evaluation) is "other", except
   where a stall or hang verdict came after the last step: a job that ends
@@ -38,11 +42,11 @@ from ddptop.core.model.stats import median
 
 STALL_FACTOR = 20.0
 STALL_MIN_S = 15.0
-GOODPUT_TYPES = frozenset({"run", "rank_hello", "step", "checkpoint", "exit", "alert"})
+GOODPUT_TYPES = frozenset({"run", "rank_hello", "step", "checkpoint", "exit", "alert", "notice"})
 """The records the fold reads."""
 STUCK_KINDS = frozenset({"stall", "hang"})
 """Verdicts that say the job stopped stepping: the time from its last step on was stalled."""
-PARTS = ("productive", "startup", "restarts", "recomputed", "skipped", "stalled", "other")
+PARTS = ("productive", "startup", "restarts", "recomputed", "skipped", "stalled", "paused", "other")
 
 
 TYPICAL_KEPT = 1000
@@ -71,13 +75,19 @@ class Goodput:
     """The attempt of rank 0's latest hello."""
     attempts: dict[int, Attempt] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
-    """Steps' time by part (productive, recomputed, skipped, stalled)."""
+    """Steps' time by part (productive, recomputed, skipped, stalled, paused)."""
     typical: deque[float] = field(default_factory=lambda: deque(maxlen=TYPICAL_KEPT))
     """Recent step times, whose median sets what a stall is."""
     write_ms: list[float] = field(default_factory=list)
     ended: float | None = None
-    stuck: bool = False
-    """A stall or hang verdict came after the latest step."""
+    stuck_at: float | None = None
+    """When the last stall or hang verdict came that no step has ended after."""
+    paused_at: float | None = None
+    """When the last pause notice came that no step has ended after.
+
+    Both are times, not flags a step clears: a rank sends a step's record once its next
+    step begins, so the record of the step before an evaluation or a hang comes after
+    the verdict on them."""
     _pace: float | None = None
     """The median of typical, taken anew every PACE_EVERY steps (a sort of a thousand times is not free at 1,000 steps/s)."""
     _steps: int = 0
@@ -95,22 +105,29 @@ class Goodput:
             self.write_ms.append(record["write_ms"])
         elif kind == "exit":
             self.ended = record["wall"]
+        elif kind == "notice" and record.get("kind") == "pause":
+            self.paused_at = record["wall"]
         elif kind == "alert" and record.get("kind") in STUCK_KINDS:
-            self.stuck = True
+            self.stuck_at = record["wall"]
             stuck = self.attempts.get(self.attempt)
             if stuck is not None:
                 stuck.stuck_until = record["wall"]
 
     def _step(self, record: wire.Frame) -> None:
-        self.stuck = False
         seconds, end, step = record["step_ms"] / 1000.0, record["wall"], record["step"]
+        after_pause = self.paused_at is not None and end >= self.paused_at
+        after_stuck = self.stuck_at is not None and end >= self.stuck_at
+        over_part = "paused" if after_pause and not after_stuck else "stalled"
         attempt = self.attempts.get(self.attempt)
         if attempt is None:
             done = max((a.top for a in self.attempts.values()), default=-1)
             attempt = self.attempts[self.attempt] = Attempt(end - seconds, end, done)
         attempt.last_end = max(attempt.last_end, end)
         attempt.top = max(attempt.top, step)
-        attempt.stuck_until = None
+        if after_pause:
+            self.paused_at = None
+        if after_stuck:
+            self.stuck_at = attempt.stuck_until = None
         parts = self.seconds
         if record.get("skipped") is not None:
             parts["skipped"] += seconds
@@ -118,9 +135,9 @@ class Goodput:
             parts["recomputed"] += seconds
         else:
             over = max(STALL_MIN_S, STALL_FACTOR * (self._pace or seconds))
-            stalled = seconds - over if seconds > over else 0.0
-            parts["stalled"] += stalled
-            parts["productive"] += seconds - stalled
+            lost = seconds - over if seconds > over else 0.0
+            parts[over_part] += lost
+            parts["productive"] += seconds - lost
         self.typical.append(seconds)
         self._steps += 1
         if self._steps % PACE_EVERY == 1:
@@ -143,11 +160,11 @@ class Goodput:
         wall = end - self.started
         if not self.attempts:
             parts["startup"] = wall
-        elif self.stuck:
+        elif self.stuck_at is not None:
             parts["stalled"] += max(0.0, end - previous_end)
         # Step times come from the ranks' clocks, the wall time from the supervisor's: where they
         # disagree (records of a job replayed or made up), the steps' parts shrink to fit the wall.
-        stepping = ("productive", "recomputed", "skipped", "stalled")
+        stepping = ("productive", "recomputed", "skipped", "stalled", "paused")
         excess = sum(parts.values()) - wall
         if excess > 0:
             total = sum(parts[part] for part in stepping)

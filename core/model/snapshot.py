@@ -42,8 +42,9 @@ if TYPE_CHECKING:
     from ddptop.core.model.job import JobState
 
 SNAPSHOT_TYPES = frozenset({"snapshot", "snapshot_ranks", "snapshot_points", "snapshot_capture"})
-VERSION = 3
-"""The layout of the frames below. 3: with the latest profiler capture (2 had none, so a
+VERSION = 4
+"""The layout of the frames below. 4: goodput's fold keeps time paused apart from stalled;
+3: with the latest profiler capture (2 had none, so a
 replay of a run saved so reads its log whole again); 2: ranks and their windows by field
 name (1 had windows by position, and no number). A reader reads only its own version: a
 replay then reads the log whole, a dashboard says it cannot read the state."""

@@ -422,6 +422,8 @@ class Notice(TypedDict):
     wall: float
     text: str
     node: NotRequired[int]
+    kind: NotRequired[str]
+    """The watchdog verdict it tells of ("pause", "world-size", "no-ranks"): goodput counts a pause's time apart from stalls."""
 
 
 class WireError(TypedDict):

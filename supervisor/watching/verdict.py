@@ -29,7 +29,7 @@ class Verdict:
 
     def record(self) -> wire.Frame:
         if self.notice:
-            return {"type": "notice", "wall": time.time(), "text": self.text}
+            return {"type": "notice", "wall": time.time(), "text": self.text, "kind": self.kind}
         return {
             "type": "alert",
             "wall": time.time(),
