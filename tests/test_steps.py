@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from ddptop.trainer.steps import MAX_WAITING, StepTracker
+from ddptop.trainer.steps import MAX_WAITING, SEAL_AFTER_S, StepTracker
 
 
 class Clock:
@@ -331,6 +331,44 @@ def test_a_rank_that_stopped_training_has_its_steps_built_by_the_sender_all_but_
     tracker.explicit(loss=0.5, samples=None, tokens=None)
     tracker.flush()
     assert [(r["step"], r.get("loss")) for r in out] == [(0, None), (1, None), (2, 0.5)]
+
+
+def test_a_rank_that_stopped_training_has_its_last_step_sent_once_it_has_sat_closed_a_while():
+    """Rank 0 evaluating alone for minutes, or stuck in its data loader: its last step is sent
+    after SEAL_AFTER_S (or two of its own step times), so the dashboard does not show it a step
+    behind the ranks that wait for it. A monitor.step() for that step after it went is dropped,
+    not given to the next step."""
+    tracker, out, clock = make()
+    run_step(tracker, clock, 0.0, 0.1)
+    run_step(tracker, clock, 0.0, 0.1)
+    clock.now += SEAL_AFTER_S - 0.01
+    tracker.build()
+    assert [r["step"] for r in out] == [0], "a monitor.step() may still come for step 1"
+    clock.now += 0.02
+    tracker.build()
+    assert [r["step"] for r in out] == [0, 1]
+    tracker.explicit(loss=9.0, samples=99, tokens=None)
+    run_step(tracker, clock, 0.0, 0.1)
+    tracker.flush()
+    assert [(r["step"], r.get("loss"), r["samples"]) for r in out[1:]] == [(1, None, 8), (2, None, 8)]
+
+    slow, out, clock = make()  # steps of 4 s: two of them before the last is sent
+    run_step(slow, clock, 0.0, 4.0)
+    clock.now += SEAL_AFTER_S + 1.0
+    slow.build()
+    assert out == []
+    clock.now += 2.0
+    slow.build()
+    assert [r["step"] for r in out] == [0]
+
+    held, out, clock = make()  # losses held for the next forward (no guard packed them): it waits for them
+    backward_step(held, clock, Loss(0.5))
+    clock.now += 60.0
+    held.build()
+    assert out == []
+    held.forward_begin(8)
+    held.build()
+    assert [(r["step"], r["loss"]) for r in out] == [(0, 0.5)]
 
 
 def test_steps_past_the_journal_bound_are_dropped_and_counted(monkeypatch):

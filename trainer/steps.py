@@ -26,9 +26,11 @@ journal and makes the records before each batch it sends (build(),
 sender.py; bench/inrank.py, docs/benchmarks.md). The journal is read in
 order, so a monitor.step() after optimizer.step() adds to the step just
 closed until a training forward is read, and the record of a step is made
-only then (or at the next step's close, or at exit): a rank whose training
-stopped (a long evaluation, a hang) has all its steps but the last sent all
-the same. The values the guard packs (the grad norm, the losses; guard.py) are
+only then (or at the next step's close, or at exit). A rank whose training
+stopped (a long evaluation, a checkpoint written, a hang) has its last step
+sent all the same once it has sat closed for SEAL_AFTER_STEPS of its own
+time and SEAL_AFTER_S: the dashboard shows it done, not a step behind the
+ranks that wait for it; a monitor.step() for it after that is dropped. The values the guard packs (the grad norm, the losses; guard.py) are
 one value (FIELDS) that the record takes its fields from: on the CPU read on
 the training thread, where that waits for nothing, and decoded here as the
 record is made (late.Read); on a GPU a Late, read here once its copy has
@@ -55,6 +57,14 @@ MAX_WAITING = 64
 """Records whose GPU values are not readable yet (a device that many steps behind the
 host); past that the oldest goes without them rather than waiting."""
 
+SEAL_AFTER_S = 5.0
+SEAL_AFTER_STEPS = 2.0
+"""A closed step with no training forward since is sent after this many of its own step
+times, and at least SEAL_AFTER_S: a monitor.step() for it comes sooner (its .item() of the
+loss waits at most for the device to finish the step), and a pause is told after 15 s.
+A step whose backward() losses the training thread still holds (no guard packed them)
+waits for them: they are taken at the next forward."""
+
 MAX_JOURNAL = 65536
 """Journal entries kept unread at most, the oldest dropped past it: the sender's
 thread reads them all every flush interval, so only steps far faster than any
@@ -71,8 +81,9 @@ GIVEN = 2
 closed if no training forward came since, else for the step in progress; `closes` when
 no torch optimizer marks the steps, so the call ends the step it speaks for (END follows)."""
 END = 3
-"""(END, time, step, values, micro): the step closed; values is what the hooks measured after
-the optimizer (comm, memory, the learning rate); micro, its leader's training forwards."""
+"""(END, time, step, values, micro, held): the step closed; values is what the hooks measured
+after the optimizer (comm, memory, the learning rate); micro, its leader's training forwards;
+held, whether its backward() losses wait for the next forward (LOSS)."""
 RESUME = 4
 """(RESUME, step): the script went on from a checkpoint, so steps jump to `step`."""
 LOSS = 5
@@ -155,6 +166,12 @@ class StepTracker:
         self._values: dict[str, Any] = {}
         self._finished: list[Any] | None = None
         """The facts of the step read closed last, while a monitor.step() may still add to them."""
+        self._seal_by = 0.0
+        """When it may be sent with no forward after it (SEAL_AFTER_S), on the clock."""
+        self._awaits_loss = False
+        """Whether its backward() losses are held for the next forward: it waits for them."""
+        self._sealed_early = False
+        """Whether it was sent so, before a forward: what a monitor.step() gives for it now is dropped."""
         self._wall_offset = 0.0
         """time.time() less the clock, taken as each read begins: a step's wall time is its end plus it."""
         self._next_step = 0
@@ -215,7 +232,7 @@ class StepTracker:
         elif self.losses:
             self._held = self.losses
         self.losses = []
-        self.journal.append((END, self._clock(), self.step, values, self.micro))
+        self.journal.append((END, self._clock(), self.step, values, self.micro, self._held is not None))
         self.in_step = False
         self.step += 1
         self.phase = "data"
@@ -285,6 +302,9 @@ class StepTracker:
             if sampled:
                 self._sampled.update(sampled)
             self._read()
+            if self._finished is not None and not self._awaits_loss and self._clock() >= self._seal_by:
+                self._seal()
+                self._sealed_early = True
             self._send_ready()
 
     def _take_held(self, held: list[Any]) -> None:
@@ -303,6 +323,7 @@ class StepTracker:
             entry = journal.popleft()
             kind = entry[0]
             if kind == FORWARD:
+                self._sealed_early = False
                 if self._finished is not None:
                     self._seal()
                 if self._first is None:
@@ -321,7 +342,8 @@ class StepTracker:
             elif kind == GIVEN:
                 if entry[4] and self._finished is not None:  # it speaks for the step it closes, not the one before
                     self._seal()
-                self._given(entry[1], entry[2], entry[3])
+                if entry[4] or not self._sealed_early:  # else it speaks for a step sent already
+                    self._given(entry[1], entry[2], entry[3])
             else:
                 self._next_step = entry[1]
 
@@ -343,7 +365,8 @@ class StepTracker:
             self._values["tokens"] = tokens
 
     def _close(self, entry: tuple[Any, ...]) -> None:
-        _, end, step, values, micro = entry
+        _, end, step, values, micro, held = entry
+        self._sealed_early = False
         if self._finished is not None:  # a step closed before it with no forward between (two optimizers) is done
             self._seal()
         expected, self._next_step = self._next_step, step + 1
@@ -356,6 +379,8 @@ class StepTracker:
                 self._values.update(values)
             begun = self._last_end if self._last_end is not None else self._first
             self._spans.append((step, end if begun is None else begun, end, micro))
+            took = 0.0 if begun is None else end - begun
+            self._seal_by, self._awaits_loss = end + max(SEAL_AFTER_S, SEAL_AFTER_STEPS * took), held
         self._values = {}
         self._samples = self._tokens = 0
         self._given_loss = self._first = None
