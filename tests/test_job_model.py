@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import builders
+import pytest
 
+from ddptop.core import wire
+from ddptop.core.model import snapshot
 from ddptop.core.model.job import JobState
-from ddptop.core.model.metrics import COMM_MS, COMM_SHARE, GPU_USED, GPU_UTIL
+from ddptop.core.model.metrics import COMM_MS, COMM_SHARE, DATA_MS, GPU_USED, GPU_UTIL, SAMPLES_PER_S
 from ddptop.core.model.stats import WINDOW, StepPoint
 from ddptop.core.wire.records import WINDOWED
 
@@ -119,3 +122,46 @@ def test_a_job_runs_until_every_rank_has_exited_and_again_once_a_restarted_one_s
     assert not state.running()
     state.ingest(builders.hello(1, 2, restart=1))
     assert state.running()
+
+
+def test_a_step_that_held_a_pause_stays_out_of_the_ranks_rates_and_means():
+    """Rank 0 evaluated alone for 30 s between two steps while rank 1 waited in its all-reduce.
+    The watchdog told of the pause; the step each rank was in then is left out, so afterwards
+    both read their training's samples/s and data wait, not an evaluation's. Without the notice
+    (a data stall no rank worked through) the long step counts."""
+
+    def fold(notice: bool) -> JobState:
+        state = JobState()
+        for rank in (0, 1):
+            state.ingest(hello(rank, node=0))
+        wall = 100.0
+        for n in range(60):
+            if n == 30:
+                if notice:
+                    state.ingest({"type": "notice", "wall": wall + 15.0, "text": "rank 1 waits for rank 0", "kind": "pause"})
+                wall += 30.0
+                step_ms, data_ms = (30_100.0, [30_000.0, 10.0])
+            else:
+                step_ms, data_ms = (100.0, [10.0, 10.0])
+            wall += 0.1
+            for rank in (0, 1):
+                state.ingest(builders.step(rank, n, wall=wall, step_ms=step_ms, data_ms=data_ms[rank], samples=32))
+        return state
+
+    paused = fold(notice=True)
+    for rank in (0, 1):
+        assert SAMPLES_PER_S.read(paused.ranks[rank]) == pytest.approx(320.0)
+        assert DATA_MS.read(paused.ranks[rank]) == pytest.approx(10.0)
+        assert paused.ranks[rank].window.step_ms(100) == pytest.approx(100.0)
+    assert snapshot_copy(paused).ranks[0].window.rate("samples") == pytest.approx(320.0)
+    stalled = fold(notice=False)
+    assert SAMPLES_PER_S.read(stalled.ranks[0]) == pytest.approx(59 * 32 / (59 * 0.1 + 30.0))
+    assert DATA_MS.read(stalled.ranks[0]) == pytest.approx((59 * 10.0 + 30_000.0) / 60)
+
+
+def snapshot_copy(state: JobState) -> JobState:
+    """The state a late dashboard rebuilds from its snapshot, through the wire's encoding."""
+    copy = JobState()
+    for frame in wire.FrameDecoder().feed(b"".join(wire.encode(f) for f in snapshot.frames(state))):
+        copy.ingest(frame)
+    return copy

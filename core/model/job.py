@@ -118,7 +118,17 @@ class JobState:
             state.last_sampled = {key: record[key] for key in SAMPLED if record.get(key) is not None}
         if record.get("compute_ms") is not None:
             state.add_compute(record["compute_ms"], record.get("comm_step"))
-        state.window.add(StepPoint(record["wall"], record["step_ms"], **{key: record.get(key) for key in WINDOWED}))
+        if state.paused_at is not None and record["wall"] >= state.paused_at:
+            state.paused_at = None
+            state.window.skip(record["wall"], record["step_ms"])
+        else:
+            state.window.add(StepPoint(record["wall"], record["step_ms"], **{key: record.get(key) for key in WINDOWED}))
+
+    def _on_notice(self, record: wire.Frame) -> None:
+        """A pause: every rank's step in progress holds it (the pause is told while no rank finishes one)."""
+        if record.get("kind") == "pause":
+            for state in self.ranks.values():
+                state.paused_at = record["wall"]
 
     def _on_heartbeat(self, record: wire.Frame) -> None:
         state = self.rank(record["rank"])
@@ -265,6 +275,7 @@ _HANDLERS = {
     "heartbeat": JobState._on_heartbeat,
     "sample": JobState._on_sample,
     "alert": JobState._on_alert,
+    "notice": JobState._on_notice,
     "summary": JobState._on_summary,
     "stack": JobState._on_stack,
     "rank_gone": JobState._on_gone,

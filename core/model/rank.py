@@ -81,6 +81,10 @@ class RankState:
     log_tail: list[str] | None = None
     """The end of its own log, as its node last sent it (at a dashboard's asking)."""
     window: RollingWindow = field(default_factory=RollingWindow)
+    paused_at: float | None = None
+    """When the watchdog told of a pause (rank 0 evaluating alone while the others wait) that
+    this rank has finished no step since: the step it is in holds the pause, and stays out of
+    the window, or its rates and means would read an evaluation as slow data or slow training."""
     interval_step_ms: float = 0.0
     """Step time summed over the steps finished since the last summary record (history.py)."""
     interval_comm_ms: float = 0.0

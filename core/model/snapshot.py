@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 SNAPSHOT_TYPES = frozenset({"snapshot", "snapshot_ranks", "snapshot_points", "snapshot_capture"})
 VERSION = 4
-"""The layout of the frames below. 4: goodput's fold keeps time paused apart from stalled;
+"""The layout of the frames below. 4: goodput's fold keeps time paused apart from stalled,
+and a rank's window the steps it left out as pauses;
 3: with the latest profiler capture (2 had none, so a
 replay of a run saved so reads its log whole again); 2: ranks and their windows by field
 name (1 had windows by position, and no number). A reader reads only its own version: a
@@ -218,6 +219,7 @@ def _rank(rank: RankState) -> dict[str, Any]:
     data["gpu"] = list(rank.gpu) if rank.gpu is not None else None
     points = rank.window.points
     data["window"] = {name: [getattr(p, name) for p in points] for name in _POINT_FIELDS}
+    data["gaps"] = [list(gap) for gap in rank.window.gaps]
     return data
 
 
@@ -229,6 +231,7 @@ def _restored_rank(data: dict[str, Any]) -> RankState:
     columns = [window.get(name) or [None] * length for name in _POINT_FIELDS]
     for wall, step_ms, *values in zip(*columns):
         rank.window.add(StepPoint(wall, step_ms, **dict(zip(_POINT_FIELDS[2:], values))))
+    rank.window.gaps.extend((start, end) for start, end in data.get("gaps", []))
     return rank
 
 

@@ -86,8 +86,17 @@ class RollingWindow:
         self._counts = dict.fromkeys(_SUMMED, 0)
         self._sorted_step_ms: list[float] = []
         self._sorted_data_ms: list[float] = []
+        self.gaps: deque[tuple[float, float]] = deque(maxlen=size)
+        """(start, end) wall times of the steps left out (skip()), while they fall in the window."""
+
+    def skip(self, wall: float, step_ms: float) -> None:
+        """A step left out of the figures (a pause: an evaluation, not training), and its
+        time out of the rates' span: the steps around it are kept."""
+        self.gaps.append((wall - step_ms / 1000.0, wall))
 
     def add(self, point: StepPoint) -> None:
+        while self.gaps and self.points and self.gaps[0][1] <= self.points[0].wall:
+            self.gaps.popleft()
         if len(self.points) == self.points.maxlen:
             old = self.points[0]
             self._account(old, -1)
@@ -130,13 +139,17 @@ class RollingWindow:
         first, last = self.points[0], self.points[-1]
         if self._counts[attr] != len(self.points) or getattr(first, attr) is None:
             return self._rate_of_some(attr)
-        span = last.wall - first.wall
+        span = self._span(first.wall, last.wall)
         return (self._sums[attr] - getattr(first, attr)) / span if span > 0 else None
+
+    def _span(self, first: float, last: float) -> float:
+        """Seconds from first to last, less the steps left out between them."""
+        return last - first - sum(min(end, last) - max(start, first) for start, end in self.gaps if end > first and start < last)
 
     def _rate_of_some(self, attr: str) -> float | None:
         """The rate when only some steps carry the count: over those alone."""
         points = [p for p in self.points if getattr(p, attr) is not None]
-        span = points[-1].wall - points[0].wall
+        span = self._span(points[0].wall, points[-1].wall)
         if span <= 0:
             return None
         return sum(getattr(p, attr) for p in points[1:]) / span
