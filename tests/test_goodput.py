@@ -132,3 +132,15 @@ def test_nothing_known_is_no_split_and_no_step_is_all_start_up():
     goodput.observe({"type": "run", "wall": 0.0})
     split = goodput.split(10.0)
     assert split is not None and (split["startup_s"], split["goodput"]) == (10.0, 0.0)
+
+
+def test_a_slow_first_step_does_not_set_the_pace_of_the_next_hundred():
+    """torch.compile's first step took 60 s; the next ones 0.1 s. A 40 s stall at step 10 is one."""
+    goodput = Goodput()
+    goodput.observe({"type": "run", "wall": 0.0})
+    goodput.observe({"type": "rank_hello", "rank": 0, "restart": 0})
+    goodput.observe({"type": "step", "rank": 0, "step": 0, "step_ms": 60_000.0, "wall": 60.0})
+    end = job(goodput, 0, range(1, 10), start=60.0, ranks=1)
+    goodput.observe({"type": "step", "rank": 0, "step": 10, "step_ms": 40_000.0, "wall": end + 40.0})
+    split = goodput.split(end + 40.0)
+    assert split is not None and split["stalled_s"] == pytest.approx(40.0 - 15.0)

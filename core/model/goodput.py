@@ -89,7 +89,9 @@ class Goodput:
     step begins, so the record of the step before an evaluation or a hang comes after
     the verdict on them."""
     _pace: float | None = None
-    """The median of typical, taken anew every PACE_EVERY steps (a sort of a thousand times is not free at 1,000 steps/s)."""
+    """The median of typical, taken anew every PACE_EVERY steps (a sort of a thousand times is not free at 1,000 steps/s),
+    and at the 2nd, 4th, ... 64th step before that: the first step alone (torch.compile's, cuDNN's autotuning) can take
+    minutes, and taken as the pace it would hide any stall in the next hundred."""
     _steps: int = 0
 
     def observe(self, record: wire.Frame) -> None:
@@ -140,7 +142,8 @@ class Goodput:
             parts["productive"] += seconds - lost
         self.typical.append(seconds)
         self._steps += 1
-        if self._steps % PACE_EVERY == 1:
+        steps = self._steps
+        if steps % PACE_EVERY == 1 or (steps < PACE_EVERY and steps & (steps - 1) == 0):
             self._pace = median(list(self.typical))
 
     def split(self, now: float | None = None) -> dict[str, Any] | None:
