@@ -296,10 +296,23 @@ def test_crash_quotes_the_ranks_own_exception():
     dog, state, _ = make(world=1)
     feed(dog, state, step(0, 4))
     feed(dog, state, {"type": "heartbeat", "rank": 0, "wall": 0.0, "phase": "data", "step": 5, "dropped": 0})
-    feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": "Traceback...\nValueError: bad batch\n"})
+    feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": "Traceback...\nValueError: bad batch\n", "phase": "data"})
     feed(dog, state, failure(0, 1))
     [v] = dog.tick(final=True)
     assert v.text == "rank 0 failed with exit code 1 after step 4 (in data): ValueError: bad batch"
+
+
+def test_a_killed_rank_is_said_last_seen_in_a_phase_only_if_its_last_heartbeat_was_in_the_step_it_died_in():
+    """The OOM killer's SIGKILL leaves no exception, only the phase of the last heartbeat, up to a
+    second old: with 2 ms steps that was some forty steps before, in a phase it had long left."""
+    for heartbeat_step, said in ((20, "after step 50"), (51, "after step 50 (last seen in backward)")):
+        dog, state, _ = make(world=1)
+        feed(dog, state, {"type": "heartbeat", "rank": 0, "wall": 0.0, "phase": "backward", "step": heartbeat_step, "dropped": 0})
+        for n in range(51):
+            feed(dog, state, step(0, n))
+        feed(dog, state, failure(0, -9))
+        [v] = dog.tick(final=True)
+        assert v.text == "rank 0 was killed by SIGKILL " + said, v.text
 
 
 DDP_UNUSED = """Traceback (most recent call last):

@@ -96,7 +96,7 @@ class JobState:
         state.last_wall = record["wall"]
         state.steps_seen += 1
         if state.phase == "startup":  # it trains: a step ends in "data" (waiting for its next batch) until a heartbeat says more
-            state.phase = "data"
+            state.phase, state.phase_step = "data", record["step"] + 1
         for key in LATEST:
             if record.get(key) is not None:
                 state.latest[key] = record[key]
@@ -132,7 +132,7 @@ class JobState:
 
     def _on_heartbeat(self, record: wire.Frame) -> None:
         state = self.rank(record["rank"])
-        state.phase = record["phase"]
+        state.phase, state.phase_step = record["phase"], record["step"]
         if record.get("where") is not None:  # an exiting rank sends none: where it last was stands
             state.where = record["where"]
             state.inside = record.get("inside")

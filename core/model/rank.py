@@ -42,6 +42,9 @@ class RankState:
     restart: int = 0
     step: int = -1
     phase: str = "startup"
+    phase_step: int = -1
+    """The step in progress when the phase was told: a rank whose steps are shorter than the
+    heartbeat's second is seldom still in the phase its last heartbeat told."""
     where: str | None = None
     """The main thread's innermost frame of the script's own code, as of the last heartbeat."""
     inside: str | None = None

@@ -118,9 +118,14 @@ class CrashRule:
         step = -1 if state is None else max(state.step, reached)
         where = ""
         if state is not None:
+            where = " before its first step" if step < 0 else f" after step {step}"
             # A rank that raised said where; its heartbeats since say only that it was shutting down.
-            phase = self.liveness.raised_in.get(rank) or state.phase
-            where = " before its first step" if step < 0 else f" after step {step} (in {phase})"
+            # One killed (a signal, the OOM killer) was last seen where its last heartbeat, up to a
+            # second before, found it: said only if that was in the step it died in.
+            if (phase := self.liveness.raised_in.get(rank)) is not None:
+                where += f" (in {phase})"
+            elif step >= 0 and state.phase_step > step:
+                where += f" (last seen in {state.phase})"
         exceptions = self.liveness.exceptions
         traceback = exceptions.get(rank) or first.get("message")
         error = _quoted(traceback) if traceback and traceback.strip() else self._error_line(first, tail)
