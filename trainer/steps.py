@@ -30,7 +30,8 @@ only then (or at the next step's close, or at exit). A rank whose training
 stopped (a long evaluation, a checkpoint written, a hang) has its last step
 sent all the same once it has sat closed for SEAL_AFTER_STEPS of its own
 time and SEAL_AFTER_S: the dashboard shows it done, not a step behind the
-ranks that wait for it; a monitor.step() for it after that is dropped. The values the guard packs (the grad norm, the losses; guard.py) are
+ranks that wait for it; a monitor.step() for it after that is dropped.
+The values the guard packs (the grad norm, the losses; guard.py) are
 one value (FIELDS) that the record takes its fields from: on the CPU read on
 the training thread, where that waits for nothing, and decoded here as the
 record is made (late.Read); on a GPU a Late, read here once its copy has
