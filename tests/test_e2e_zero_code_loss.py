@@ -62,8 +62,10 @@ def test_a_plain_script_of_float_inputs_has_a_loss_and_no_tokens(tmp_path):
 
 @pytest.mark.frameworks
 def test_a_lightning_job_s_loss_is_the_mean_of_its_accumulated_micro_batches(tmp_path):
+    """Validation every 5 steps: Lightning leaves the DDP wrapper in eval mode after it, and the
+    steps after it have their losses as those before."""
     pytest.importorskip("lightning")
-    run, records = launch(tmp_path, "lightning_job.py", "--max-steps", "12", "--accumulate", "2")
+    run, records = launch(tmp_path, "lightning_job.py", "--max-steps", "12", "--accumulate", "2", "--val-every", "10")
     got = losses(records)
     for rank in (0, 1):
         micro: dict[int, list[float]] = defaultdict(list)

@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import builders
 import pytest
 import torch
 from norms import flat_of, total_norm
@@ -857,3 +858,27 @@ def test_an_optimizer_whose_gradients_come_and_go_is_watched_for_its_end_once(re
         model(torch.randn(4, 8), step % 2 == 0).pow(2).sum().backward()
         step_and_check_the_norm(records, model, optimizer, model.parameters())
     assert len(weakref.finalize._registry) - watchers == 1  # type: ignore[attr-defined]
+
+
+def test_a_ddp_wrapper_left_in_eval_mode_by_lightning_s_validation_still_begins_steps(records):
+    """Lightning's validation calls eval() on the DDP wrapper and puts back only its module's
+    mode: the training after it runs with the wrapper in eval, its model in train mode. Those
+    forwards are training: each step keeps its loss and samples. An evaluation (all in eval
+    mode, or under no_grad) is not."""
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(4, 8))  # validation
+    model(torch.randn(4, 8))  # in eval mode, with grad: no training forward either
+    model.module.train()
+    losses = []
+    for _ in range(2):
+        loss = model(torch.randn(4, 8)).pow(2).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert not model.training and model.module.training
+    steps = builders.steps_made(records.tracker, records)
+    assert [(r["loss"], r["samples"]) for r in steps] == [(pytest.approx(value), 4) for value in losses]

@@ -303,13 +303,19 @@ def _wrap_data_parallel(probe: Probe) -> None:
 
 def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..., Any]:
     """A model class's forward that counts every forward and begins (or adds to) a
-    step at a training one (in train mode, with grad)."""
+    step at a training one: with grad, the wrapper or the model it wraps in train mode.
+
+    The wrapped model's mode is what the forward runs in (dropout, batch norm), and
+    the wrapper's may be stale: Lightning's validation calls eval() on the DDP wrapper
+    and then puts only the LightningModule's modes back, so every training step after
+    the first validation runs through a wrapper in eval mode. The wrapped model is read
+    from _modules, as nn.Module's own lookup of `self.module` is a Python call."""
     tracker, token_dtypes = probe.tracker, batch.TOKEN_DTYPES
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         tracker.forwards += 1
-        if self.training and torch.is_grad_enabled():
+        if (self.training or self._modules["module"].training) and torch.is_grad_enabled():
             if args and not kwargs and isinstance(first := args[0], torch.Tensor) and (shape := first.shape):  # model(x)
                 tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in token_dtypes else None
                 tracker.forward_begin(shape[0], tokens, id(self))

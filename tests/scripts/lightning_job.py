@@ -3,6 +3,7 @@ made): a LightningModule over token ids, DDP, gradient accumulation. ddptop is n
 
 Each micro-batch prints `[micro] GLOBAL_STEP LOSS` (the loss training_step returns, before
 Lightning divides it by the accumulation for backward), so a test can compare ddptop's loss.
+With --val-every N, Lightning validates every N training batches, as its docs' val_check_interval.
 """
 
 import argparse
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 parser = argparse.ArgumentParser()
 parser.add_argument("--max-steps", type=int, default=12)
 parser.add_argument("--accumulate", type=int, default=2)
+parser.add_argument("--val-every", type=int, default=0)
 args = parser.parse_args()
 
 
@@ -41,6 +43,10 @@ class TinyLM(L.LightningModule):
         print(f"[micro] {self.global_step} {loss.item()!r}", flush=True)
         return loss
 
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        idx, targets = batch[:, :-1], batch[:, 1:]
+        self.log("val_loss", F.cross_entropy(self.head(self.embed(idx)).reshape(-1, 50), targets.reshape(-1)), sync_dist=True)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
@@ -56,5 +62,8 @@ if __name__ == "__main__":
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        val_check_interval=args.val_every or None,
+        limit_val_batches=2 if args.val_every else 0,
+        num_sanity_val_steps=0,
     )
-    trainer.fit(TinyLM(), DataLoader(Tokens(), batch_size=8))
+    trainer.fit(TinyLM(), DataLoader(Tokens(), batch_size=8), DataLoader(Tokens(), batch_size=8) if args.val_every else None)
