@@ -102,5 +102,5 @@ def test_rank_0_evaluating_alone_for_40_s_is_a_pause_with_no_alert(ddptop_home, 
     assert {(r["rank"], r["step"]) for r in steps} == {(rank, n) for rank in range(3) for n in range(150)}
     # Its last line does not call the evaluation stalled, having said it was a pause.
     [goodput] = [r["goodput"] for r in records if r["type"] == "exit"]
-    assert goodput["stalled_s"] == 0.0 and goodput["paused_s"] > 20.0, goodput
+    assert goodput["stalled_s"] == 0.0 and goodput["paused_s"] > 35.0, goodput
     assert re.search(r"ddptop: goodput \d+% of .*; lost: .*paused \d+ s", proc.stdout + proc.stderr)

@@ -14,10 +14,11 @@ dashboard and a replay all split the same time the same way:
 - skipped: steps the NaN guard (or GradScaler) skipped: run, then thrown away;
 - stalled: the part of a step beyond STALL_FACTOR x the job's median step
   time and STALL_MIN_S (a data stall, a rank stuck a while);
-- paused: that part of a step during which the watchdog told of a pause (a
-  rank working while the others wait: rank 0 evaluating alone, a checkpoint
-  being written) and of no stall or hang: the job was not stuck, and a line
-  that had just said "rank 1 waits for rank 0" must not call it stalled;
+- paused: the part of a step beyond the job's median step time, in a step
+  during which the watchdog told of a pause (a rank working while the others
+  wait: rank 0 evaluating alone, a checkpoint being written) and of no stall
+  or hang: the job was not stuck, and a line that had just said "rank 1
+  waits for rank 0" must not call it stalled;
 - productive: the rest of the steps' time; the remainder of the wall time
   (after the last step: shutdown, a final evaluation) is "other", except
   where a stall or hang verdict came after the last step: a job that ends
@@ -136,7 +137,10 @@ class Goodput:
         elif step <= attempt.done_before:
             parts["recomputed"] += seconds
         else:
-            over = max(STALL_MIN_S, STALL_FACTOR * (self._pace or seconds))
+            pace = self._pace or seconds
+            # A pause the watchdog saw is all the step's time beyond the job's pace; a stall, what
+            # is beyond the threshold that tells one from a slow step.
+            over = pace if over_part == "paused" else max(STALL_MIN_S, STALL_FACTOR * pace)
             lost = seconds - over if seconds > over else 0.0
             parts[over_part] += lost
             parts["productive"] += seconds - lost
