@@ -882,3 +882,25 @@ def test_a_ddp_wrapper_left_in_eval_mode_by_lightning_s_validation_still_begins_
     assert not model.training and model.module.training
     steps = builders.steps_made(records.tracker, records)
     assert [(r["loss"], r["samples"]) for r in steps] == [(pytest.approx(value), 4) for value in losses]
+
+
+def test_a_forward_between_steps_that_is_not_training_is_an_evaluation_s_phase(records):
+    """A rank validating between steps is shown in "eval", not waiting for "data"; a forward
+    under no_grad within a step (a frozen teacher's) leaves the step's phase alone."""
+    model, teacher = ddp_model(), ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracker = records.tracker
+    backward(model)
+    optimizer.step()
+    assert tracker.phase == "data"
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(4, 8))
+    assert tracker.phase == "eval"
+    model.train()
+    out = model(torch.randn(4, 8))
+    with torch.no_grad():
+        teacher(torch.randn(4, 8))
+    assert tracker.phase == "forward"
+    out.pow(2).sum().backward()
+    optimizer.step()

@@ -309,7 +309,12 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
     the wrapper's may be stale: Lightning's validation calls eval() on the DDP wrapper
     and then puts only the LightningModule's modes back, so every training step after
     the first validation runs through a wrapper in eval mode. The wrapped model is read
-    from _modules, as nn.Module's own lookup of `self.module` is a Python call."""
+    from _modules, as nn.Module's own lookup of `self.module` is a Python call.
+
+    Any other forward between two steps is an evaluation's: the phase says "eval", not
+    the "data" a step's end left, so a rank validating is not shown waiting for data
+    (and a crash in it is said to be in it). One within a step (a frozen teacher's) is
+    part of that step's work."""
     tracker, token_dtypes = probe.tracker, batch.TOKEN_DTYPES
 
     @functools.wraps(original)
@@ -321,6 +326,8 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
                 tracker.forward_begin(shape[0], tokens, id(self))
             else:
                 tracker.forward_begin(batch.size(args, kwargs), batch.tokens(args, kwargs), id(self))
+        elif not tracker.in_step:
+            tracker.phase = "eval"
         return original(self, *args, **kwargs)
 
     return forward
