@@ -159,6 +159,16 @@ def test_a_step_that_held_a_pause_stays_out_of_the_ranks_rates_and_means():
     assert DATA_MS.read(stalled.ranks[0]) == pytest.approx((59 * 10.0 + 30_000.0) / 60)
 
 
+def test_a_pause_in_an_attempt_that_failed_leaves_the_next_attempt_s_steps_in():
+    state = JobState()
+    state.ingest(hello(0, node=0))
+    state.ingest({"type": "notice", "wall": 50.0, "text": "rank 0 works between steps", "kind": "pause"})
+    state.ingest(builders.hello(0, 1, restart=1))  # the rank crashed in it; torchrun restarted the group
+    for n in range(2):
+        state.ingest(builders.step(0, n, wall=100.0 + n))
+    assert len(state.ranks[0].window.points) == 2
+
+
 def snapshot_copy(state: JobState) -> JobState:
     """The state a late dashboard rebuilds from its snapshot, through the wire's encoding."""
     copy = JobState()

@@ -84,6 +84,7 @@ class JobState:
         state.step = -1
         state.live_stack = []
         state.compute_samples = []  # a new attempt warms up again
+        state.paused_at = None  # a pause of the attempt before is over
         state.exited = False
         self.world_size = max(self.world_size, record["world_size"])
 
