@@ -90,6 +90,17 @@ def test_a_long_step_the_watchdog_called_a_pause_is_paused_and_one_it_called_a_s
         assert (split["stalled_s"], split["paused_s"]) == (pytest.approx(25.0), 0.0)
 
 
+def test_a_pause_in_an_attempt_that_failed_is_not_the_next_attempt_s_first_step():
+    goodput = Goodput()
+    goodput.observe({"type": "run", "wall": 0.0})
+    end = job(goodput, 0, range(30), start=0.0, ranks=1)
+    goodput.observe({"type": "notice", "kind": "pause", "wall": end + 15.0, "text": "rank 0 works between steps"})
+    goodput.observe({"type": "rank_hello", "rank": 0, "restart": 1})  # it crashed in the pause
+    goodput.observe({"type": "step", "rank": 0, "step": 30, "step_ms": 8_000.0, "wall": end + 30.0})  # resumed, slow to warm up
+    split = goodput.split(end + 30.0)
+    assert split is not None and split["paused_s"] == 0.0
+
+
 def test_a_job_that_ends_stuck_spent_its_tail_stalled_and_one_that_recovers_did_not():
     goodput = Goodput()
     goodput.observe({"type": "run", "wall": 0.0})

@@ -104,6 +104,7 @@ class Goodput:
             self.started = record.get("wall")
         elif kind == "rank_hello" and record["rank"] == RANK:
             self.attempt = record["restart"]
+            self.paused_at = None  # a pause of the attempt before is over
         elif kind == "checkpoint" and record["rank"] == RANK:
             self.write_ms.append(record["write_ms"])
         elif kind == "exit":
