@@ -119,6 +119,47 @@ def test_a_rank_that_evaluates_while_the_others_wait_is_a_pause_not_a_stall_or_a
     assert [v.kind for v in dog.tick()] == ["stall"]
 
 
+def test_a_rank_that_evaluates_through_model_module_is_seen_working_by_its_busy_cpu():
+    """Rank 0 evaluates alone through `model.module` (no DDP forward to count) a model whose
+    blocks are one code: its stack reads the same at every heartbeat, but it keeps a CPU busy,
+    so it is a pause, not a stall, and no hang. A rank as busy inside a collective (CUDA spins
+    while it waits) or at 5% is still."""
+    dog, state, clock = make(world=2, policy=WatchPolicy(hang_timeout=30))
+    stepping(2, 100, clock, dog, state)
+    conv = ["train.py:120 in evaluate", "torch/nn/modules/conv.py:560 in _conv_forward"]
+    verdicts = []
+    for _ in range(45):
+        clock.now += 1.0
+        feed(dog, state, beat(0, 100, "data", where="train.py:120 in evaluate", stack=conv if not verdicts else None))
+        feed(dog, state, beat(1, 100, "all-reduce", inside="barrier"))
+        procs = [{"rank": 0, "pid": 100, "cpu": 99.0}, {"rank": 1, "pid": 101, "cpu": 100.0}]
+        feed(dog, state, {"type": "sample", "wall": 0.0, "procs": procs, "gpus": []})
+        verdicts += dog.tick()
+    assert [(v.kind, v.text) for v in verdicts] == [("pause", "rank 1 waits for rank 0, at train.py:120 in evaluate")]
+    for rank in range(2):
+        feed(dog, state, step(rank, 100))
+    for _ in range(int(STALL_MIN_S) + 5):  # then rank 0 hangs at 5% of a core: a stall
+        clock.now += 1.0
+        feed(dog, state, {"type": "sample", "wall": 0.0, "procs": [{"rank": 0, "pid": 100, "cpu": 5.0}], "gpus": []})
+        verdicts += dog.tick()
+    assert [v.kind for v in verdicts] == ["pause", "stall"]
+
+
+def test_a_rank_that_burns_a_core_holding_the_gil_and_sends_nothing_is_stuck_not_working():
+    """A regex that backtracks for ever holds the GIL in native code: the rank's CPU is busy, but its
+    heartbeats stop. That is a stall."""
+    dog, state, clock = make(world=2)
+    stepping(2, 100, clock, dog, state)
+    verdicts = []
+    for _ in range(int(STALL_MIN_S) + 5):
+        clock.now += 1.0
+        feed(dog, state, beat(1, 100, "all-reduce", inside="all_reduce"))
+        procs = [{"rank": 0, "pid": 100, "cpu": 100.0}, {"rank": 1, "pid": 101, "cpu": 1.0}]
+        feed(dog, state, {"type": "sample", "wall": 0.0, "procs": procs, "gpus": []})
+        verdicts += dog.tick()
+    assert [v.kind for v in verdicts] == ["stall"]
+
+
 def test_one_long_step_is_not_a_straggler_but_a_slower_median_is():
     dog, state, clock = make(world=4)
     for n in range(60):

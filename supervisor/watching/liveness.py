@@ -10,6 +10,13 @@ from dataclasses import dataclass, field
 
 from ddptop.core import wire
 
+BUSY_CPU = 50.0
+"""A rank's CPU percent over the supervisor's last sample (one core is 100) that says it works."""
+BUSY_HEARD_S = 3.0
+"""How recently a busy rank must have been heard from for its CPU to count: one whose main
+thread holds the GIL in native code (a regex that backtracks for ever) burns a core and
+sends no heartbeat, and is stuck, not working."""
+
 
 @dataclass
 class Liveness:
@@ -21,8 +28,12 @@ class Liveness:
     """rank -> the last step it finished, as its step records and heartbeats tell: a heartbeat
     tells it while the step's record is still held in the rank (until its next forward)."""
     moved: dict[int, float] = field(default_factory=dict)
-    """rank -> when it was last seen working: its stack changed, its model ran a forward, or it
-    finished a step. A rank that waits or is stuck sits still."""
+    """rank -> when it was last seen working: its stack changed, its model ran a forward, it
+    kept a CPU busy outside any collective, or it finished a step. A rank that waits or is
+    stuck sits still."""
+    waiting: dict[int, bool] = field(default_factory=dict)
+    """rank -> whether its last heartbeat found it in a torch.distributed call or in a collective
+    it entered and that has not completed: a busy CPU there is a wait (CUDA's spin), not work."""
     forwards: dict[int, int] = field(default_factory=dict)
     """rank -> its model's forwards so far, as its last heartbeat counted them."""
     collectives: dict[int, list[wire.Frame]] = field(default_factory=dict)
@@ -55,6 +66,7 @@ class Liveness:
             self.done.pop(rank, None)
             self.forwards.pop(rank, None)
             self.collectives.pop(rank, None)
+            self.waiting.pop(rank, None)
             self.stepped.discard(rank)
             self.exceptions.pop(rank, None)
             self.raised_in.pop(rank, None)
@@ -65,6 +77,8 @@ class Liveness:
             self._finished(rank, record["step"], now)
         elif kind == "heartbeat":
             self._heartbeat(record, now)
+        elif kind == "sample":
+            self._busy(record, now)
         elif kind == "exception":
             self.exceptions[record["rank"]] = record["text"]
             if "phase" in record:
@@ -94,9 +108,21 @@ class Liveness:
             self.collectives[rank] = record["collectives"]
         else:
             self.collectives.pop(rank, None)
+        self.waiting[rank] = record.get("inside") is not None or any(c["enqueued"] > c["completed"] for c in self.collectives.get(rank, ()))
+
+    def _busy(self, record: wire.Frame, now: float) -> None:
+        """A rank that kept a CPU busy over the last second, outside any collective, is working
+        even where its stack reads the same at every heartbeat: rank 0 evaluating through
+        `model.module` (no DDP forward to count) a model whose blocks are one code, so every
+        sample lands on the same conv line."""
+        for proc in record.get("procs", ()):
+            rank = proc.get("rank")
+            busy = (proc.get("cpu") or 0.0) >= BUSY_CPU and not self.waiting.get(rank, False)
+            if busy and rank in self.progress and now - self.heard.get(rank, now - BUSY_HEARD_S) < BUSY_HEARD_S:
+                self.moved[rank] = now
 
     def still(self, rank: int, now: float) -> float:
-        """Seconds the rank has sat still: no step, no forward, its stack the same."""
+        """Seconds the rank has sat still: no step, no forward, its stack the same, its CPU idle or waiting."""
         return now - self.moved.get(rank, now)
 
     def live(self) -> list[int]:

@@ -6,7 +6,7 @@ nothing for 40 s". A rank waits when it is inside a collective (a
 torch.distributed call on its stack, or one its flight recorder says it entered
 and has not completed: DDP's all-reduce in its backward):
 the others it waits for are the ones to look at, so they are named by how
-long they have sat still (their stack unchanged, no forward) and where.
+long they have sat still (their stack unchanged, no forward, no busy CPU) and where.
 """
 
 from __future__ import annotations
