@@ -108,7 +108,12 @@ class Liveness:
             self.collectives[rank] = record["collectives"]
         else:
             self.collectives.pop(rank, None)
-        self.waiting[rank] = record.get("inside") is not None or any(c["enqueued"] > c["completed"] for c in self.collectives.get(rank, ()))
+        self.waiting[rank] = record.get("inside") is not None or self.entered(rank) is not None
+
+    def entered(self, rank: int) -> wire.Frame | None:
+        """The collective the rank's flight recorder says it entered and has not completed
+        (DDP's all-reduce in its backward), as its last heartbeat told it; None when none."""
+        return next((c for c in self.collectives.get(rank, ()) if c["enqueued"] > c["completed"]), None)
 
     def _busy(self, record: wire.Frame, now: float) -> None:
         """A rank that kept a CPU busy over the last second, outside any collective, is working

@@ -83,7 +83,7 @@ def standing(rank: int, state: JobState, seen: Liveness) -> Standing:
     phase = rank_state.phase if rank_state else "startup"
     where = rank_state.where if rank_state else None
     done = seen.done.get(rank, -1)
-    entered = next((c for c in seen.collectives.get(rank, ()) if c["enqueued"] > c["completed"]), None)
+    entered = seen.entered(rank)
     if inside is not None or entered is not None:
         return Standing(True, (inside or (entered or {}).get("op") or "collective").replace("_", "-"), where, done)
     return Standing(False, phase, where, done)

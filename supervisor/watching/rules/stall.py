@@ -1,10 +1,11 @@
 """Stall: the early diagnosis of a hang, in a window the job's own pace sets, by default.
 
 When no rank has finished a step for the window and every rank has sat
-still for it (stack unchanged, no forward, no CPU kept busy), the verdict names each stuck
-rank where it stands (stuck.py): which wait in a collective, which sit
-elsewhere and where in the code. It is an alert alone, with stacks
-collected; what is done about a hang waits for --hang-timeout (hang.py).
+still for it (stack unchanged, no forward, no CPU kept busy), the verdict
+names each stuck rank where it stands (stuck.py): which wait in a
+collective, which sit elsewhere and where in the code. It is an alert
+alone, with stacks collected; what is done about a hang waits for
+--hang-timeout (hang.py).
 
 A rank that works while the others wait (rank 0 evaluating alone, a
 checkpoint being written) is a pause, not a stall: it gets one notice,
