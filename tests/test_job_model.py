@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import builders
 import pytest
+from test_history import restored
 
-from ddptop.core import wire
 from ddptop.core.model import snapshot
 from ddptop.core.model.job import JobState
 from ddptop.core.model.metrics import COMM_MS, COMM_SHARE, DATA_MS, GPU_USED, GPU_UTIL, SAMPLES_PER_S
@@ -153,7 +153,7 @@ def test_a_step_that_held_a_pause_stays_out_of_the_ranks_rates_and_means():
         assert SAMPLES_PER_S.read(paused.ranks[rank]) == pytest.approx(320.0)
         assert DATA_MS.read(paused.ranks[rank]) == pytest.approx(10.0)
         assert paused.ranks[rank].window.step_ms(100) == pytest.approx(100.0)
-    assert snapshot_copy(paused).ranks[0].window.rate("samples") == pytest.approx(320.0)
+    assert restored(list(snapshot.frames(paused))).ranks[0].window.rate("samples") == pytest.approx(320.0)
     stalled = fold(notice=False)
     assert SAMPLES_PER_S.read(stalled.ranks[0]) == pytest.approx(59 * 32 / (59 * 0.1 + 30.0))
     assert DATA_MS.read(stalled.ranks[0]) == pytest.approx((59 * 10.0 + 30_000.0) / 60)
@@ -167,11 +167,3 @@ def test_a_pause_in_an_attempt_that_failed_leaves_the_next_attempt_s_steps_in():
     for n in range(2):
         state.ingest(builders.step(0, n, wall=100.0 + n))
     assert len(state.ranks[0].window.points) == 2
-
-
-def snapshot_copy(state: JobState) -> JobState:
-    """The state a late dashboard rebuilds from its snapshot, through the wire's encoding."""
-    copy = JobState()
-    for frame in wire.FrameDecoder().feed(b"".join(wire.encode(f) for f in snapshot.frames(state))):
-        copy.ingest(frame)
-    return copy
