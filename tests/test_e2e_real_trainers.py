@@ -1,7 +1,7 @@
 """Right numbers on training code as people write it, run unchanged under `ddptop launch --gpus 2`:
 minGPT-ddp's Trainer (mixed precision, a GradScaler it never unscales before clipping, a
 snapshot.pt it resumes from by itself), a Hugging Face Trainer job, an Accelerate loop that
-accumulates, and a model sharded with FSDP2's fully_shard. What ddptop shows is checked against what each script computes or logs itself."""
+accumulates, and a model sharded with FSDP2's fully_shard or FSDP1's FullyShardedDataParallel. What ddptop shows is checked against what each script computes or logs itself."""
 
 from __future__ import annotations
 
@@ -157,6 +157,36 @@ def test_a_job_that_shards_its_model_with_fsdp2_runs_as_under_torchrun_and_shows
         assert {r["samples"] for r in steps[rank, 0].values()} == {16}, "the batch the root's forward was given"
     assert [r["kind"] for r in records if r["type"] == "alert"] == []
     assert any(r["type"] == "rank_note" and "sharded" in r["text"] for r in records)
+
+
+def test_a_job_that_shards_its_model_with_fsdp1_shows_its_own_loss_norm_and_batch_and_no_desync(ddptop_home, tmp_path):
+    """FSDP1 keeps each rank's shards in flat parameters, plain tensors: compared for a desync,
+    the ranks' differ from the first step on, and each rank's norm of its own shards differs
+    from the other's. Every step shows the script's loss, the global norm its model's
+    clip_grad_norm_ returned and the batch the root's forward was given (its units' forwards
+    inside it add none), and no checksum every 5 steps compares shards: no alert."""
+    run, records, _ = launch(tmp_path, SCRIPTS / "fsdp1_job.py", "--desync-every", "5", "--", "--steps", "30")
+    steps = by_attempt(records)
+    for rank in (0, 1):
+        assert sorted(steps[rank, 0]) == list(range(30))
+        assert {s: r["loss"] for s, r in steps[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "loss"), rel=1e-5)
+        assert {s: r["grad_norm"] for s, r in steps[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "norm"), rel=1e-5)
+        assert {r["samples"] for r in steps[rank, 0].values()} == {16}
+        assert not any("checksum" in r for r in steps[rank, 0].values())
+    assert [r["kind"] for r in records if r["type"] == "alert"] == []
+    assert any(r["type"] == "rank_note" and "FullyShardedDataParallel" in r["text"] for r in records)
+
+
+def test_clip_grad_on_a_job_fsdp1_shards_with_its_original_parameters_takes_the_global_norm(ddptop_home, tmp_path):
+    """With use_orig_params each parameter the optimizer steps is a view of its rank's shard (or
+    empty): --clip-grad's norm is their global one, all-reduced by the root's own clip, equal to the
+    script's on both ranks at every step."""
+    run, records, _ = launch(tmp_path, SCRIPTS / "fsdp1_job.py", "--clip-grad", "1000", "--", "--steps", "20", "--no-clip", "--orig")
+    steps = by_attempt(records)
+    for rank in (0, 1):
+        assert {s: r["grad_norm"] for s, r in steps[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "norm"), rel=1e-5)
+        assert not any(r["clipped"] for r in steps[rank, 0].values())
+    assert [r["kind"] for r in records if r["type"] == "alert"] == []
 
 
 def test_clip_grad_on_a_job_fsdp2_shards_takes_the_global_norm_over_both_ranks(ddptop_home, tmp_path):

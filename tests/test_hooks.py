@@ -61,13 +61,15 @@ def records(gloo_world_of_one: None, request: pytest.FixtureRequest) -> Iterator
 def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     from torch._dynamo import trace_rules  # imported: ddptop's skip list entry goes in at install, not at its import
 
-    # FSDP2's fully_shard, wherever this torch has it, imported for the same reason.
+    # FSDP2's fully_shard, wherever this torch has it, and FSDP1's class, imported for the same reason.
     fsdp2 = [
         m
         for m in (importlib.import_module(n) for n in sharded_forward.FULLY_SHARD_MODULES if importlib.util.find_spec(n))
         if hasattr(m, "fully_shard")
     ]
     fully_shard = [m.fully_shard for m in fsdp2]
+    fsdp1 = importlib.import_module("torch.distributed.fsdp").FullyShardedDataParallel
+    fsdp1_methods = {name: vars(fsdp1)[name] for name in ("__init__", "clip_grad_norm_")}
     skip_list = list(trace_rules.SKIP_DIRS)
     before = {name: getattr(DistributedDataParallel, name) for name in ("__init__", "forward", "__setstate__", "register_comm_hook")}
     originals = (
@@ -78,7 +80,7 @@ def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     )
     hooks.install(StepTracker(0, emit=lambda record: None), GuardPolicy())
     changed = patches.applied()
-    assert "torch.nn.utils.clip_grad.clip_grad_norm_" in changed and len(changed) == 14 + len(fsdp2), changed
+    assert "torch.nn.utils.clip_grad.clip_grad_norm_" in changed and len(changed) == 14 + len(fsdp2) + len(fsdp1_methods), changed
     assert fsdp2 and all(m.fully_shard is not original for m, original in zip(fsdp2, fully_shard))
     assert trace_rules.check_file(hooks.__file__).skipped, "torch.compile runs ddptop's hooks untraced"
     assert not any("comm_hook" in change for change in changed), "DDP keeps its own all-reduce"
@@ -87,6 +89,7 @@ def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     assert patches.applied() == [] and {name: getattr(DistributedDataParallel, name) for name in before} == before
     assert list(trace_rules.SKIP_DIRS) == skip_list and not trace_rules.check_file(hooks.__file__).skipped
     assert [m.fully_shard for m in fsdp2] == fully_shard
+    assert {name: vars(fsdp1)[name] for name in fsdp1_methods} == fsdp1_methods
     assert (
         torch.autograd.backward,
         torch.distributed.init_process_group,

@@ -14,8 +14,8 @@ Python runs per bucket; comm time comes from what DDP already measures
 - DistributedDataParallel.forward is wrapped (step start, samples, tokens,
   phase), in the class rather than as module hooks: a module with hooks
   takes nn.Module's slow call path, which costs more than the wrapper (a
-  model FSDP2 shards has hooks of FSDP's already: its outermost sharded
-  module gets two more, sharded_forward.py);
+  model FSDP shards has hooks of FSDP's already: its outermost sharded
+  module gets two more, sharded_forward.py, fsdp1.py);
 - torch.autograd.backward is wrapped: what it was called on is the step's
   loss (its tensor handed over, read with the guard's pack);
 - the global optimizer step pre/post hooks (optimizer_step.py) mark the
@@ -47,7 +47,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddptop.trainer import batch, importwatch, late, optimizer_step, patches, sharded_forward, steps, torchapi
+from ddptop.trainer import batch, fsdp1, importwatch, late, optimizer_step, patches, sharded_forward, steps, torchapi
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.probe import SCALED_KEPT, Probe
 from ddptop.trainer.profiling import Captures
@@ -61,7 +61,9 @@ def install(tracker: StepTracker, policy: GuardPolicy, sampled: Sampled | None =
     _mark_group_joined(tracker)
     _wrap_ddp(probe)
     _wrap_data_parallel(probe)
-    sharded_forward.install(probe)
+    outermost = sharded_forward.Outermost(probe)
+    sharded_forward.install(probe, outermost)
+    fsdp1.install(probe, outermost)
     _wrap_grad_scaler(probe)
     _wrap_clip_grad_norm(probe)
     _wrap_backward(probe)

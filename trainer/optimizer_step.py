@@ -126,9 +126,10 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     if known is None:  # the usual step: no call
         if len(probe.gradients) >= COVERS_KEPT:  # a script that makes optimizer after optimizer, or steps ever new sets
             probe.gradients.clear()
-        sharded = guard.any_sharded(grads)
+        roots = probe.fsdp1_roots(optimizer) if probe.fsdp1 else ()
+        sharded = bool(roots) or guard.any_sharded(grads)
         known = probe.gradients[look] = Gradients(
-            sharded, guard.on_several_devices(grads), None if sharded else _flat(probe, optimizer, grads)
+            sharded, guard.on_several_devices(grads), None if sharded else _flat(probe, optimizer, grads), roots
         )
     sharded = known.sharded
     if sharded and "sharded" not in probe.noticed:
@@ -156,6 +157,10 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         parts = [borrowed]
         if known.flat is not None:  # a script that clips needs no buffers: let go of them, and of looking
             probe.gradients[look] = known._replace(flat=None)
+    elif sharded and known.roots and clip is not None:  # FSDP1's flat shards: their roots' own clip takes the global norm
+        whole = guard.total([probe.fsdp1_norm(root) for ref in known.roots if (root := ref()) is not None])
+        guard.clip_on_device(grads, whole if grad_scale is None else whole / grad_scale, clip)
+        parts = [whole]
     elif sharded:
         parts, local = guard.sharded_norms(grads, clip, grad_scale)
     else:
@@ -189,8 +194,11 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         parts.append(scaler_inf)
     checksum = bool(policy.desync_every) and tracker.step % policy.desync_every == 0
     if checksum:
-        summed = guard.checksum_parts(probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]])
-        checksum = bool(summed)  # none where every parameter is sharded (FSDP2's): no rank holds another's
+        compared = probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]]
+        if probe.fsdp1:  # ranks' shards differ by design
+            compared = [p for p in compared if not probe.sharded_by_fsdp1(p)]
+        summed = guard.checksum_parts(compared)
+        checksum = bool(summed)  # none where every parameter is sharded (FSDP's): no rank holds another's
         parts += summed
     arrangement = (norms, script is not None, bool(script and script[1]), marks, has_scale, grad_scale is not None,
                    scaler_inf is not None, checksum, clip, probe.world == 1, on_device, local, sharded)  # fmt: skip
@@ -224,7 +232,7 @@ _FIELDS: dict[tuple[Any, ...], Any] = {}
 
 
 SHARDED_NOTICE = (
-    "the gradients are sharded over ranks (DTensor: FSDP2's fully_shard or tensor parallelism): a non-finite "
+    "the gradients are sharded over ranks (FSDP's FullyShardedDataParallel or fully_shard, or tensor parallelism): a non-finite "
     "step is reported but not skipped, since a rank cannot tell the others without a collective, and "
     "ranks that skipped alone would hold shards a step apart; the grad norm shown is the one the "
     "script's clip_grad_norm_ returns (or --clip-grad's); sharded parameters take no part in the desync checksum"

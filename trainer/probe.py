@@ -29,6 +29,8 @@ class Gradients(NamedTuple):
     """Whether they are on several devices (a model split over GPUs)."""
     flat: guard.Flat | None
     """The flat buffers they lie in (DDP's buckets under gradient_as_bucket_view), or None."""
+    roots: tuple[weakref.ref[Any], ...] = ()
+    """The FSDP1 roots whose sharded parameters they are the gradients of (fsdp1.py), weakly."""
 
 
 class Probe:
@@ -89,6 +91,11 @@ class Probe:
         """Tensors a GradScaler scaled, by id, with the id of the tensor they were scaled from
         (the latest SCALED_KEPT kept): the loss that goes to backward() is read unscaled, and
         monitor.step(loss=) of the unscaled one is known to be the same loss."""
+        self.fsdp1: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[Any]]] = {}
+        """The parameters FSDP1 shards over ranks, by id, each with its outermost FSDP1 module
+        (fsdp1.py): held weakly, and checked to be the same tensor when looked up."""
+        self.fsdp1_norm: Callable[[Any], torch.Tensor] = lambda root: torch.zeros(())
+        """An FSDP1 root's global grad norm over its ranks (fsdp1.py), for --clip-grad."""
         self.notice: Callable[[str], None] = lambda text: None
         """Where a one-time notice goes (the supervisor's alert panel, through the tracker)."""
         self.noticed: set[str] = set()
@@ -98,6 +105,22 @@ class Probe:
 
     def parameters(self) -> list[torch.Tensor]:
         return [p for ref in self.models if (model := ref()) is not None for p in model.module.parameters()]
+
+    def fsdp1_roots(self, optimizer: Any) -> tuple[weakref.ref[Any], ...]:
+        """The FSDP1 roots that shard the parameters optimizer steps this step, weakly; none for
+        parameters FSDP1 does not shard. Asked once for each optimizer and count of gradients."""
+        roots: dict[int, weakref.ref[Any]] = {}
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                entry = self.fsdp1.get(id(param)) if param.grad is not None else None
+                if entry is not None and entry[0]() is param and entry[1]() is not None:
+                    roots[id(entry[1]())] = entry[1]
+        return tuple(roots.values())
+
+    def sharded_by_fsdp1(self, tensor: torch.Tensor) -> bool:
+        """Whether tensor is a parameter FSDP1 shards over ranks: each rank holds a different part."""
+        entry = self.fsdp1.get(id(tensor))
+        return entry is not None and entry[0]() is tensor
 
     def tell_once(self, key: str, text: str) -> None:
         if key not in self.noticed:

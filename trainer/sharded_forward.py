@@ -1,14 +1,15 @@
-"""Where a step of a model FSDP2 shards begins: the forward of its outermost sharded module.
+"""Where a step of a model FSDP shards begins: the forward of its outermost sharded module.
 
 A DDP job's steps begin at DDP's forward (hooks.py), which also gives their
 samples and tokens. A model sharded with FSDP2's fully_shard has no such
-wrapper: FSDP runs hooks of its own on each sharded module. So fully_shard
-is wrapped, and each module it shards gets a forward pre-hook that fires
-once. The first to fire, at the model's first forward, is the outermost
-sharded module's: the root, or the first layer of a model whose root was
-left plain. The others are removed, and that module keeps a pre-hook that
-begins (or adds to) a step with its batch, as DDP's forward does: one
-Python call a forward, however many modules are sharded.
+wrapper: FSDP runs hooks of its own on each sharded module. FSDP1's
+FullyShardedDataParallel is a wrapper, but one nested in every unit it
+shards (fsdp1.py). So each module FSDP shards gets a forward pre-hook that
+fires once (Outermost.watch). The first to fire, at the model's first
+forward, is the outermost sharded module's: the root, or the first layer of
+a model whose root was left plain. The others are removed, and that module
+keeps a pre-hook that begins (or adds to) a step with its batch, as DDP's
+forward does: one Python call a forward, however many modules are sharded.
 
 Imported only once the script has imported torch (hooks.py); fully_shard is
 wrapped once its module is imported (torch.distributed.fsdp, or
@@ -29,38 +30,57 @@ from ddptop.trainer.probe import Probe
 FULLY_SHARD_MODULES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
 
 
-def install(probe: Probe) -> None:
-    for name in FULLY_SHARD_MODULES:
-        importwatch.after_import(name, functools.partial(_wrap_fully_shard, probe, name))
+class Outermost:
+    """The once-only forward pre-hooks of the modules sharded so far, until the first forward
+    picks the outermost of them to begin the steps."""
 
+    def __init__(self, probe: Probe) -> None:
+        self._tracker = probe.tracker
+        self._waiting: list[Any] = []
 
-def _wrap_fully_shard(probe: Probe, name: str) -> None:
-    owner = sys.modules[name]
-    original = getattr(owner, "fully_shard", None)
-    if original is None:
-        return
-    tracker = probe.tracker
-    waiting: list[Any] = []
-    """The once-only pre-hooks of the modules sharded so far, until the first forward."""
+    def watch(self, module: Any) -> None:
+        """module is sharded: its forward may be the one that begins the steps."""
+        self._waiting.append(module.register_forward_pre_hook(self._first, with_kwargs=True))
 
-    @functools.wraps(original)
-    def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
-        sharded = original(module, *args, **kwargs)
-        for each in module if isinstance(module, (list, tuple)) else (module,):
-            waiting.append(each.register_forward_pre_hook(first, with_kwargs=True))
-        return sharded
-
-    def first(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        for handle in waiting:
+    def _first(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        for handle in self._waiting:
             handle.remove()
-        waiting.clear()
-        module.register_forward_pre_hook(begin, with_kwargs=True)
-        begin(module, args, kwargs)
+        self._waiting.clear()
+        module.register_forward_pre_hook(self._begin, with_kwargs=True)
+        self._begin(module, args, kwargs)
 
-    def begin(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _begin(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Every forward counts; a training one begins (or adds to) a step, as DDP's forward does (hooks.py)."""
+        tracker = self._tracker
         tracker.forwards += 1
         if module.training and torch.is_grad_enabled():
             tracker.forward_begin(batch.size(args, kwargs), batch.tokens(args, kwargs), id(module))
 
+
+def install(probe: Probe, outermost: Outermost) -> None:
+    for name in FULLY_SHARD_MODULES:
+        importwatch.after_import(name, functools.partial(_wrap_fully_shard, probe, outermost, name))
+
+
+def _wrap_fully_shard(probe: Probe, outermost: Outermost, name: str) -> None:
+    owner = sys.modules[name]
+    original = getattr(owner, "fully_shard", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
+        sharded = original(module, *args, **kwargs)
+        probe.world = max(probe.world, group_size())
+        for each in module if isinstance(module, (list, tuple)) else (module,):
+            outermost.watch(each)
+        return sharded
+
     patches.replace(owner, "fully_shard", fully_shard)
+
+
+def group_size() -> int:
+    """The job's world size, which a sharded model's ranks share: at 1, a non-finite gradient is
+    this rank's own (guard.Layout.solo), as at a DDP model's group of one."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
