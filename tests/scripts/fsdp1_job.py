@@ -6,7 +6,8 @@ Each rank prints, per step, its loss and the global norm its clip_grad_norm_ ret
 `[loss] STEP VALUE` and `[norm] STEP VALUE`, so a test can compare what ddptop shows with them.
 With --no-clip it does not clip, and prints the global norm it measured itself: its shards' sum
 of squares, all-reduced. With --orig, FSDP keeps the original parameters (use_orig_params), each
-a view of its rank's shard, for the optimizer.
+a view of its rank's shard, for the optimizer. With --inf-at STEP, rank 1's loss at that step is
+infinite.
 """
 
 import argparse
@@ -22,6 +23,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--no-clip", action="store_true")
 parser.add_argument("--orig", action="store_true")
+parser.add_argument("--inf-at", type=int)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -35,6 +37,8 @@ data = torch.Generator().manual_seed(rank)
 for step in range(args.steps):
     x = torch.randn(16, 32, generator=data)
     loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    if step == args.inf_at and rank == 1:
+        loss = loss * float("inf")
     loss.backward()
     if args.no_clip:
         squares = sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None)
