@@ -139,6 +139,8 @@ class Sampler:
     def __init__(self, nvml: ModuleType | None, warn: Callable[[str], None] = lambda m: print(f"ddptop: {m}", file=sys.stderr)) -> None:
         self._reader = NvmlReader(nvml, warn) if nvml is not None else None
         self._procs: dict[int, psutil.Process] = {}
+        self._io: dict[int, tuple[float, int]] = {}
+        """pid -> when its storage bytes were last read, and how many (storage_rate)."""
 
     @property
     def has_gpus(self) -> bool:
@@ -166,13 +168,30 @@ class Sampler:
                         if rss and proc.status() != psutil.STATUS_ZOMBIE:
                             entry["cpu"] = proc.cpu_percent()
                             entry["rss"] = rss
+                            if (io := self._storage_rate(proc)) is not None:
+                                entry["io"] = io
                 except psutil.Error:
                     self._procs.pop(pid, None)
+                    self._io.pop(pid, None)
             if rank in gpu_procs:
                 entry["gpu"], entry["gpu_mem"] = gpu_procs[rank]
             procs.append(entry)
         gpus = self._reader.gpus() if self._reader else []
         return {"type": "sample", "wall": time.time(), "procs": procs, "gpus": gpus}
+
+    def _storage_rate(self, proc: psutil.Process) -> float | None:
+        """Bytes a second proc moved to and from storage since its last reading; None at the first,
+        or where the system does not count them (no io_counters, no task I/O accounting)."""
+        try:
+            counters = proc.io_counters()
+        except (AttributeError, NotImplementedError, psutil.AccessDenied):
+            return None
+        now, moved = time.monotonic(), counters.read_bytes + counters.write_bytes
+        last = self._io.get(proc.pid)
+        self._io[proc.pid] = (now, moved)
+        if last is None or now <= last[0]:
+            return None
+        return max(0, moved - last[1]) / (now - last[0])
 
     def _process(self, pid: int) -> psutil.Process | None:
         """The same Process object across samples, as cpu_percent needs."""

@@ -71,6 +71,19 @@ async def until(predicate: Callable[[], object], what: str, timeout: float = 10.
     return value
 
 
+def counts_storage_bytes(folder: Path) -> bool:
+    """Whether this kernel counts a process's storage bytes (task I/O accounting), as the sampler
+    reads them: a write into folder shows in this process's write_bytes."""
+    import psutil
+
+    try:
+        before = psutil.Process().io_counters().write_bytes
+    except (AttributeError, NotImplementedError, psutil.AccessDenied):
+        return False
+    (folder / "storage-probe").write_bytes(bytes(1 << 20))
+    return psutil.Process().io_counters().write_bytes > before
+
+
 def recorded(run: rundir.RunDir) -> list[wire.Frame]:
     """Every record of a run's event log, each checked against its type's schema (the supervisor's own too)."""
     records = list(rundir.read_events(run))

@@ -1,5 +1,5 @@
-"""Stalls named in seconds with default settings, and a pause that is no stall: real gloo jobs of scripts
-written the way trainers are (tests/scripts/stuck_loader.py, eval_pause.py)."""
+"""Stalls named in seconds with default settings, and pauses that are no stall: real gloo jobs of scripts
+written the way trainers are (tests/scripts/stuck_loader.py, eval_pause.py, slow_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DDPTOP, SCRIPTS, recorded, wait_for
+from conftest import DDPTOP, SCRIPTS, counts_storage_bytes, recorded, wait_for
 
 from ddptop.core import rundir
 from ddptop.supervisor.watching.rules.stall import STALL_MIN_S
@@ -97,10 +97,35 @@ def test_rank_0_evaluating_alone_for_40_s_is_a_pause_with_no_alert(ddptop_home, 
     notes = [r["text"] for r in records if r["type"] == "notice" and "wait for" in r["text"]]
     # Where rank 0 was when the note was made: one of the evaluation loop's lines, as it happened.
     [note] = notes
-    assert re.fullmatch(r"ranks 1,2 wait for rank 0, at eval_pause\.py:(\d+) in estimate_loss", note), note
+    assert re.fullmatch(r"ranks 1,2 wait for rank 0, evaluating at eval_pause\.py:(\d+) in estimate_loss", note), note
     steps = [r for r in records if r["type"] == "step"]
     assert {(r["rank"], r["step"]) for r in steps} == {(rank, n) for rank in range(3) for n in range(150)}
     # Its last line does not call the evaluation stalled, having said it was a pause.
     [goodput] = [r["goodput"] for r in records if r["type"] == "exit"]
     assert goodput["stalled_s"] == 0.0 and goodput["paused_s"] > 35.0, goodput
     assert re.search(r"ddptop: goodput \d+% of .*; lost: .*paused \d+ s", proc.stdout + proc.stderr)
+
+
+def test_rank_0_writing_a_checkpoint_to_slow_storage_for_25_s_is_a_pause_with_no_alert(ddptop_home, tmp_path):
+    """Asleep in the kernel between writes, its CPU idle and its stack on one line, rank 0 still
+    moves its pages out: it is checkpointing, not stuck, and the others wait for it."""
+    if not counts_storage_bytes(tmp_path):
+        pytest.skip("this kernel does not count a process's storage bytes")
+    script = SCRIPTS / "slow_checkpoint.py"
+    run = rundir.RunDir(tmp_path / "run")
+    checkpoint = tmp_path / "ckpt.pt"
+    proc = subprocess.run(
+        [DDPTOP, "launch", "--headless", "--run-dir", str(run.path), str(script), "--gpus", "2", "--", "--out", str(checkpoint)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "saved at step 20" in proc.stdout and checkpoint.stat().st_size > 100 << 20
+    records = recorded(run)
+    assert [r["text"] for r in records if r["type"] == "alert"] == []
+    [note] = [r["text"] for r in records if r["type"] == "notice" and "waits for" in r["text"]]
+    line = line_of(script, "one place on the stack")
+    assert note == f"rank 1 waits for rank 0, checkpointing at slow_checkpoint.py:{line} in write", note
+    [goodput] = [r["goodput"] for r in records if r["type"] == "exit"]
+    assert goodput["stalled_s"] == 0.0 and goodput["paused_s"] > STALL_MIN_S, goodput

@@ -6,7 +6,7 @@ import sys
 
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import counts_storage_bytes, wait_for
 from fake_pynvml import FakeNvml
 
 from ddptop.core import rundir
@@ -22,6 +22,38 @@ def test_without_nvml_processes_are_still_sampled():
     assert record["gpus"] == [] and not sampler.has_gpus
     (proc,) = record["procs"]
     assert proc["rss"] > 0 and "cpu" in proc and "gpu" not in proc
+
+
+WRITER = """
+import sys
+sys.stdin.readline()
+with open(sys.argv[1], "wb") as out:
+    out.write(bytes(8 << 20))
+print("written", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_process_writing_to_storage_reads_its_bytes_a_second_and_then_none(tmp_path):
+    """What a checkpoint written to slow storage shows while the rank sleeps in the kernel: the
+    pages it dirties. Its first reading has nothing to compare with; an idle one reads 0."""
+    if not counts_storage_bytes(tmp_path):
+        pytest.skip("this kernel does not count a process's storage bytes")
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path / "ckpt")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        sampler = Sampler(None)
+        (first,) = sampler.sample({0: writer.pid})["procs"]
+        assert "io" not in first
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
+        assert writer.stdout.readline() == "written\n"
+        (writing,) = sampler.sample({0: writer.pid})["procs"]
+        (idle,) = sampler.sample({0: writer.pid})["procs"]
+    finally:
+        writer.communicate("")
+    assert writing["io"] > 0 and idle["io"] == 0.0
 
 
 def test_gpu_readings_and_per_process_memory():

@@ -145,6 +145,31 @@ def test_a_rank_that_evaluates_through_model_module_is_seen_working_by_its_busy_
     assert [v.kind for v in verdicts] == ["pause", "stall"]
 
 
+def test_a_rank_writing_a_checkpoint_to_slow_storage_is_a_pause_until_its_writes_stop():
+    """Rank 0 saves a checkpoint to slow storage: asleep in the kernel, its CPU idle and its stack on
+    one line, while it writes 4 MiB a second. A pause that says so, not a stall. A write that
+    hangs (a dead NFS server) moves no bytes: then it is a stall."""
+    dog, state, clock = make(world=2, policy=WatchPolicy(hang_timeout=60))
+    stepping(2, 100, clock, dog, state)
+    save = ["train.py:200 in save_checkpoint", "torch/serialization.py:967 in save"]
+    verdicts = []
+    for second in range(45):
+        clock.now += 1.0
+        feed(dog, state, beat(0, 100, "checkpoint", where="train.py:200 in save_checkpoint", stack=save if not second else None))
+        feed(dog, state, beat(1, 100, "all-reduce", inside="barrier"))
+        procs = [{"rank": 0, "pid": 100, "cpu": 3.0, "io": 4.0 * (1 << 20)}, {"rank": 1, "pid": 101, "cpu": 100.0, "io": 0.0}]
+        feed(dog, state, {"type": "sample", "wall": 0.0, "procs": procs, "gpus": []})
+        verdicts += dog.tick()
+    assert [(v.kind, v.text) for v in verdicts] == [("pause", "rank 1 waits for rank 0, checkpointing at train.py:200 in save_checkpoint")]
+    for _ in range(int(STALL_MIN_S) + 5):
+        clock.now += 1.0
+        feed(dog, state, beat(0, 100, "checkpoint", where="train.py:200 in save_checkpoint"))
+        feed(dog, state, {"type": "sample", "wall": 0.0, "procs": [{"rank": 0, "pid": 100, "cpu": 0.0, "io": 0.0}], "gpus": []})
+        verdicts += dog.tick()
+    assert [v.kind for v in verdicts] == ["pause", "stall"]
+    assert "rank 0 stuck 15 s in checkpoint at train.py:200 in save_checkpoint, after step 99" in verdicts[-1].text
+
+
 def test_a_rank_that_burns_a_core_holding_the_gil_and_sends_nothing_is_stuck_not_working():
     """A regex that backtracks for ever holds the GIL in native code: the rank's CPU is busy, but its
     heartbeats stop. That is a stall."""

@@ -55,6 +55,32 @@ def test_the_stack_runs_outermost_first_with_the_script_s_frames_named_by_file_a
     assert sample.inside is None
 
 
+class SampledOnWrite:
+    """A file torch.save writes to, whose first write has the main thread sampled as the sender's
+    thread samples it: inside torch.save's frames."""
+
+    def __init__(self) -> None:
+        self.seen: list[where_module.Sample] = []
+
+    def write(self, data: bytes) -> int:
+        if not self.seen:
+            self.seen.append(sampled_from_another_thread())
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_main_thread_inside_torch_save_is_checkpointing_and_one_training_is_not():
+    import torch
+
+    out = SampledOnWrite()
+    torch.save({"weights": torch.zeros(4)}, out)
+    assert out.seen[0].checkpoint
+    assert any(line.startswith("torch/serialization.py:") for line in out.seen[0].stack)
+    assert not sampled_from_another_thread().checkpoint
+
+
 PARTNER = """
 import sys, time, torch.distributed as dist
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 2), rank=1, world_size=2)

@@ -8,6 +8,9 @@ it. One bounded walk of the frames gives everything the supervisor asks:
   train_step"), else the innermost Python frame: what the WHERE column shows;
 - `inside`, the torch.distributed call the main thread is in ("all_reduce",
   "barrier"), so a rank that waits for the others says so;
+- `checkpoint`, whether it is saving or loading a checkpoint (torch.save or
+  load, torch.distributed.checkpoint, safetensors, whoever calls them), so a
+  rank writing one to slow storage is not said to be waiting for data;
 - `stack`, the main thread's frames, outermost first: sent when it changed
   since the last heartbeat, so the supervisor calls a rank working while it
   moves and stuck while it stays, and a stuck rank's heartbeats stay small.
@@ -36,12 +39,17 @@ NATIVE = "in native code"
 COLLECTIVES_FILE = "/torch/distributed/distributed_c10d.py"
 """Where torch.distributed's collectives (all_reduce, barrier, broadcast...) are defined."""
 
+CHECKPOINT_CODE = ("/torch/serialization.py", "/torch/distributed/checkpoint/", "/safetensors/")
+"""Where checkpoints are written and read, by whichever library a script saves with: Lightning,
+Hugging Face and ddptop's own monitor.checkpoint call into one of these."""
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
     where: str
     inside: str | None
     stack: tuple[str, ...]
+    checkpoint: bool = False
 
 
 NOWHERE = Sample(NATIVE, None, ())
@@ -61,6 +69,7 @@ def _walk() -> Sample:
         return NOWHERE
     script: str | None = None
     inside: str | None = None
+    checkpoint = False
     stack: list[str] = []
     for _ in range(MAX_DEPTH):
         if frame is None:
@@ -74,8 +83,10 @@ def _walk() -> Sample:
             script = text
         elif inside is None and path.endswith(COLLECTIVES_FILE):
             inside = code.co_name
+        elif not checkpoint and any(part in path for part in CHECKPOINT_CODE):
+            checkpoint = True
         if len(stack) < STACK_FRAMES:
             stack.append(text)
         frame = frame.f_back
     stack.reverse()
-    return Sample(script or stack[-1], inside, tuple(stack))
+    return Sample(script or stack[-1], inside, tuple(stack), checkpoint)

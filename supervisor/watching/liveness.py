@@ -12,6 +12,10 @@ from ddptop.core import wire
 
 BUSY_CPU = 50.0
 """A rank's CPU percent over the supervisor's last sample (one core is 100) that says it works."""
+BUSY_IO = float(1 << 20)
+"""A rank's bytes a second to and from storage over the supervisor's last sample that say it works:
+a checkpoint written to slow storage sleeps in the kernel, its CPU idle and its stack on one line,
+while its pages go out. Above what a log file or an event file's flush writes."""
 BUSY_HEARD_S = 3.0
 """How recently a busy rank must have been heard from for its CPU to count: one whose main
 thread holds the GIL in native code (a regex that backtracks for ever) burns a core and
@@ -39,6 +43,8 @@ class Liveness:
     collectives: dict[int, list[wire.Frame]] = field(default_factory=dict)
     """rank -> where it stands in each of its process groups' collectives (records.Collective),
     from its heartbeat (only ranks that sat on one step a while send it)."""
+    checkpointing: set[int] = field(default_factory=set)
+    """Ranks whose last heartbeat found them saving or loading a checkpoint (torch.save, torch.distributed.checkpoint)."""
     heard: dict[int, float] = field(default_factory=dict)
     """rank -> when it last sent anything."""
     stepped: set[int] = field(default_factory=set)
@@ -67,6 +73,7 @@ class Liveness:
             self.forwards.pop(rank, None)
             self.collectives.pop(rank, None)
             self.waiting.pop(rank, None)
+            self.checkpointing.discard(rank)
             self.stepped.discard(rank)
             self.exceptions.pop(rank, None)
             self.raised_in.pop(rank, None)
@@ -108,21 +115,36 @@ class Liveness:
             self.collectives[rank] = record["collectives"]
         else:
             self.collectives.pop(rank, None)
+        if record.get("phase") == "checkpoint":
+            self.checkpointing.add(rank)
+        else:
+            self.checkpointing.discard(rank)
         self.waiting[rank] = record.get("inside") is not None or self.entered(rank) is not None
 
     def entered(self, rank: int) -> wire.Frame | None:
         """The collective the rank's flight recorder says it entered and has not completed
-        (DDP's all-reduce in its backward), as its last heartbeat told it; None when none."""
+        (DDP's all-reduce in its backward), as its last heartbeat told it; None when none.
+
+        None too for a rank writing or reading a checkpoint: DDP's all-reduces were done when its
+        backward returned, and a recorder may not have marked the last one completed yet (gloo's
+        marks a collective that nothing waited on by its work later, if ever). A collective the
+        checkpoint makes itself (torch.distributed.checkpoint's) is a torch.distributed call on
+        its stack: the heartbeat's `inside`."""
+        if rank in self.checkpointing:
+            return None
         return next((c for c in self.collectives.get(rank, ()) if c["enqueued"] > c["completed"]), None)
 
     def _busy(self, record: wire.Frame, now: float) -> None:
-        """A rank that kept a CPU busy over the last second, outside any collective, is working
-        even where its stack reads the same at every heartbeat: rank 0 evaluating through
-        `model.module` (no DDP forward to count) a model whose blocks are one code, so every
-        sample lands on the same conv line."""
+        """A rank that kept a CPU busy over the last second, or moved data to or from storage,
+        outside any collective, is working even where its stack reads the same at every
+        heartbeat: rank 0 evaluating through `model.module` (no DDP forward to count) a model
+        whose blocks are one code, so every sample lands on the same conv line; rank 0 writing
+        a checkpoint to slow storage, asleep in the kernel while its pages go out. One whose
+        write hangs (a dead NFS server) moves nothing, and is stuck."""
         for proc in record.get("procs", ()):
             rank = proc.get("rank")
-            busy = (proc.get("cpu") or 0.0) >= BUSY_CPU and not self.waiting.get(rank, False)
+            working = (proc.get("cpu") or 0.0) >= BUSY_CPU or (proc.get("io") or 0.0) >= BUSY_IO
+            busy = working and not self.waiting.get(rank, False)
             if busy and rank in self.progress and now - self.heard.get(rank, now - BUSY_HEARD_S) < BUSY_HEARD_S:
                 self.moved[rank] = now
 

@@ -9,7 +9,8 @@ alone, with stacks collected; what is done about a hang waits for
 
 A rank that works while the others wait (rank 0 evaluating alone, a
 checkpoint being written) is a pause, not a stall: it gets one notice,
-"ranks 1,2,3 wait for rank 0, at train.py:120 in evaluate", and no alert.
+"ranks 1,2,3 wait for rank 0, evaluating at train.py:120 in evaluate", and
+no alert.
 
 The window is STALL_PACE steps at the job's usual pace (its ranks' 90th
 percentile step: a rare long step, an evaluation's, does not stretch it),
@@ -34,6 +35,9 @@ STALL_MIN_S = 15.0
 
 STALL_PACE = 20
 """Steps' worth of the job's usual step time with no step finished that make a stall."""
+
+DOING = {"eval": "evaluating", "checkpoint": "checkpointing"}
+"""What a pause says the working rank does, by its phase; other phases say only where."""
 
 MOVING_S = 3.0
 """A rank seen working this recently is working: heartbeats come once a second, and
@@ -97,7 +101,13 @@ class StallRule:
 
     def _pause(self, working: list[int], waiting: list[int]) -> Verdict:
         first = self.state.ranks.get(working[0])
-        at = f", at {first.where}" if first is not None and first.where else ""
+        said = []
+        if first is not None:
+            if doing := DOING.get(first.phase):
+                said.append(doing)
+            if first.where:
+                said.append(f"at {first.where}")
+        at = ", " + " ".join(said) if said else ""
         if waiting:
             text = f"{ranks_text(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for {ranks_text(working)}{at}"
         else:
