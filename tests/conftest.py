@@ -84,6 +84,33 @@ def counts_storage_bytes(folder: Path) -> bool:
     return psutil.Process().io_counters().write_bytes > before
 
 
+@pytest.fixture
+def memory_limited_cgroup(tmp_path: Path) -> Iterator[Path]:
+    """A memory cgroup of its own, a child of this process's, limited to 1.5 GiB: the folder whose
+    cgroup.procs a process joins. Skips where none can be made (not root, no writable memory
+    controller): the kernel's OOM killer cannot be called on otherwise."""
+    from ddptop.supervisor.launching import oom_kills
+
+    here = oom_kills.counter()
+    if here is None:
+        pytest.skip("no memory cgroup to count OOM kills in")
+    child = here.parent / f"ddptop-test-{os.getpid()}-{tmp_path.name}"
+    limit = str(1536 << 20)
+    try:
+        child.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory cgroup here: {exc}")
+    try:
+        try:
+            (child / ("memory.max" if here.name == "memory.events" else "memory.limit_in_bytes")).write_text(limit)
+        except OSError as exc:
+            pytest.skip(f"cannot limit a memory cgroup here: {exc}")
+        yield child
+    finally:
+        wait_for(lambda: not (child / "cgroup.procs").read_text().strip(), 30, "the cgroup's processes to end")
+        child.rmdir()
+
+
 def recorded(run: rundir.RunDir) -> list[wire.Frame]:
     """Every record of a run's event log, each checked against its type's schema (the supervisor's own too)."""
     records = list(rundir.read_events(run))

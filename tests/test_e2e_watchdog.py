@@ -4,6 +4,7 @@ into a real rank (examples/train.py --inject) or a test script."""
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 from collections import defaultdict
@@ -14,6 +15,7 @@ from conftest import DDPTOP, EXAMPLE, SCRIPTS, recorded
 
 from ddptop.core import rundir
 from ddptop.supervisor.watching.rules import nan
+from ddptop.supervisor.watching.rules.crash import OOM_KILLED
 
 pytestmark = pytest.mark.slow
 
@@ -44,13 +46,16 @@ class Job:
         return out
 
 
-def launch(tmp_path: Path, *args: str, timeout: float = 240) -> Job:
+def launch(tmp_path: Path, *args: str, timeout: float = 240, cgroup: Path | None = None) -> Job:
+    """The job, in a cgroup of its own where one is given (its cgroup.procs joined before ddptop starts)."""
     run_path = tmp_path / "run"
+    join = None if cgroup is None else lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))
     proc = subprocess.run(
         [DDPTOP, "launch", "--headless", "--run-dir", str(run_path), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        preexec_fn=join,
     )
     return Job(run_path, proc)
 
@@ -275,3 +280,13 @@ def test_restarts_that_make_no_progress_stop_the_job_in_one_line(ddptop_home, tm
     assert "after step 15 (in data): RuntimeError: disk quota exceeded at no_progress.py:22 in <module>" in first, first
     assert {r["restart"] for r in job.of("rank_hello")} == {0, 1, 2, 3}, "no fifth attempt"
     assert "ddptop: stopping the job after the no-progress alert" in job.proc.stderr.splitlines()
+
+
+def test_a_rank_the_kernel_kills_for_memory_is_said_to_have_run_out_of_it(ddptop_home, tmp_path, memory_limited_cgroup):
+    """A job whose rank 1 leaks, in a cgroup limited to 1.5 GiB: the kernel's OOM killer sends it
+    SIGKILL, and its exit says no more than that. torchrun's memory cgroup counted the kill."""
+    job = launch(tmp_path, "--max-restarts", "0", str(SCRIPTS / "memory_hog.py"), "--gpus", "2", cgroup=memory_limited_cgroup)
+    assert job.proc.returncode == 128 + 9, job.proc.stderr[-2000:]
+    [crash] = job.alerts("crash")
+    assert crash["ranks"] == [1] and crash["text"].startswith("rank 1 was killed by SIGKILL after step 3"), crash["text"]
+    assert crash["text"].endswith(OOM_KILLED.format(count="a process", node=0)), crash["text"]

@@ -9,6 +9,7 @@ from ddptop.core.model.job import JobState
 from ddptop.supervisor.watching.failures import crash_excerpt, last_error_line, script_frame
 from ddptop.supervisor.watching.policy import Started, WatchPolicy
 from ddptop.supervisor.watching.rules import nan
+from ddptop.supervisor.watching.rules.crash import OOM_KILLED
 from ddptop.supervisor.watching.rules.hang import STARTUP_GRACE_S
 from ddptop.supervisor.watching.rules.per_step import GATHER_S
 from ddptop.supervisor.watching.verdict import Verdict
@@ -267,6 +268,28 @@ def test_failures_later_in_the_same_attempt_are_consequences_not_a_second_crash(
     feed(dog, state, {**first, "restart": 1, "rank": 0, "pid": 200, "exitcode": 1})
     clock.now += 0.5
     assert [v.ranks for v in dog.tick()] == [[0]]
+
+
+def test_a_rank_the_oom_killer_killed_is_said_to_have_run_out_of_memory():
+    """torchrun's probe counted an OOM kill in the attempt: a rank SIGKILLed, or a rank whose
+    DataLoader worker was, and which then raised. Without a count, nothing is said of memory."""
+    dog, state, _ = make(world=2)
+    feed(dog, state, {**failure(1, -9), "oom_kills": 1})
+    feed(dog, state, {**failure(0, 1), "oom_kills": 1})
+    [v, *_] = dog.tick(final=True)
+    assert v.text == "rank 1 was killed by SIGKILL before its first step (rank 0 failed after it)" + OOM_KILLED.format(
+        count="a process", node=0
+    )
+    dog, state, _ = make(world=1)
+    worker = "Traceback...\nRuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed.\n"
+    feed(dog, state, {"type": "exception", "rank": 0, "wall": 0.0, "text": worker})
+    feed(dog, state, {**failure(0, 1), "oom_kills": 2})
+    [v, *_] = dog.tick(final=True)
+    assert v.text.endswith("is killed by signal: Killed." + OOM_KILLED.format(count="2 processes", node=0)), v.text
+    dog, state, _ = make(world=1)
+    feed(dog, state, failure(0, -9))
+    [v, *_] = dog.tick(final=True)
+    assert "memory" not in v.text
 
 
 def test_a_spawned_rank_that_was_killed_is_named_though_another_raised_when_it_went():

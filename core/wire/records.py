@@ -192,6 +192,9 @@ class WorkerFailure(TypedDict):
     exitcode: int
     wall: float
     message: NotRequired[str]
+    oom_kills: NotRequired[int]
+    """Processes of the node's job (ranks, their DataLoader workers) the kernel's OOM killer killed
+    in the attempt, as torchrun's memory cgroup counts them; absent when none, or not counted."""
 
 
 class GroupRestart(TypedDict):

@@ -6,7 +6,8 @@ engine, in the same process, with two of its agent's methods wrapped:
 
 - `_monitor_workers`: when a worker fails, torchrun is the only process that
   sees its exit code or signal (it is the workers' parent); each failure is
-  sent to the supervisor as a `worker_failure` record;
+  sent to the supervisor as a `worker_failure` record, with how many of the
+  attempt's processes the kernel's OOM killer killed, if any (oom_kills.py);
 - `_restart_workers`: each restart of the worker group is a `group_restart`
   record with the count and the failure that caused it; restarts after the
   first wait an exponentially growing backoff first, so a job failing on a
@@ -46,7 +47,7 @@ from typing import Any
 
 from ddptop.core import wire
 from ddptop.core.model.events import exit_status
-from ddptop.supervisor.launching import console_tail, template
+from ddptop.supervisor.launching import console_tail, oom_kills, template
 from ddptop.supervisor.launching.torchrun import BACKOFF_ENV, NO_TEMPLATE_ENV
 from ddptop.trainer.monitor import ATTEMPT_ENV
 from ddptop.trainer.runtime import AGENT_PID_ENV
@@ -78,6 +79,10 @@ class Reporter:
         """(rank, exit code) of the failure torchrun saw first since the last restart."""
         self.restarts = 0
         """Restarts of this node's group so far: the attempt its ranks run in."""
+        self.oom_counter = oom_kills.counter()
+        """The OOM kill count of torchrun's memory cgroup, which its workers share."""
+        self.oom_seen = oom_kills.count(self.oom_counter)
+        """That count when the last failures were reported (at first, before any worker)."""
         self._sock = sock
 
     def send(self, frame: wire.Frame) -> None:
@@ -130,6 +135,9 @@ class Reporter:
         if result.failures:
             rank, first = min(result.failures.items(), key=lambda item: item[1].timestamp)
             self.last_failure = (int(rank), int(first.exitcode))
+        killed = None
+        if (now := oom_kills.count(self.oom_counter)) is not None:
+            killed, self.oom_seen = now - (self.oom_seen or 0), now
         for rank, failure in result.failures.items():
             frame: wire.Frame = {
                 "type": "worker_failure",
@@ -144,6 +152,8 @@ class Reporter:
             message = _message(failure)
             if message:
                 frame["message"] = message
+            if killed:
+                frame["oom_kills"] = killed
             self.send(frame)
 
 

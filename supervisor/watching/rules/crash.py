@@ -34,6 +34,10 @@ failure causes follow within a moment. They make one verdict."""
 STOPPED = {0, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP}
 """Exit codes of a rank that torchrun (or the user) stopped, rather than one that failed."""
 
+OOM_KILLED = "; out of memory: the kernel's OOM killer killed {count} in the job's memory cgroup on node {node} during this attempt"
+"""Said of a failure when torchrun's memory cgroup counted OOM kills in its attempt (a rank, or one of
+its DataLoader workers, which the rank then dies of)."""
+
 
 def _same(a: tuple[int, str, str | None], b: tuple[int, str, str | None]) -> bool:
     """Two failures (exit status, words, frame) alike: the words as the crash loop compares them
@@ -144,6 +148,8 @@ class CrashRule:
         others = sorted({f["rank"] for f in failures} - {rank}) if self.started.style != "spawn" else []
         if others:
             text += f" ({ranks_text(others)} failed after it)"
+        if killed := max((f.get("oom_kills", 0) for f in failures if f["node"] == first["node"]), default=0):
+            text += OOM_KILLED.format(count="a process" if killed == 1 else f"{killed} processes", node=first["node"])
         crash = Verdict(
             "crash",
             text,
