@@ -81,6 +81,28 @@ def test_a_main_thread_inside_torch_save_is_checkpointing_and_one_training_is_no
     assert not sampled_from_another_thread().checkpoint
 
 
+def test_a_module_forward_after_a_step_is_an_evaluation_and_within_one_is_the_step_s():
+    """Rank 0 evaluating through `model.module`: no DDP forward marks it, but the heartbeat's look
+    at the stack finds nn.Module's call, after the step ended ("data")."""
+    import torch
+
+    seen: list[where_module.Sample] = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(sampled_from_another_thread())
+            return x
+
+    with torch.no_grad():
+        Probe()(torch.zeros(1))
+    (inside,) = seen
+    assert inside.model and not inside.checkpoint
+    assert where_module.phase(inside, "data") == "eval" and where_module.phase(inside, "forward") == "forward"
+    outside = sampled_from_another_thread()
+    assert not outside.model and where_module.phase(outside, "data") == "data"
+    assert where_module.phase(where_module.Sample("x.py:1 in f", None, (), checkpoint=True), "data") == "checkpoint"
+
+
 PARTNER = """
 import sys, time, torch.distributed as dist
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 2), rank=1, world_size=2)

@@ -178,8 +178,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
         # the last place it was in stands.
         if tracker.phase != "exit":
             now = where.sample()
-            if now.checkpoint:
-                record["phase"] = "checkpoint"
+            record["phase"] = where.phase(now, tracker.phase)
             record["where"] = now.where
             if now.inside is not None:
                 record["inside"] = now.inside

@@ -11,6 +11,9 @@ it. One bounded walk of the frames gives everything the supervisor asks:
 - `checkpoint`, whether it is saving or loading a checkpoint (torch.save or
   load, torch.distributed.checkpoint, safetensors, whoever calls them), so a
   rank writing one to slow storage is not said to be waiting for data;
+- `model`, whether a module's forward is running (nn.Module's call): between
+  two steps, an evaluation that no DDP forward marks (rank 0 evaluating
+  through `model.module`, an EMA copy of the model);
 - `stack`, the main thread's frames, outermost first: sent when it changed
   since the last heartbeat, so the supervisor calls a rank working while it
   moves and stuck while it stays, and a stuck rank's heartbeats stay small.
@@ -39,6 +42,9 @@ NATIVE = "in native code"
 COLLECTIVES_FILE = "/torch/distributed/distributed_c10d.py"
 """Where torch.distributed's collectives (all_reduce, barrier, broadcast...) are defined."""
 
+MODULE_FILE = "/torch/nn/modules/module.py"
+"""Where nn.Module's call runs a forward (and its hooks)."""
+
 CHECKPOINT_CODE = ("/torch/serialization.py", "/torch/distributed/checkpoint/", "/safetensors/")
 """Where checkpoints are written and read, by whichever library a script saves with: Lightning,
 Hugging Face and ddptop's own monitor.checkpoint call into one of these."""
@@ -50,9 +56,21 @@ class Sample:
     inside: str | None
     stack: tuple[str, ...]
     checkpoint: bool = False
+    model: bool = False
 
 
 NOWHERE = Sample(NATIVE, None, ())
+
+
+def phase(sample: Sample, tracked: str) -> str:
+    """The phase a heartbeat tells: the one the hooks tracked, unless the main thread's stack
+    says more. Inside a checkpoint's save or load, "checkpoint"; running a module's forward
+    after a step ended ("data": no training forward has begun the next), "eval"."""
+    if sample.checkpoint:
+        return "checkpoint"
+    if sample.model and tracked == "data":
+        return "eval"
+    return tracked
 
 
 def sample() -> Sample:
@@ -69,7 +87,7 @@ def _walk() -> Sample:
         return NOWHERE
     script: str | None = None
     inside: str | None = None
-    checkpoint = False
+    checkpoint = model = False
     stack: list[str] = []
     for _ in range(MAX_DEPTH):
         if frame is None:
@@ -83,10 +101,12 @@ def _walk() -> Sample:
             script = text
         elif inside is None and path.endswith(COLLECTIVES_FILE):
             inside = code.co_name
+        elif not model and path.endswith(MODULE_FILE):
+            model = True
         elif not checkpoint and any(part in path for part in CHECKPOINT_CODE):
             checkpoint = True
         if len(stack) < STACK_FRAMES:
             stack.append(text)
         frame = frame.f_back
     stack.reverse()
-    return Sample(script or stack[-1], inside, tuple(stack), checkpoint)
+    return Sample(script or stack[-1], inside, tuple(stack), checkpoint, model)
