@@ -41,6 +41,16 @@ def test_the_text_groups_ranks_by_where_they_stand_largest_group_first():
     )
 
 
+def test_a_rank_whose_place_is_not_known_yet_is_grouped_beside_one_whose_place_is():
+    """A rank that has told no place yet (no heartbeat with one) stands at None: the text still
+    comes, rather than the watchdog's tick failing to order None against a place."""
+    told_place = Standing(True, "all-reduce", "train.py:51 in train_step", 9)
+    no_place = Standing(True, "all-reduce", None, 9)
+    assert describe({0: told_place, 1: no_place}, {}, {}) == (
+        "rank 1 waits in all-reduce, after step 9; rank 0 waits in all-reduce at train.py:51 in train_step, after step 9"
+    )
+
+
 def stepping(world: int, steps: int, clock, dog, state, step_s: float = 0.1) -> None:
     for n in range(steps):
         clock.now += step_s
@@ -147,15 +157,18 @@ def test_a_rank_that_evaluates_through_model_module_is_seen_working_by_its_busy_
 
 def test_a_rank_writing_a_checkpoint_to_slow_storage_is_a_pause_until_its_writes_stop():
     """Rank 0 saves a checkpoint to slow storage: asleep in the kernel, its CPU idle and its stack on
-    one line, while it writes 4 MiB a second. A pause that says so, not a stall. A write that
-    hangs (a dead NFS server) moves no bytes: then it is a stall."""
+    one line, while it writes 4 MiB a second. A pause that says so, not a stall, though its flight
+    recorder has not marked DDP's last all-reduce completed (gloo's may never). A write that hangs
+    (a dead NFS server) moves no bytes: then it is a stall."""
     dog, state, clock = make(world=2, policy=WatchPolicy(hang_timeout=60))
     stepping(2, 100, clock, dog, state)
     save = ["train.py:200 in save_checkpoint", "torch/serialization.py:967 in save"]
     verdicts = []
     for second in range(45):
         clock.now += 1.0
-        feed(dog, state, beat(0, 100, "checkpoint", where="train.py:200 in save_checkpoint", stack=save if not second else None))
+        stale = [told(100, 99)]  # step 99's all-reduce, done when its backward returned
+        saving = beat(0, 100, "checkpoint", where="train.py:200 in save_checkpoint", collectives=stale)
+        feed(dog, state, {**saving, "stack": save} if not second else saving)
         feed(dog, state, beat(1, 100, "all-reduce", inside="barrier"))
         procs = [{"rank": 0, "pid": 100, "cpu": 3.0, "io": 4.0 * (1 << 20)}, {"rank": 1, "pid": 101, "cpu": 100.0, "io": 0.0}]
         feed(dog, state, {"type": "sample", "wall": 0.0, "procs": procs, "gpus": []})

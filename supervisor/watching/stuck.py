@@ -24,7 +24,7 @@ from ddptop.supervisor.watching.stacks import process_state
 from ddptop.supervisor.watching.verdict import ranks_text
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Standing:
     """Where one stuck rank stands, as the text groups it."""
 
@@ -105,7 +105,7 @@ def describe(
         groups.setdefault(place, []).append(rank)
     parts = [
         _group(place, ranks, max(still.get(r, 0.0) for r in ranks))
-        for place, ranks in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+        for place, ranks in sorted(groups.items(), key=lambda item: (-len(item[1]), _order(item[0])))
     ]
     alike: dict[str, list[int]] = {}
     for rank in sorted(silent):
@@ -113,6 +113,12 @@ def describe(
     for what, ranks in alike.items():
         parts.append(f"{ranks_text(ranks)} sent nothing for {max(silent[r] for r in ranks):.0f} s" + (f" ({what})" if what else ""))
     return "; ".join([*parts, *(collectives or [])])
+
+
+def _order(place: Standing) -> tuple[bool, str, str, int]:
+    """Where groups of one size go in the text: a rank not heard from at a place yet (where None)
+    sorts with the others, as Standing's own order cannot set None beside a place."""
+    return place.waiting, place.what, place.where or "", place.done
 
 
 def in_collectives(reports: dict[int, list[wire.Frame]], ranks: list[int], quiet: dict[int, float]) -> list[str]:
