@@ -45,6 +45,17 @@ def printed(run: rundir.RunDir, rank: int, attempt: int, tag: str) -> dict[int, 
     return {int(m[1]): float(m[2]) for line in lines if (m := re.match(rf"\[{tag}\] (\d+) (\S+)$", line))}
 
 
+def shows_the_scripts_own(run: rundir.RunDir, by_rank: dict[tuple[int, int], dict[int, dict]], steps: int, samples: int) -> None:
+    """Both ranks' first attempt has each of its steps, each with the loss and norm its script
+    printed, and the batch the root's forward was given."""
+    for rank in (0, 1):
+        shown = by_rank[rank, 0]
+        assert sorted(shown) == list(range(steps))
+        for field, tag in (("loss", "loss"), ("grad_norm", "norm")):
+            assert {s: r[field] for s, r in shown.items()} == pytest.approx(printed(run, rank, 0, tag), rel=1e-5), field
+        assert {r["samples"] for r in shown.values()} == {samples}
+
+
 def test_a_mingpt_style_amp_job_that_resumes_itself_shows_its_own_norms_and_steps(ddptop_home, tmp_path):
     """AMP that clips the scaled gradients: GRAD NORM is the unscaled pre-clip norm on every step.
     Killed at step 25, the script resumes from its step-20 snapshot, and so do ddptop's steps."""
@@ -150,12 +161,7 @@ def test_a_job_that_shards_its_model_with_fsdp2_runs_as_under_torchrun_and_shows
     if not hasattr(__import__("torch.distributed.fsdp").distributed.fsdp, "fully_shard"):
         pytest.skip("FSDP2's public fully_shard is torch 2.6's")
     run, records, _ = launch(tmp_path, SCRIPTS / "fsdp2_job.py", "--desync-every", "5", "--", "--steps", "30")
-    steps = by_attempt(records)
-    for rank in (0, 1):
-        assert sorted(steps[rank, 0]) == list(range(30))
-        assert {s: r["loss"] for s, r in steps[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "loss"), rel=1e-5)
-        assert {s: r["grad_norm"] for s, r in steps[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "norm"), rel=1e-5)
-        assert {r["samples"] for r in steps[rank, 0].values()} == {16}, "the batch the root's forward was given"
+    shows_the_scripts_own(run, by_attempt(records), steps=30, samples=16)
     assert [r["kind"] for r in records if r["type"] == "alert"] == []
     assert any(r["type"] == "rank_note" and "sharded" in r["text"] for r in records)
 
@@ -168,12 +174,8 @@ def test_a_job_that_shards_its_model_with_fsdp1_shows_its_own_loss_norm_and_batc
     inside it add none), and no checksum every 5 steps compares shards: no alert."""
     run, records, _ = launch(tmp_path, SCRIPTS / "fsdp1_job.py", "--desync-every", "5", "--", "--steps", "30")
     steps = by_attempt(records)
-    for rank in (0, 1):
-        assert sorted(steps[rank, 0]) == list(range(30))
-        assert {s: r["loss"] for s, r in steps[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "loss"), rel=1e-5)
-        assert {s: r["grad_norm"] for s, r in steps[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "norm"), rel=1e-5)
-        assert {r["samples"] for r in steps[rank, 0].values()} == {16}
-        assert not any("checksum" in r for r in steps[rank, 0].values())
+    shows_the_scripts_own(run, steps, steps=30, samples=16)
+    assert not any("checksum" in r for rank in (0, 1) for r in steps[rank, 0].values())
     assert [r["kind"] for r in records if r["type"] == "alert"] == []
     assert any(r["type"] == "rank_note" and "FullyShardedDataParallel" in r["text"] for r in records)
 

@@ -10,36 +10,21 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
+from hooked import Records, installed
 from torch import nn
 
-from ddptop.trainer import hooks, patches
 from ddptop.trainer.policy import GuardPolicy
-from ddptop.trainer.steps import StepTracker
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")
 
 
-class Records(list[dict[str, Any]]):
-    tracker: StepTracker
-
-    def steps(self) -> list[dict[str, Any]]:
-        """The step records, once the held ones are made (on the sender's thread in a rank: steps.py)."""
-        self.tracker.flush()
-        return [r for r in self if r["type"] == "step"]
-
-
 @pytest.fixture
 def records(gloo_world_of_one: None) -> Iterator[Records]:
-    out = Records()
-    out.tracker = StepTracker(0, emit=out.append)
-    hooks.install(out.tracker, GuardPolicy(desync_every=1))
-    yield out
-    out.tracker.flush()
-    patches.undo()
+    with installed(GuardPolicy(desync_every=1)) as out:
+        yield out
 
 
 def wrapped_model() -> nn.Module:

@@ -13,44 +13,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
+from hooked import Records, installed
 from norms import total_norm
 from torch import nn
 
-from ddptop.trainer import guard, hooks, patches
+from ddptop.trainer import guard, patches
 from ddptop.trainer.optimizer_step import SHARDED_NOTICE
 from ddptop.trainer.policy import GuardPolicy
-from ddptop.trainer.steps import LOSSES_KEPT, StepTracker
+from ddptop.trainer.steps import LOSSES_KEPT
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")
 if not hasattr(fsdp, "fully_shard"):
     pytest.skip("FSDP2's public fully_shard is torch 2.6's", allow_module_level=True)
 
 
-class Records(list[dict[str, Any]]):
-    """What the hooks emitted, and the tracker that emitted it."""
-
-    tracker: StepTracker
-
-    def steps(self) -> list[dict[str, Any]]:
-        """The step records, once the held ones are made (they are built on the sender's thread: steps.py)."""
-        self.tracker.flush()
-        return [r for r in self if r["type"] == "step"]
-
-
 @pytest.fixture
 def records(gloo_world_of_one: None, request: pytest.FixtureRequest) -> Iterator[Records]:
     """ddptop's hooks installed as in a rank, with the test's policy (indirect), else a checksum
     every step; what they emit."""
-    out = Records()
-    out.tracker = StepTracker(0, emit=out.append)
-    hooks.install(out.tracker, getattr(request, "param", GuardPolicy(desync_every=1)))
-    yield out
-    out.tracker.flush()
-    patches.undo()
+    with installed(getattr(request, "param", GuardPolicy(desync_every=1))) as out:
+        yield out
 
 
 def sharded_model() -> nn.Module:

@@ -129,6 +129,21 @@ def test_a_rank_that_evaluates_while_the_others_wait_is_a_pause_not_a_stall_or_a
     assert [v.kind for v in dog.tick()] == ["stall"]
 
 
+def while_rank_1_waits(dog, state, clock, seconds: int, beat_0, **sampled_0: float) -> list:
+    """A second at a time: rank 0's heartbeat (beat_0 of the second), rank 1's from inside a
+    barrier, its CPU busy (CUDA spins while it waits), and a sample of both (rank 0's as given);
+    the verdicts."""
+    verdicts = []
+    for second in range(seconds):
+        clock.now += 1.0
+        feed(dog, state, beat_0(second))
+        feed(dog, state, beat(1, 100, "all-reduce", inside="barrier"))
+        procs = [{"rank": 0, "pid": 100, **sampled_0}, {"rank": 1, "pid": 101, "cpu": 100.0, "io": 0.0}]
+        feed(dog, state, {"type": "sample", "wall": 0.0, "procs": procs, "gpus": []})
+        verdicts += dog.tick()
+    return verdicts
+
+
 def test_a_rank_that_evaluates_through_model_module_is_seen_working_by_its_busy_cpu():
     """Rank 0 evaluates alone through `model.module` (no DDP forward to count) a model whose
     blocks are one code: its stack reads the same at every heartbeat, but it keeps a CPU busy,
@@ -137,14 +152,10 @@ def test_a_rank_that_evaluates_through_model_module_is_seen_working_by_its_busy_
     dog, state, clock = make(world=2, policy=WatchPolicy(hang_timeout=30))
     stepping(2, 100, clock, dog, state)
     conv = ["train.py:120 in evaluate", "torch/nn/modules/conv.py:560 in _conv_forward"]
-    verdicts = []
-    for _ in range(45):
-        clock.now += 1.0
-        feed(dog, state, beat(0, 100, "data", where="train.py:120 in evaluate", stack=conv if not verdicts else None))
-        feed(dog, state, beat(1, 100, "all-reduce", inside="barrier"))
-        procs = [{"rank": 0, "pid": 100, "cpu": 99.0}, {"rank": 1, "pid": 101, "cpu": 100.0}]
-        feed(dog, state, {"type": "sample", "wall": 0.0, "procs": procs, "gpus": []})
-        verdicts += dog.tick()
+    evaluating = beat(0, 100, "data", where="train.py:120 in evaluate")
+    verdicts = while_rank_1_waits(
+        dog, state, clock, 45, lambda second: {**evaluating, "stack": conv} if not second else evaluating, cpu=99.0
+    )
     assert [(v.kind, v.text) for v in verdicts] == [("pause", "rank 1 waits for rank 0, at train.py:120 in evaluate")]
     for rank in range(2):
         feed(dog, state, step(rank, 100))
@@ -163,16 +174,11 @@ def test_a_rank_writing_a_checkpoint_to_slow_storage_is_a_pause_until_its_writes
     dog, state, clock = make(world=2, policy=WatchPolicy(hang_timeout=60))
     stepping(2, 100, clock, dog, state)
     save = ["train.py:200 in save_checkpoint", "torch/serialization.py:967 in save"]
-    verdicts = []
-    for second in range(45):
-        clock.now += 1.0
-        stale = [told(100, 99)]  # step 99's all-reduce, done when its backward returned
-        saving = beat(0, 100, "checkpoint", where="train.py:200 in save_checkpoint", collectives=stale)
-        feed(dog, state, {**saving, "stack": save} if not second else saving)
-        feed(dog, state, beat(1, 100, "all-reduce", inside="barrier"))
-        procs = [{"rank": 0, "pid": 100, "cpu": 3.0, "io": 4.0 * (1 << 20)}, {"rank": 1, "pid": 101, "cpu": 100.0, "io": 0.0}]
-        feed(dog, state, {"type": "sample", "wall": 0.0, "procs": procs, "gpus": []})
-        verdicts += dog.tick()
+    stale = [told(100, 99)]  # step 99's all-reduce, done when its backward returned
+    saving = beat(0, 100, "checkpoint", where="train.py:200 in save_checkpoint", collectives=stale)
+    verdicts = while_rank_1_waits(
+        dog, state, clock, 45, lambda second: {**saving, "stack": save} if not second else saving, cpu=3.0, io=4.0 * (1 << 20)
+    )
     assert [(v.kind, v.text) for v in verdicts] == [("pause", "rank 1 waits for rank 0, checkpointing at train.py:200 in save_checkpoint")]
     for _ in range(int(STALL_MIN_S) + 5):
         clock.now += 1.0
