@@ -90,6 +90,24 @@ def test_a_long_step_the_watchdog_called_a_pause_is_paused_and_one_it_called_a_s
         assert (split["stalled_s"], split["paused_s"]) == (pytest.approx(25.0), 0.0)
 
 
+def test_an_evaluation_too_short_for_a_pause_is_paused_once_whether_or_not_a_pause_was_told():
+    """Rank 0's record tells its 5 s evaluation apart: those 5 s are paused, not productive. An
+    evaluation long enough for the watchdog's pause is counted once, as the pause's."""
+    goodput = Goodput()
+    goodput.observe({"type": "run", "wall": 0.0})
+    end = job(goodput, 0, range(30), start=0.0, ranks=1)
+    goodput.observe({"type": "step", "rank": 0, "step": 30, "step_ms": 5_100.0, "eval_ms": 5_000.0, "wall": end + 5.1})
+    split = goodput.split(end + 5.1)
+    assert split is not None and (split["paused_s"], split["stalled_s"]) == (pytest.approx(5.0), 0.0)
+    goodput = Goodput()
+    goodput.observe({"type": "run", "wall": 0.0})
+    end = job(goodput, 0, range(30), start=0.0, step_s=0.1, ranks=1)
+    goodput.observe({"type": "notice", "kind": "pause", "wall": end + 15.0, "text": "rank 1 waits for rank 0, evaluating"})
+    goodput.observe({"type": "step", "rank": 0, "step": 30, "step_ms": 40_100.0, "eval_ms": 40_000.0, "wall": end + 40.1})
+    split = goodput.split(end + 40.1)
+    assert split is not None and split["paused_s"] == pytest.approx(40.0)
+
+
 def test_a_pause_in_an_attempt_that_failed_is_not_the_next_attempt_s_first_step():
     goodput = Goodput()
     goodput.observe({"type": "run", "wall": 0.0})

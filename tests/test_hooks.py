@@ -888,8 +888,9 @@ def test_a_ddp_wrapper_left_in_eval_mode_by_lightning_s_validation_still_begins_
 
 
 def test_a_forward_between_steps_that_is_not_training_is_an_evaluation_s_phase(records):
-    """A rank validating between steps is shown in "eval", not waiting for "data"; a forward
-    under no_grad within a step (a frozen teacher's) leaves the step's phase alone."""
+    """A rank validating between steps is shown in "eval", not waiting for "data", and the
+    next step's record has the evaluation apart from its data wait; a forward under no_grad
+    within a step (a frozen teacher's) leaves the step's phase alone, and is no evaluation."""
     model, teacher = ddp_model(), ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     tracker = records.tracker
@@ -907,3 +908,11 @@ def test_a_forward_between_steps_that_is_not_training_is_an_evaluation_s_phase(r
     assert tracker.phase == "forward"
     out.pow(2).sum().backward()
     optimizer.step()
+    out = model(torch.randn(4, 8))
+    with torch.no_grad():
+        teacher(torch.randn(4, 8))
+    out.pow(2).sum().backward()
+    optimizer.step()
+    first, evaluated, taught = builders.steps_made(tracker, records)
+    assert "eval_ms" not in first and "eval_ms" not in taught
+    assert 0 < evaluated["eval_ms"] <= evaluated["step_ms"] and evaluated["eval_ended"] <= evaluated["wall"]

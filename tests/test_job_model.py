@@ -159,6 +159,31 @@ def test_a_step_that_held_a_pause_stays_out_of_the_ranks_rates_and_means():
     assert DATA_MS.read(stalled.ranks[0]) == pytest.approx((59 * 10.0 + 30_000.0) / 60)
 
 
+def test_an_evaluation_shorter_than_a_pause_stays_out_of_every_ranks_rates():
+    """Rank 0 evaluated alone for 5 s between steps 29 and 30, too short for the watchdog to tell
+    of a pause; rank 1 waited in its all-reduce. Rank 0's record says so (eval_ms, eval_ended),
+    whichever rank's record comes first: both read their training's samples/s after it, and rank
+    0's data wait is its own."""
+    for first in (0, 1):
+        state = JobState()
+        for rank in (0, 1):
+            state.ingest(hello(rank, node=0))
+        wall = 100.0
+        for n in range(60):
+            evaluated = {}
+            if n == 30:
+                evaluated = {"eval_ms": 5000.0, "eval_ended": wall + 5.0}
+                wall += 5.0
+            wall += 0.1
+            for rank in (first, 1 - first):
+                step_ms = 5100.0 if evaluated else 100.0
+                extra = evaluated if rank == 0 else {}
+                state.ingest(builders.step(rank, n, wall=wall, step_ms=step_ms, data_ms=10.0, samples=32, **extra))
+        for rank in (0, 1):
+            assert SAMPLES_PER_S.read(state.ranks[rank]) == pytest.approx(320.0), (first, rank)
+            assert DATA_MS.read(state.ranks[rank]) == pytest.approx(10.0)
+
+
 def test_a_pause_in_an_attempt_that_failed_leaves_the_next_attempt_s_steps_in():
     state = JobState()
     state.ingest(hello(0, node=0))

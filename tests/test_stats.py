@@ -44,3 +44,16 @@ def test_incremental_window_matches_a_recomputation(steps, size):
         span = (len(kept) - 1) * 0.1
         assert window.rate("samples") == pytest.approx(sum(n for _, _, n in kept[1:]) / span, rel=1e-6)
     assert window.mean("data_ms") is None
+
+
+def test_time_left_out_twice_is_taken_from_the_rates_span_once():
+    """A paused step (skip) that held an evaluation its record also told: the evaluation's span
+    lies inside the step's, and the rate leaves the step's time out once."""
+    window = RollingWindow(size=100)
+    for n in range(10):
+        window.add(StepPoint(1.0 + 0.1 * n, 100.0, samples=10))
+    window.skip(7.9, 6000.0)  # the step from 1.9 to 7.9 (after the first ten)...
+    window.gaps.append((2.5, 6.5))  # ...held an evaluation of 4 s
+    for n in range(10):
+        window.add(StepPoint(8.0 + 0.1 * n, 100.0, samples=10))
+    assert window.rate("samples") == pytest.approx(100.0)

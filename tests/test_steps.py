@@ -57,6 +57,28 @@ def test_step_time_data_wait_and_samples_over_accumulated_forwards():
     assert second["grad_norm"] == 2.0 and second["comm_ms"] == 1.5 and second["comm_bytes"] == 400
 
 
+def test_an_evaluation_between_two_steps_is_its_own_span_not_the_next_step_s_data_wait():
+    """Rank 0 evaluates between steps 0 and 1 (forwards that are not training): 0.2 s of data
+    wait before it, 3 s of forwards, 0.1 s of data after. Step 1's data wait is the 0.3 s; the
+    evaluation goes with the record, ending where its last forward returned."""
+    tracker, out, clock = make()
+    run_step(tracker, clock, data_s=0.0, compute_s=0.1)
+    clock.now += 0.2
+    for _ in range(3):
+        tracker.evaluating()
+        assert tracker.phase == "eval"
+        clock.now += 1.0
+        tracker.evaluated()
+    run_step(tracker, clock, data_s=0.1, compute_s=0.1)
+    run_step(tracker, clock, data_s=0.05, compute_s=0.1)
+    tracker.flush()
+    first, second, third = out
+    assert "eval_ms" not in first and "eval_ms" not in third and round(third["data_ms"], 6) == 50.0
+    assert round(second["eval_ms"], 6) == 3000.0 and round(second["data_ms"], 6) == 300.0
+    assert round(second["step_ms"], 6) == 3400.0, "the step still took what it took"
+    assert round(second["wall"] - second["eval_ended"], 6) == 0.2, "the training forward 0.1 s later, and 0.1 s of it"
+
+
 def test_a_step_s_samples_and_tokens_are_the_batches_of_the_model_that_began_it():
     """An encoder's batch fed on to a decoder, a GAN's discriminator stepping on real and
     generated batches: the second model's forwards are the same samples, not more. The

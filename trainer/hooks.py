@@ -315,8 +315,9 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
 
     Any other forward between two steps is an evaluation's: the phase says "eval", not
     the "data" a step's end left, so a rank validating is not shown waiting for data
-    (and a crash in it is said to be in it). One within a step (a frozen teacher's) is
-    part of that step's work."""
+    (and a crash in it is said to be in it), and its span is the next step's record's
+    own, not its data wait (steps.py). One within a step (a frozen teacher's) is part
+    of that step's work."""
     tracker, token_dtypes = probe.tracker, batch.TOKEN_DTYPES
 
     @functools.wraps(original)
@@ -329,7 +330,10 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
             else:
                 tracker.forward_begin(batch.size(args, kwargs), batch.tokens(args, kwargs), id(self))
         elif not tracker.in_step:
-            tracker.phase = "eval"
+            tracker.evaluating()
+            result = original(self, *args, **kwargs)
+            tracker.evaluated()
+            return result
         return original(self, *args, **kwargs)
 
     return forward

@@ -7,7 +7,9 @@ monitor.step(). The tracker owns the step boundaries and the record:
 - a step ends when the optimizer's step() returns; its step time runs from
   the end of the previous step, so it includes the data wait;
 - data wait is the time from the end of one step to the next step's first
-  forward;
+  forward, less an evaluation between them (a DDP forward that is not
+  training): that goes in the step's record as its own span (`eval_ms`,
+  `eval_ended`), so that the rates can leave it out on every rank;
 - samples is the batch dimension of the DDP forward input, summed over the
   forwards of the step (gradient accumulation) by the model that began it
   (`leader`), unless the script says;
@@ -93,6 +95,10 @@ the guard did not pack it (a step no torch optimizer closed): read, or on its wa
 GPU; None when none was a loss. Taken as the next training forward begins, or the next
 step closes, unless monitor.step() gave that step's loss."""
 
+EVAL = 6
+"""(EVAL, began, ended): the forwards of an evaluation ran from began to ended, after the step
+closed last and before the training forward that begins the next (journaled with it)."""
+
 LOSSES_KEPT = 1024
 """The most backward() values a step holds for its loss: a loop that no optimizer step (or
 monitor.step) closes holds no more."""
@@ -102,7 +108,7 @@ STEPS_KEPT = 4096
 reading comes about a second after DDP took it, 4,000 steps later at 0.25 ms a step."""
 
 # A closed step's facts, by position in its list (a list, not an object: one is made every step).
-_STEP, _START, _FIRST, _END, _SAMPLES, _TOKENS, _LOSS, _VALUES = range(8)
+_STEP, _START, _FIRST, _END, _SAMPLES, _TOKENS, _LOSS, _VALUES, _EVAL = range(9)
 
 
 class StepTracker:
@@ -182,6 +188,11 @@ class StepTracker:
         self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
         self._sampled: dict[str, Any] = {}
         """What the sender sampled that no record has taken yet (sampled.py)."""
+        self._evaluated: list[float] | None = None
+        """When the forwards of an evaluation since the last step closed began and last returned
+        (evaluating, evaluated): journaled as the next training forward begins."""
+        self._eval: tuple[float, float] | None = None
+        """The evaluation read before the step in progress's first forward (EVAL)."""
         self._spans: collections.deque[tuple[int, float, float, int]] = collections.deque(maxlen=STEPS_KEPT)
         """(step, start, end, micro) of the steps closed last, on the clock: where a sampled
         reading falls, and how many micro-batches that step's compute was."""
@@ -190,6 +201,9 @@ class StepTracker:
         """A training forward of the model whose id is model begins."""
         if self._held is not None:
             self._take_held(self._held)
+        if self._evaluated is not None:
+            self.journal.append((EVAL, *self._evaluated))
+            self._evaluated = None
         now = self._clock()
         if not self.in_step:  # what backward() was called on before the step's first forward is not its loss
             self.losses, self.loss_ids = [], []
@@ -205,6 +219,18 @@ class StepTracker:
         self.in_step = True
         self.journal.append((FORWARD, now, samples, tokens))
         self.phase = "forward"
+
+    def evaluating(self) -> None:
+        """A forward that is not training begins between two steps: an evaluation's."""
+        now = self._clock()
+        if self._evaluated is None:
+            self._evaluated = [now, now]
+        self.phase = "eval"
+
+    def evaluated(self) -> None:
+        """That forward returned: the evaluation ran until now, so far."""
+        if self._evaluated is not None:
+            self._evaluated[1] = self._clock()
 
     def began_wall(self) -> float:
         """When the last step's first training forward began, in Unix seconds: where its data
@@ -340,6 +366,8 @@ class StepTracker:
             elif kind == LOSS:
                 if self._finished is not None:
                     self._finished[_LOSS] = entry[1]
+            elif kind == EVAL:
+                self._eval = (entry[1], entry[2])
             elif kind == GIVEN:
                 if entry[4] and self._finished is not None:  # it speaks for the step it closes, not the one before
                     self._seal()
@@ -375,7 +403,17 @@ class StepTracker:
             self.dropped += max(0, step - expected) + 1
             self._lost = False
         else:
-            self._finished = [step, self._last_end, self._first, end, self._samples, self._tokens, self._given_loss, self._values]
+            self._finished = [
+                step,
+                self._last_end,
+                self._first,
+                end,
+                self._samples,
+                self._tokens,
+                self._given_loss,
+                self._values,
+                self._eval,
+            ]
             if values:
                 self._values.update(values)
             begun = self._last_end if self._last_end is not None else self._first
@@ -384,7 +422,7 @@ class StepTracker:
             self._seal_by, self._awaits_loss = end + max(SEAL_AFTER_S, SEAL_AFTER_STEPS * took), held
         self._values = {}
         self._samples = self._tokens = 0
-        self._given_loss = self._first = None
+        self._given_loss = self._first = self._eval = None
         self._last_end = end
 
     def _seal(self) -> None:
@@ -392,7 +430,7 @@ class StepTracker:
         fact, self._finished = self._finished, None
         if fact is None:
             return
-        record = _record(self.rank, fact, self._wall_offset + fact[_END], self.total_steps)
+        record = _record(self.rank, fact, self._wall_offset, self.total_steps)
         if self._sampled:
             self._take_sampled(record)
         if not self._waiting and late.PLAIN.issuperset(map(type, record.values())):  # None is not: it leaves its field out
@@ -437,19 +475,24 @@ class StepTracker:
             self._emit(_resolve(head, lates, wait=not force))  # all ready, unless forced: reading them waits for nothing
 
 
-def _record(rank: int, fact: list[Any], wall: float, total_steps: int | None) -> wire.Frame:
-    """A closed step's record, from its facts."""
+def _record(rank: int, fact: list[Any], wall_offset: float, total_steps: int | None) -> wire.Frame:
+    """A closed step's record, from its facts; wall_offset turns the tracker's clock into Unix time."""
     start, first, end = fact[_START], fact[_FIRST], fact[_END]
     began = start if start is not None else first
     record: wire.Frame = {
         "type": "step",
         "rank": rank,
         "step": fact[_STEP],
-        "wall": wall,
+        "wall": wall_offset + end,
         "step_ms": (end - began) * 1000.0 if began is not None else 0.0,
     }
+    evaluated = fact[_EVAL]
+    took = 0.0 if evaluated is None else evaluated[1] - evaluated[0]
+    if evaluated is not None:
+        record["eval_ms"] = took * 1000.0
+        record["eval_ended"] = wall_offset + evaluated[1]
     if start is not None and first is not None:
-        record["data_ms"] = max(0.0, (first - start) * 1000.0)
+        record["data_ms"] = max(0.0, (first - start - took) * 1000.0)
     if fact[_SAMPLES]:
         record["samples"] = fact[_SAMPLES]
     if fact[_TOKENS]:

@@ -18,7 +18,9 @@ dashboard and a replay all split the same time the same way:
   during which the watchdog told of a pause (a rank working while the others
   wait: rank 0 evaluating alone, a checkpoint being written) and of no stall
   or hang: the job was not stuck, and a line that had just said "rank 1
-  waits for rank 0" must not call it stalled;
+  waits for rank 0" must not call it stalled; and an evaluation through the
+  DDP model that rank 0's step record tells apart (eval_ms), too short for a
+  pause to be told;
 - productive: the rest of the steps' time; the remainder of the wall time
   (after the last step: shutdown, a final evaluation) is "other", except
   where a stall or hang verdict came after the last step: a job that ends
@@ -139,12 +141,17 @@ class Goodput:
             parts["recomputed"] += seconds
         else:
             pace = self._pace or seconds
+            # An evaluation the step's record tells apart is paused, however short; one the
+            # watchdog told of is in the pause's own part below.
+            evaluated = 0.0 if over_part == "paused" else min(seconds, record.get("eval_ms", 0.0) / 1000.0)
+            parts["paused"] += evaluated
+            rest = seconds - evaluated
             # A pause the watchdog saw is all the step's time beyond the job's pace; a stall, what
             # is beyond the threshold that tells one from a slow step.
             over = pace if over_part == "paused" else max(STALL_MIN_S, STALL_FACTOR * pace)
-            lost = seconds - over if seconds > over else 0.0
+            lost = rest - over if rest > over else 0.0
             parts[over_part] += lost
-            parts["productive"] += seconds - lost
+            parts["productive"] += rest - lost
         self.typical.append(seconds)
         self._steps += 1
         steps = self._steps

@@ -87,7 +87,8 @@ class RollingWindow:
         self._sorted_step_ms: list[float] = []
         self._sorted_data_ms: list[float] = []
         self.gaps: deque[tuple[float, float]] = deque(maxlen=size)
-        """(start, end) wall times of the steps left out (skip()), while they fall in the window."""
+        """(start, end) wall times left out of the rates, while they fall in the window: the steps
+        left out (skip()), and evaluations that a step held (JobState), which may overlap them."""
 
     def skip(self, wall: float, step_ms: float) -> None:
         """A step left out of the figures (a pause: an evaluation, not training), and its
@@ -143,8 +144,15 @@ class RollingWindow:
         return (self._sums[attr] - getattr(first, attr)) / span if span > 0 else None
 
     def _span(self, first: float, last: float) -> float:
-        """Seconds from first to last, less the steps left out between them."""
-        return last - first - sum(min(end, last) - max(start, first) for start, end in self.gaps if end > first and start < last)
+        """Seconds from first to last, less the time left out between them: a paused step's, an
+        evaluation's (which a paused step may hold too: counted once)."""
+        left_out, reached = 0.0, first
+        for start, end in sorted(self.gaps):
+            start, end = max(start, reached), min(end, last)
+            if end > start:
+                left_out += end - start
+                reached = end
+        return last - first - left_out
 
     def _rate_of_some(self, attr: str) -> float | None:
         """The rate when only some steps carry the count: over those alone."""

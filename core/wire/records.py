@@ -38,7 +38,12 @@ class StepValue:
 
 
 STEP_VALUES: tuple[StepValue, ...] = (
-    StepValue("data_ms", float, "window", "waiting for data: from the previous step's end to this one's first forward"),
+    StepValue(
+        "data_ms",
+        float,
+        "window",
+        "waiting for data: from the previous step's end to this one's first forward, less an evaluation (eval_ms)",
+    ),
     StepValue("samples", int, "window", "the forward inputs' batch dimension, summed over the step's forwards"),
     StepValue("tokens", int, "window", "elements of the forwards' token ids (a 2-D integer input)"),
     StepValue(
@@ -74,6 +79,11 @@ class Step(TypedDict):
     wall: float
     step_ms: float
     total_steps: NotRequired[int]
+    eval_ms: NotRequired[float]
+    """An evaluation between the step before and this one's first forward (DDP forwards that were
+    not training), from its first forward to its last's return: no part of data_ms."""
+    eval_ended: NotRequired[float]
+    """When that evaluation's last forward returned, Unix time: every rank's rates leave its span out."""
     comm_step: NotRequired[int]
     """The step the sampled comm values measured (trainer/sampled.py): DDP times its
     iterations 1-10 and every 100th, and a record carries a sampling once, when the
