@@ -81,10 +81,12 @@ def test_a_main_thread_inside_torch_save_is_checkpointing_and_one_training_is_no
     assert not sampled_from_another_thread().checkpoint
 
 
-def test_a_module_forward_after_a_step_is_an_evaluation_and_within_one_is_the_step_s():
+def test_a_module_in_eval_mode_called_after_a_step_is_an_evaluation_and_a_transform_is_not():
     """Rank 0 evaluating through `model.module`: no DDP forward marks it, but the heartbeat's look
-    at the stack finds nn.Module's call, after the step ended ("data")."""
+    at the stack finds nn.Module's call of a module in eval mode, after the step ended ("data").
+    A module in train mode (an augmentation), or one a DataLoader's dataset calls, loads data."""
     import torch
+    from torch.utils.data import DataLoader
 
     seen: list[where_module.Sample] = []
 
@@ -93,11 +95,17 @@ def test_a_module_forward_after_a_step_is_an_evaluation_and_within_one_is_the_st
             seen.append(sampled_from_another_thread())
             return x
 
+    probe = Probe()
     with torch.no_grad():
-        Probe()(torch.zeros(1))
-    (inside,) = seen
-    assert inside.model and not inside.checkpoint
-    assert where_module.phase(inside, "data") == "eval" and where_module.phase(inside, "forward") == "forward"
+        probe.eval()(torch.zeros(1))
+        probe.train()(torch.zeros(1))
+        encoded = probe.eval()
+        list(DataLoader([torch.zeros(1)], collate_fn=lambda batch: [encoded(x) for x in batch]))
+    evaluating, augmenting, loading = seen
+    assert evaluating.model and not evaluating.checkpoint
+    assert where_module.phase(evaluating, "data") == "eval" and where_module.phase(evaluating, "forward") == "forward"
+    assert not augmenting.model and where_module.phase(augmenting, "data") == "data"
+    assert not loading.model and where_module.phase(loading, "data") == "data"
     outside = sampled_from_another_thread()
     assert not outside.model and where_module.phase(outside, "data") == "data"
     assert where_module.phase(where_module.Sample("x.py:1 in f", None, (), checkpoint=True), "data") == "checkpoint"

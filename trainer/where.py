@@ -11,9 +11,11 @@ it. One bounded walk of the frames gives everything the supervisor asks:
 - `checkpoint`, whether it is saving or loading a checkpoint (torch.save or
   load, torch.distributed.checkpoint, safetensors, whoever calls them), so a
   rank writing one to slow storage is not said to be waiting for data;
-- `model`, whether a module's forward is running (nn.Module's call): between
-  two steps, an evaluation that no DDP forward marks (rank 0 evaluating
-  through `model.module`, an EMA copy of the model);
+- `model`, whether a module in eval mode is being called (nn.Module's call),
+  outside the DataLoader's code: between two steps, an evaluation that no DDP
+  forward marks (rank 0 evaluating through `model.module`, an EMA copy of the
+  model), and not a transform in train mode (torchvision's are modules) or a
+  frozen encoder a dataset calls while it loads;
 - `stack`, the main thread's frames, outermost first: sent when it changed
   since the last heartbeat, so the supervisor calls a rank working while it
   moves and stuck while it stays, and a stuck rank's heartbeats stay small.
@@ -45,6 +47,12 @@ COLLECTIVES_FILE = "/torch/distributed/distributed_c10d.py"
 MODULE_FILE = "/torch/nn/modules/module.py"
 """Where nn.Module's call runs a forward (and its hooks)."""
 
+MODULE_CALLS = frozenset({"_call_impl", "_wrapped_call_impl"})
+"""nn.Module's call, whose `self` is the module called."""
+
+DATA_CODE = "/torch/utils/data/"
+"""torch's DataLoader and datasets: a module called under them is part of loading a batch."""
+
 CHECKPOINT_CODE = ("/torch/serialization.py", "/torch/distributed/checkpoint/", "/safetensors/")
 """Where checkpoints are written and read, by whichever library a script saves with: Lightning,
 Hugging Face and ddptop's own monitor.checkpoint call into one of these."""
@@ -64,7 +72,7 @@ NOWHERE = Sample(NATIVE, None, ())
 
 def phase(sample: Sample, tracked: str) -> str:
     """The phase a heartbeat tells: the one the hooks tracked, unless the main thread's stack
-    says more. Inside a checkpoint's save or load, "checkpoint"; running a module's forward
+    says more. Inside a checkpoint's save or load, "checkpoint"; calling a module in eval mode
     after a step ended ("data": no training forward has begun the next), "eval"."""
     if sample.checkpoint:
         return "checkpoint"
@@ -87,7 +95,7 @@ def _walk() -> Sample:
         return NOWHERE
     script: str | None = None
     inside: str | None = None
-    checkpoint = model = False
+    checkpoint = model = loading = False
     stack: list[str] = []
     for _ in range(MAX_DEPTH):
         if frame is None:
@@ -101,12 +109,14 @@ def _walk() -> Sample:
             script = text
         elif inside is None and path.endswith(COLLECTIVES_FILE):
             inside = code.co_name
-        elif not model and path.endswith(MODULE_FILE):
-            model = True
+        elif not model and code.co_name in MODULE_CALLS and path.endswith(MODULE_FILE):
+            model = getattr(frame.f_locals.get("self"), "training", True) is False
+        elif DATA_CODE in path:
+            loading = True
         elif not checkpoint and any(part in path for part in CHECKPOINT_CODE):
             checkpoint = True
         if len(stack) < STACK_FRAMES:
             stack.append(text)
         frame = frame.f_back
     stack.reverse()
-    return Sample(script or stack[-1], inside, tuple(stack), checkpoint, model)
+    return Sample(script or stack[-1], inside, tuple(stack), checkpoint, model and not loading)
