@@ -95,7 +95,8 @@ def _walk() -> Sample:
         return NOWHERE
     script: str | None = None
     inside: str | None = None
-    checkpoint = model = loading = False
+    checkpoint = loading = False
+    called: FrameType | None = None  # the outermost frame of nn.Module's call: the module the script called
     stack: list[str] = []
     for _ in range(MAX_DEPTH):
         if frame is None:
@@ -109,8 +110,8 @@ def _walk() -> Sample:
             script = text
         elif inside is None and path.endswith(COLLECTIVES_FILE):
             inside = code.co_name
-        elif not model and code.co_name in MODULE_CALLS and path.endswith(MODULE_FILE):
-            model = getattr(frame.f_locals.get("self"), "training", True) is False
+        elif code.co_name in MODULE_CALLS and path.endswith(MODULE_FILE):
+            called = frame
         elif DATA_CODE in path:
             loading = True
         elif not checkpoint and any(part in path for part in CHECKPOINT_CODE):
@@ -119,4 +120,6 @@ def _walk() -> Sample:
             stack.append(text)
         frame = frame.f_back
     stack.reverse()
-    return Sample(script or stack[-1], inside, tuple(stack), checkpoint, model and not loading)
+    # One look at one frame's locals a heartbeat: the module's mode, which model.eval() set.
+    model = called is not None and not loading and getattr(called.f_locals.get("self"), "training", True) is False
+    return Sample(script or stack[-1], inside, tuple(stack), checkpoint, model)
