@@ -102,13 +102,21 @@ def test_a_module_in_eval_mode_called_after_a_step_is_an_evaluation_and_a_transf
         encoded = probe.eval()
         list(DataLoader([torch.zeros(1)], collate_fn=lambda batch: [encoded(x) for x in batch]))
     evaluating, augmenting, loading = seen
-    assert evaluating.model and not evaluating.checkpoint
-    assert where_module.phase(evaluating, "data") == "eval" and where_module.phase(evaluating, "forward") == "forward"
-    assert not augmenting.model and where_module.phase(augmenting, "data") == "data"
-    assert not loading.model and where_module.phase(loading, "data") == "data"
     outside = sampled_from_another_thread()
-    assert not outside.model and where_module.phase(outside, "data") == "data"
-    assert where_module.phase(where_module.Sample("x.py:1 in f", None, (), checkpoint=True), "data") == "checkpoint"
+    assert evaluating.model and not evaluating.checkpoint
+    assert not augmenting.model and not loading.model and not outside.model
+    told = [where_module.Phase().of(look, "data", 7) for look in (augmenting, loading, outside)]
+    assert told == ["data", "data", "data"]
+    # One heartbeat's look a second: an evaluation's lines between its forwards call no module.
+    phase = where_module.Phase()
+    looks = [(outside, "data", 7), (evaluating, "data", 7), (outside, "data", 7), (outside, "forward", 7), (outside, "data", 8)]
+    assert [phase.of(*look) for look in looks] == ["data", "eval", "eval", "forward", "data"]
+    saving = where_module.Sample("x.py:1 in f", None, (), checkpoint=True)
+    assert [phase.of(*look) for look in ((evaluating, "data", 8), (saving, "data", 8), (outside, "data", 8))] == [
+        "eval",
+        "checkpoint",
+        "data",
+    ]
 
 
 PARTNER = """

@@ -162,6 +162,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
     """The step in progress, and since when: a rank that sits on one reads the flight recorder."""
 
     sampled = Sampled()
+    phase = where.Phase()
 
     def heartbeat() -> wire.Frame:
         nonlocal last_stack, on_step
@@ -178,7 +179,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
         # the last place it was in stands.
         if tracker.phase != "exit":
             now = where.sample()
-            record["phase"] = where.phase(now, tracker.phase)
+            record["phase"] = phase.of(now, tracker.phase, tracker.step)
             record["where"] = now.where
             if now.inside is not None:
                 record["inside"] = now.inside

@@ -70,15 +70,27 @@ class Sample:
 NOWHERE = Sample(NATIVE, None, ())
 
 
-def phase(sample: Sample, tracked: str) -> str:
-    """The phase a heartbeat tells: the one the hooks tracked, unless the main thread's stack
-    says more. Inside a checkpoint's save or load, "checkpoint"; calling a module in eval mode
-    after a step ended ("data": no training forward has begun the next), "eval"."""
-    if sample.checkpoint:
-        return "checkpoint"
-    if sample.model and tracked == "data":
-        return "eval"
-    return tracked
+class Phase:
+    """The phase heartbeats tell: the one the hooks tracked, unless the main thread's stack says
+    more. Inside a checkpoint's save or load, "checkpoint"; calling a module in eval mode after a
+    step ended ("data": no training forward has begun the next), "eval", and "eval" until that
+    forward: an evaluation's own lines between its forwards (making the next batch, a metric)
+    call no module, and a look that lands on one must not call the rank back to loading data."""
+
+    def __init__(self) -> None:
+        self._evaluating: int | None = None
+        """The step whose wait for its first forward an evaluation was seen in."""
+
+    def of(self, sample: Sample, tracked: str, step: int) -> str:
+        if sample.checkpoint:
+            self._evaluating = None
+            return "checkpoint"
+        if tracked != "data":
+            self._evaluating = None
+            return tracked
+        if sample.model:
+            self._evaluating = step
+        return "eval" if self._evaluating == step else tracked
 
 
 def sample() -> Sample:
