@@ -79,14 +79,16 @@ def test_micro_batches_before_the_synced_one_are_their_own_phase_not_data_wait(g
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(256, 256)
-    accumulating_step(model, optimizer, x)
+    accumulating_step(model, optimizer, x, micro_batches=6)
     captures.ask({"id": "a", "steps": 3, "folder": str(tmp_path)})
     for _ in range(5):
-        accumulating_step(model, optimizer, x)
+        accumulating_step(model, optimizer, x, micro_batches=6)
     [record] = wait_for(lambda: [r for r in sent if r["id"] == "a"], 30, "the capture's record")
     phases = record["phases"]
     assert "error" not in record and set(phases) >= {"data", "accumulation", "forward", "backward"}, record
-    # Two micro-batches are about twice the synced one's compute; nothing waits for data here.
+    # Five micro-batches are about five times the synced one's compute, a margin that a loaded
+    # machine's preemptions do not close (with two, a CI run beside a 4-rank job once did);
+    # nothing waits for data here.
     assert phases["accumulation"] > phases["forward"] + phases["backward"] > 0, phases
     assert phases["data"] < phases["accumulation"] / 10, phases
     [head, *_] = profiles.rank_lines(record)
