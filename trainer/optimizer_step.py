@@ -196,7 +196,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     if checksum:
         compared = probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]]
         if probe.fsdp1:  # ranks' shards differ by design
-            compared = [p for p in compared if not probe.sharded_by_fsdp1(p)]
+            compared = [p for p in compared if probe.fsdp1_root(p) is None]
         summed = guard.checksum_parts(compared)
         checksum = bool(summed)  # none where every parameter is sharded (FSDP's): no rank holds another's
         parts += summed

@@ -112,15 +112,16 @@ class Probe:
         roots: dict[int, weakref.ref[Any]] = {}
         for group in optimizer.param_groups:
             for param in group["params"]:
-                entry = self.fsdp1.get(id(param)) if param.grad is not None else None
-                if entry is not None and entry[0]() is param and entry[1]() is not None:
-                    roots[id(entry[1]())] = entry[1]
+                root = self.fsdp1_root(param) if param.grad is not None else None
+                if root is not None and (module := root()) is not None:
+                    roots[id(module)] = root
         return tuple(roots.values())
 
-    def sharded_by_fsdp1(self, tensor: torch.Tensor) -> bool:
-        """Whether tensor is a parameter FSDP1 shards over ranks: each rank holds a different part."""
+    def fsdp1_root(self, tensor: torch.Tensor) -> weakref.ref[Any] | None:
+        """The outermost FSDP1 module, weakly, of tensor if it is a parameter FSDP1 shards over
+        ranks (each rank holds a different part); None for any other tensor."""
         entry = self.fsdp1.get(id(tensor))
-        return entry is not None and entry[0]() is tensor
+        return entry[1] if entry is not None and entry[0]() is tensor else None
 
     def tell_once(self, key: str, text: str) -> None:
         if key not in self.noticed:
