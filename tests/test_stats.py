@@ -53,7 +53,7 @@ def test_time_left_out_twice_is_taken_from_the_rates_span_once():
     for n in range(10):
         window.add(StepPoint(1.0 + 0.1 * n, 100.0, samples=10))
     window.skip(7.9, 6000.0)  # the step from 1.9 to 7.9 (after the first ten)...
-    window.gaps.append((2.5, 6.5))  # ...held an evaluation of 4 s
+    window.skip(6.5, 4000.0)  # ...held an evaluation of 4 s, from 2.5 to 6.5
     for n in range(10):
         window.add(StepPoint(8.0 + 0.1 * n, 100.0, samples=10))
     assert window.rate("samples") == pytest.approx(100.0)

@@ -121,9 +121,8 @@ class JobState:
             state.add_compute(record["compute_ms"], record.get("comm_step"))
         if (ended := record.get("eval_ended")) is not None:
             # Every rank's step held it (the others waited in the all-reduce): out of every rank's rates.
-            gap = (ended - record.get("eval_ms", 0.0) / 1000.0, ended)
             for rank in self.ranks.values():
-                rank.window.gaps.append(gap)
+                rank.window.skip(ended, record.get("eval_ms", 0.0))
         if state.paused_at is not None and record["wall"] >= state.paused_at:
             state.paused_at = None
             state.window.skip(record["wall"], record["step_ms"])

@@ -87,13 +87,13 @@ class RollingWindow:
         self._sorted_step_ms: list[float] = []
         self._sorted_data_ms: list[float] = []
         self.gaps: deque[tuple[float, float]] = deque(maxlen=size)
-        """(start, end) wall times left out of the rates, while they fall in the window: the steps
-        left out (skip()), and evaluations that a step held (JobState), which may overlap them."""
+        """(start, end) wall times left out of the rates (skip()), while they fall in the window."""
 
-    def skip(self, wall: float, step_ms: float) -> None:
-        """A step left out of the figures (a pause: an evaluation, not training), and its
-        time out of the rates' span: the steps around it are kept."""
-        self.gaps.append((wall - step_ms / 1000.0, wall))
+    def skip(self, wall: float, ms: float) -> None:
+        """The ms up to wall out of the rates' span, the steps around them kept: a step left out
+        of the figures (a pause, not added), or an evaluation a step held (JobState), which the
+        step held for a pause may hold too."""
+        self.gaps.append((wall - ms / 1000.0, wall))
 
     def add(self, point: StepPoint) -> None:
         while self.gaps and self.points and self.gaps[0][1] <= self.points[0].wall:

@@ -17,7 +17,7 @@ BUSY_IO = float(1 << 20)
 a checkpoint written to slow storage sleeps in the kernel, its CPU idle and its stack on one line,
 while its pages go out. Above what a log file or an event file's flush writes."""
 BUSY_HEARD_S = 3.0
-"""How recently a busy rank must have been heard from for its CPU to count: one whose main
+"""How recently a busy rank must have been heard from for its CPU or storage to count: one whose main
 thread holds the GIL in native code (a regex that backtracks for ever) burns a core and
 sends no heartbeat, and is stuck, not working."""
 
@@ -33,8 +33,8 @@ class Liveness:
     tells it while the step's record is still held in the rank (until its next forward)."""
     moved: dict[int, float] = field(default_factory=dict)
     """rank -> when it was last seen working: its stack changed, its model ran a forward, it
-    kept a CPU busy outside any collective, or it finished a step. A rank that waits or is
-    stuck sits still."""
+    kept a CPU busy or moved data to or from storage outside any collective, or it finished a
+    step. A rank that waits or is stuck sits still."""
     waiting: dict[int, bool] = field(default_factory=dict)
     """rank -> whether its last heartbeat found it in a torch.distributed call or in a collective
     it entered and that has not completed: a busy CPU there is a wait (CUDA's spin), not work."""
@@ -149,7 +149,8 @@ class Liveness:
                 self.moved[rank] = now
 
     def still(self, rank: int, now: float) -> float:
-        """Seconds the rank has sat still: no step, no forward, its stack the same, its CPU idle or waiting."""
+        """Seconds the rank has sat still: no step, no forward, its stack the same, its CPU and
+        storage idle or waiting."""
         return now - self.moved.get(rank, now)
 
     def live(self) -> list[int]:

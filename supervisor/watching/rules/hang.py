@@ -3,12 +3,12 @@
 The disruptive verdict: its action is --on-hang. The diagnosis comes sooner,
 from the stall rule (stall.py); this one waits for the user's timeout. A
 rank that works (an evaluation, a checkpoint being written: its stack moves,
-its model runs forwards, its CPU is busy outside a collective) is not hung,
-however long it takes. The verdict names every stuck rank where it stands
-(stuck.py), which ranks sent nothing at all, and the collective each
-process group waits in; every stuck rank's stack is collected, a silent
-one's too (py-spy reads a stopped process, or one whose native code holds
-the GIL).
+its model runs forwards, its CPU or its storage is busy outside a
+collective) is not hung, however long it takes. The verdict names every
+stuck rank where it stands (stuck.py), which ranks sent nothing at all, and
+the collective each process group waits in; every stuck rank's stack is
+collected, a silent one's too (py-spy reads a stopped process, or one whose
+native code holds the GIL).
 """
 
 from __future__ import annotations
