@@ -139,6 +139,34 @@ def test_desync_without_majority_names_every_rank():
     assert verdicts[0].ranks == [0, 1] and "no majority" in verdicts[0].text
 
 
+def test_desync_compares_each_rank_with_its_ddp_replicas_alone():
+    """Two pipeline stages, each replicated by DDP over its own group ({0,2} and {1,3}): the stages'
+    parameters differ by design, so only a replica that drifts from its group's is named."""
+    dog, state, _ = make(WatchPolicy(on_desync="restart"))
+    groups = {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
+    stages = {0: 7, 1: 9, 2: 7, 3: 9}
+    assert [v for r, c in stages.items() for v in feed(dog, state, step(r, 0, checksum=c, replicas=groups[r]))] == []
+    drifted = {**stages, 2: 8}
+    [v] = [v for r, c in drifted.items() for v in feed(dog, state, step(r, 10, checksum=c, replicas=groups[r]))]
+    assert (v.kind, v.ranks, v.step, v.action) == ("desync", [0, 2], 10, "restart")
+    assert (
+        v.text
+        == "parameters differ at step 10 among DDP's replicas, ranks 0,2, no majority: rank 0 0000000000000007, rank 2 0000000000000008"
+    )
+    assert set(v.details["checksums"]) == {"0", "2"}
+    assert [v for r, c in drifted.items() for v in feed(dog, state, step(r, 20, checksum=c, replicas=groups[r]))] == []
+
+
+def test_a_non_finite_step_on_part_of_the_job_names_the_ranks_that_skipped_it():
+    """Ranks 0 and 2 (a stage's replicas) skip a non-finite step; ranks 1 and 3 had finite
+    gradients and stepped: the alert must not say every rank skipped."""
+    dog, state, clock = make()
+    assert [v for r in (0, 2) for v in feed(dog, state, step(r, 6, nonfinite=True, local_nonfinite=False, skipped="nan"))] == []
+    clock.now += GATHER_S + 0.1
+    [v] = dog.tick()
+    assert v.text.endswith(nan.SKIPPED_ON.format(ranks="ranks 0,2")), v.text
+
+
 def test_equal_checksums_raise_nothing():
     dog, state, _ = make()
     assert [v for r in range(4) for v in feed(dog, state, step(r, 0, checksum=5))] == []

@@ -211,20 +211,25 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     packed = guard.pack(parts)
     if grad_mode:
         torchapi.set_grad_enabled(True)
+    values: dict[str, Any]
     if not cuda or (probe.waits_on_gpu and skips and not on_device and scaler_inf is None):
         read = packed.tolist()
         # The verdict needs only the norms: the global norm is finite when each one is. The
         # rest is decoded on the sender's thread, unless a non-finite step may be skipped.
         if not skips or all(map(math.isfinite, read[:norms])):
-            return {late.FIELDS: late.Read((read, fields))}
-        values: dict[str, Any] = fields(read)
-        if values.get("nonfinite"):
-            guard.skip(optimizer)
-            values["skipped"] = "nan"
-        return values
-    if policy.on_nan == "auto" and skips and not on_device and scaler_inf is None and "late" not in probe.noticed:  # no call once told
-        probe.tell_once("late", NAN_APPLIED_NOTICE.format(name=type(optimizer).__name__))
-    return {late.FIELDS: late.RING.send(packed, fields)}
+            values = {late.FIELDS: late.Read((read, fields))}
+        else:
+            values = fields(read)
+            if values.get("nonfinite"):
+                guard.skip(optimizer)
+                values["skipped"] = "nan"
+    else:
+        if policy.on_nan == "auto" and skips and not on_device and scaler_inf is None and "late" not in probe.noticed:  # no call once told
+            probe.tell_once("late", NAN_APPLIED_NOTICE.format(name=type(optimizer).__name__))
+        values = {late.FIELDS: late.RING.send(packed, fields)}
+    if checksum and probe.replicas is not None:  # the ranks this checksum is compared with
+        values["replicas"] = list(probe.replicas)
+    return values
 
 
 _FIELDS: dict[tuple[Any, ...], Any] = {}

@@ -102,6 +102,10 @@ class Step(TypedDict):
     """Sent whenever --clip-grad is on: whether the step was clipped."""
     checksum: NotRequired[int]
     """The parameters' checksum, every --desync-every steps."""
+    replicas: NotRequired[list[Any]]
+    """With checksum, where DDP replicates over part of the job (pipeline stages, tensor-parallel
+    shards): the ranks that hold the same parameters, whose checksums this one is compared with.
+    Absent: every rank's."""
 
 
 class RankHello(TypedDict):

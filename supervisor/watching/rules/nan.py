@@ -33,6 +33,7 @@ UNKNOWN = "the gradients were non-finite"
 FINITE_LOSSES = "every rank's loss was finite: the gradients went non-finite in backward or the all-reduce"
 SKIPPED = "step skipped"
 SKIPPED_ALL = "step skipped on all ranks"
+SKIPPED_ON = "step skipped on {ranks}"
 APPLIED_LATE = "applied: a GPU rank whose optimizer takes no found_inf reads this check a step late (--on-nan skip skips such steps)"
 APPLIED_ANYWAY = "applied anyway (--on-nan {policy})"
 APPLIED_SHARDED = "applied: the gradients are sharded over ranks, and a rank does not skip a step alone"
@@ -72,7 +73,14 @@ class NanRule(PerStepRule):
             source = FINITE_LOSSES
         then = THEN.get(self.policy.on_nan, "")
         if all(skipped for _, skipped, _ in values.values()):
-            handling = (SKIPPED if alone else SKIPPED_ALL) + then
+            # Ranks whose gradients stayed finite skipped nothing: DDP over part of the job
+            # (a pipeline stage's replicas), or records not in yet.
+            if alone:
+                handling = SKIPPED + then
+            elif len(values) >= self.state.world_size:
+                handling = SKIPPED_ALL + then
+            else:
+                handling = SKIPPED_ON.format(ranks=ranks_text(sorted(values))) + then
         elif any(sharded for _, _, sharded in values.values()):
             handling = APPLIED_SHARDED + then
         elif self.policy.on_nan == "auto":
