@@ -14,6 +14,8 @@ import pytest
 from conftest import DDPTOP, EXAMPLE, SCRIPTS, recorded
 
 from ddptop.core import rundir
+from ddptop.core.model.job import JobState
+from ddptop.core.model.metrics import SAMPLES_PER_S
 from ddptop.supervisor.watching.rules import nan
 from ddptop.supervisor.watching.rules.crash import OOM_KILLED
 
@@ -123,6 +125,14 @@ def test_a_pipeline_whose_stages_ddp_replicates_apart_is_compared_stage_by_stage
         assert [steps[r][n]["replicas"] for r in range(4)] == [[0, 2], [1, 3], [0, 2], [1, 3]]
         assert steps[1][n]["checksum"] == steps[3][n]["checksum"] != steps[0][n]["checksum"]
         assert (steps[0][n]["checksum"] == steps[2][n]["checksum"]) == (n < 15), n
+    # Each sample passes through a rank of each stage: the job's samples/s counts it once.
+    told = {r["rank"]: r["replicas"] for r in job.of("heartbeat") if "replicas" in r}
+    assert told == {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
+    state = JobState()
+    for record in job.records:
+        state.ingest(record)
+    rates = [SAMPLES_PER_S.read(state.ranks[r]) for r in range(4)]
+    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(sum(rates) / 2)
 
 
 @pytest.mark.parametrize("bucket_view", [False, True], ids=["gradients apart", "--bucket-view: clipped a bucket at a time"])

@@ -8,7 +8,7 @@ from test_history import restored
 
 from ddptop.core.model import snapshot
 from ddptop.core.model.job import JobState
-from ddptop.core.model.metrics import COMM_MS, COMM_SHARE, DATA_MS, GPU_USED, GPU_UTIL, SAMPLES_PER_S
+from ddptop.core.model.metrics import COMM_MS, COMM_SHARE, DATA_MS, GPU_USED, GPU_UTIL, SAMPLES_PER_S, TOKENS_PER_S
 from ddptop.core.model.stats import WINDOW, StepPoint
 from ddptop.core.wire.records import WINDOWED
 
@@ -192,3 +192,37 @@ def test_a_pause_in_an_attempt_that_failed_leaves_the_next_attempt_s_steps_in():
     for n in range(2):
         state.ingest(builders.step(0, n, wall=100.0 + n))
     assert len(state.ranks[0].window.points) == 2
+
+
+def test_a_pipeline_s_samples_are_counted_once_though_every_stage_s_ranks_see_them():
+    """Four ranks, two pipeline stages each replicated over two of them ({0,2} and {1,3}): every
+    sample passes through a rank of each stage, so the job has trained 2 x 32 samples a step,
+    not 4 x 32. Each rank's own rate stays its own, and the all-reduce's bus bandwidth is a
+    group of two's."""
+    state = JobState()
+    for rank in range(4):
+        state.ingest(builders.hello(rank, 4))
+    wall = 100.0
+    for n in range(20):
+        wall += 0.1
+        for rank in range(4):
+            state.ingest(builders.step(rank, n, wall=wall, step_ms=100.0, samples=32, tokens=32 * 64, comm_ms=10.0, comm_bytes=1 << 20))
+    before = state.totals()
+    assert before.of(SAMPLES_PER_S) == pytest.approx(4 * 320.0)
+    for rank in range(4):
+        state.ingest(
+            {
+                "type": "heartbeat",
+                "rank": rank,
+                "wall": wall,
+                "phase": "data",
+                "step": 20,
+                "dropped": 0,
+                "replicas": [rank % 2, rank % 2 + 2],
+            }
+        )
+    totals = state.totals()
+    assert totals.of(SAMPLES_PER_S) == pytest.approx(2 * 320.0)
+    assert totals.of(TOKENS_PER_S) == pytest.approx(2 * 320.0 * 64)
+    assert SAMPLES_PER_S.read(state.ranks[3]) == pytest.approx(320.0)
+    assert totals.busbw == pytest.approx(before.busbw * (2 * 1 / 2) / (2 * 3 / 4))

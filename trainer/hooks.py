@@ -158,7 +158,7 @@ def _known(model: Any, probe: Probe) -> None:
     if group is not None:
         probe.world = group.size()
         probe.groups[id(group)] = group
-        probe.replicas = _replicas(group, probe.replicas)
+        probe.tracker.replicas = _replicas(group, probe.tracker.replicas)
     probe.sampled.add_model(model)
 
 

@@ -227,8 +227,8 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         if policy.on_nan == "auto" and skips and not on_device and scaler_inf is None and "late" not in probe.noticed:  # no call once told
             probe.tell_once("late", NAN_APPLIED_NOTICE.format(name=type(optimizer).__name__))
         values = {late.FIELDS: late.RING.send(packed, fields)}
-    if checksum and probe.replicas is not None:  # the ranks this checksum is compared with
-        values["replicas"] = list(probe.replicas)
+    if checksum and tracker.replicas is not None:  # the ranks this checksum is compared with
+        values["replicas"] = list(tracker.replicas)
     return values
 
 

@@ -52,9 +52,6 @@ class Probe:
         """The DDP models, weakly: their parameters are what the checksum covers."""
         self.world = 1
         """The DDP models' group size: at 1 a non-finite gradient is this rank's own."""
-        self.replicas: tuple[int, ...] | None = None
-        """The ranks whose parameters equal this rank's, where DDP replicates over part of the
-        job (hooks._replicas); None: every rank. The desync check compares only those."""
         self.groups: dict[int, Any] = {}
         """The DDP models' process groups, held to the rank's end and past it (keep_groups says why)."""
         self.scale: torch.Tensor | None = None

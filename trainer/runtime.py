@@ -188,6 +188,8 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
                 last_stack = now.stack
         if (uuid := sampled.gpu_uuid()) is not None:
             record["gpu_uuid"] = uuid
+        if tracker.replicas is not None:
+            record["replicas"] = list(tracker.replicas)
         if tracker.step != on_step[0]:
             on_step = (tracker.step, time.monotonic())
         elif time.monotonic() - on_step[1] >= flightrecorder.READ_AFTER_S and (seq := flightrecorder.collectives()) is not None:

@@ -147,6 +147,8 @@ class JobState:
         state.last_wall = max(state.last_wall, record["wall"])
         if record.get("gpu_uuid"):
             state.gpu_uuid = record["gpu_uuid"]
+        if isinstance(replicas := record.get("replicas"), list) and replicas:
+            state.replicas = len(set(replicas))
 
     def _on_sample(self, record: wire.Frame) -> None:
         """One node's readings. Its GPUs first, so each of its ranks takes its GPU's new reading
@@ -250,12 +252,17 @@ class JobState:
         figures: dict[str, float | None] = {}
         for metric in JOB_METRICS:
             assert metric.job is not None
-            figures[metric.key] = metric.job([x for r in ranks if (x := metric.read(r)) is not None])
+            if metric.data_parallel:
+                figures[metric.key] = metric.job([x * r.data_share(self.world_size) for r in ranks if (x := metric.read(r)) is not None])
+            else:
+                figures[metric.key] = metric.job([x for r in ranks if (x := metric.read(r)) is not None])
         comm_ms = figures[COMM_MS.key]
         comm_bytes = [x for r in ranks if (x := r.sampled("comm_bytes")) is not None]
         busbw = None
         if comm_ms and comm_bytes:
-            busbw = bus_bandwidth(median(comm_bytes) or 0.0, comm_ms / 1000.0, self.world_size)
+            # DDP's all-reduce runs over each rank's replicas: the whole job, or a stage's group.
+            over = min((r.replicas for r in ranks if r.replicas), default=self.world_size)
+            busbw = bus_bandwidth(median(comm_bytes) or 0.0, comm_ms / 1000.0, over)
         return JobTotals(
             ranks_seen=len(ranks),
             world_size=self.world_size,

@@ -80,6 +80,10 @@ class Metric:
     prometheus: Prometheus | None = None
     plot: Plot | None = None
     summary: str | None = None
+    data_parallel: bool = False
+    """The job's figure counts each sample once: a rank's value weighs by its share of the
+    job's data (RankState.data_share), where ranks of other pipeline stages or tensor-parallel
+    shards saw the same samples."""
     optional: bool = False
     """Its column is left out of the rank table until a rank has it (tokens/s: language models only;
     the GPU's figures: GPU jobs only)."""
@@ -128,6 +132,7 @@ SAMPLES_PER_S = Metric(
     lambda r: r.window.rate("samples"),
     count,
     job=total,
+    data_parallel=True,
     column="SAMPLES/S",
     prometheus=Prometheus("samples_per_second", "samples per second over the recent steps"),
     plot="throughput",
@@ -139,6 +144,7 @@ TOKENS_PER_S = Metric(
     lambda r: r.window.rate("tokens"),
     count,
     job=total,
+    data_parallel=True,
     column="TOKENS/S",
     prometheus=Prometheus("tokens_per_second", "tokens per second over the recent steps"),
     summary="{} tokens/s",

@@ -143,6 +143,10 @@ class Heartbeat(TypedDict):
     """The UUID of the GPU the rank trains on ("GPU-..." as NVML writes it), once it uses one:
     NVML lists a container's processes by the host's pids, so the supervisor finds the rank's
     GPU memory by its GPU (supervisor/sampler.py)."""
+    replicas: NotRequired[list[Any]]
+    """Where DDP replicates over part of the job (pipeline stages, tensor-parallel shards): the
+    ranks that hold the same parameters as this one, as its step records' checksums say (Step).
+    The ranks of the other stages or shards saw the same samples: the job counts them once."""
     collectives: NotRequired[list[Any]]
     """Collective, one per process group the rank is in: the last collective it entered and
     completed there, from torch's flight recorder; only from a rank that has sat on one step a
