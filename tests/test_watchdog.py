@@ -509,6 +509,32 @@ def test_straggler_needs_a_sustained_ratio():
     assert seconds(dog, clock, 5) == []  # told once
 
 
+def test_a_pipeline_stage_is_set_against_its_own_replicas_not_the_other_stages():
+    """Four pipeline stages, each replicated by DDP over three ranks ({s, s+4, s+8}): the last
+    stage waits 40 ms a step for its activations, which reads as its data wait, and it is no
+    straggler for that. Rank 11 then takes 100 ms where its replicas take 40: it is one."""
+    dog, state, clock = make(world=12)
+    for rank in range(12):
+        replicas = [rank % 4, rank % 4 + 4, rank % 4 + 8]
+        feed(dog, state, {"type": "heartbeat", "rank": rank, "wall": 0.0, "phase": "data", "step": 0, "dropped": 0, "replicas": replicas})
+
+    def steps(first: int, count: int, slow: float) -> None:
+        for n in range(first, first + count):
+            for rank in range(12):
+                data = (slow if rank == 11 else 40.0) if rank % 4 == 3 else 2.0
+                feed(dog, state, {**step(rank, n), "step_ms": 120.0, "data_ms": data})
+
+    steps(0, 20, slow=40.0)
+    assert state.lags()[7].ratio == pytest.approx(1.0)
+    assert seconds(dog, clock, 6) == []
+    steps(20, 60, slow=100.0)  # the window's median is the slow steps'
+    assert seconds(dog, clock, 3) == []
+    clock.now += 1.0
+    [v] = dog.tick()
+    assert v.kind == "straggler" and v.ranks == [11] and v.details["ratio"] == pytest.approx(2.5)
+    assert "the median of its DDP replicas, ranks 3,7,11 (100.0 ms vs 40.0 ms); they wait for it in the all-reduce" in v.text
+
+
 def test_last_error_line_falls_back_to_the_last_words():
     assert last_error_line(["a", "b", "  "]) == "b"
     assert last_error_line([]) is None

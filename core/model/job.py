@@ -147,8 +147,8 @@ class JobState:
         state.last_wall = max(state.last_wall, record["wall"])
         if record.get("gpu_uuid"):
             state.gpu_uuid = record["gpu_uuid"]
-        if isinstance(replicas := record.get("replicas"), list) and replicas:
-            state.replicas = len(set(replicas))
+        if isinstance(replicas := record.get("replicas"), list) and replicas and all(type(r) is int for r in replicas):
+            state.replicas = tuple(sorted(set(replicas)))
 
     def _on_sample(self, record: wire.Frame) -> None:
         """One node's readings. Its GPUs first, so each of its ranks takes its GPU's new reading
@@ -261,7 +261,7 @@ class JobState:
         busbw = None
         if comm_ms and comm_bytes:
             # DDP's all-reduce runs over each rank's replicas: the whole job, or a stage's group.
-            over = min((r.replicas for r in ranks if r.replicas), default=self.world_size)
+            over = min((len(r.replicas) for r in ranks if r.replicas), default=self.world_size)
             busbw = bus_bandwidth(median(comm_bytes) or 0.0, comm_ms / 1000.0, over)
         return JobTotals(
             ranks_seen=len(ranks),

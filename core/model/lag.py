@@ -64,15 +64,26 @@ def lags(ranks: Iterable[RankState]) -> dict[int, Lag]:
     """Each live rank's lag, in one pass (a per-rank call would redo the job's median for
     every rank, quadratic in the world size). Own work is the data wait and, where
     the live ranks count it (counts_compute), the compute.
+
+    A rank is set against the ranks that do its work: every rank, or where DDP replicates
+    over part of the job (RankState.replicas), its own group. A pipeline's stages do different
+    work by design, and a later stage's wait for its activations reads as its data wait; a
+    rank with no replica has none to lag.
     """
     live = [r for r in ranks if not r.exited and r.window.points]
     counted = counts_compute(live)
     own: dict[int, float] = {}
+    groups: dict[tuple[int, ...] | None, list[int]] = {}
     for rank in live:
         data = rank.window.data_ms(50)
         compute = rank.compute_ms() if counted else None
         if data is not None or compute is not None:
             own[rank.rank] = (data or 0.0) + (compute or 0.0)
-    job = median(list(own.values()))
+            groups.setdefault(rank.replicas, []).append(rank.rank)
     step = median([x for r in live if (x := r.window.step_ms(50)) is not None]) or 0.0
-    return {rank: Lag(x, job, step) for rank, x in own.items()} if job else {}
+    out: dict[int, Lag] = {}
+    for members in groups.values():
+        middle = median([own[r] for r in members])
+        if middle:
+            out.update({r: Lag(own[r], middle, step) for r in members})
+    return out

@@ -64,9 +64,10 @@ class RankState:
     gpu_mem: int | None = None
     gpu_uuid: str | None = None
     """Its GPU's UUID as it told (records.Heartbeat): how its GPU memory is found in a container."""
-    replicas: int | None = None
-    """How many ranks DDP replicates this rank's parameters over, where that is part of the job
-    (records.Heartbeat replicas); None: every rank."""
+    replicas: tuple[int, ...] | None = None
+    """The ranks DDP replicates this rank's parameters over, where that is part of the job
+    (records.Heartbeat replicas): a pipeline stage's or a tensor-parallel shard's. They do the
+    same work, which the other groups' ranks do not; None: every rank."""
     steps_seen: int = 0
     nan_skips: int = 0
     scaler_skips: int = 0
@@ -112,7 +113,7 @@ class RankState:
         over part of the job (each pipeline stage or tensor-parallel shard over its own group),
         a sample passes through a rank of every stage: the ranks of one group count each once,
         replicas of the world's ranks. Otherwise 1."""
-        return 1.0 if self.replicas is None or world <= 0 else min(1.0, self.replicas / world)
+        return 1.0 if self.replicas is None or world <= 0 else min(1.0, len(self.replicas) / world)
 
     def comm_share(self) -> float | None:
         """The all-reduce's share of a step: of the iterations DDP sampled, their comm against

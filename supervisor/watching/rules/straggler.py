@@ -59,11 +59,14 @@ class StragglerRule:
             since = self._over_since.setdefault(rank, now)
             if now - since >= STRAGGLER_SUSTAIN_S and rank not in self._straggling:
                 self._straggling.add(rank)
+                against, waiting = "the job's median", "the other ranks wait"
+                if state.replicas is not None:
+                    against, waiting = f"the median of its DDP replicas, ranks {','.join(map(str, state.replicas))}", "they wait"
                 verdicts.append(
                     Verdict(
                         "straggler",
-                        f"rank {rank} is a straggler: its own work per step is {lag.ratio:.1f}x the job's median "
-                        f"({ms(lag.own_ms)} ms vs {ms(lag.median_ms)} ms); the other ranks wait for it in the all-reduce",
+                        f"rank {rank} is a straggler: its own work per step is {lag.ratio:.1f}x {against} "
+                        f"({ms(lag.own_ms)} ms vs {ms(lag.median_ms)} ms); {waiting} for it in the all-reduce",
                         ranks=[rank],
                         step=state.step,
                         details={"ratio": round(lag.ratio, 2)},
