@@ -279,6 +279,25 @@ def test_nccl_s_recorder_layout_is_read_its_entries_telling_what_completed():
     assert flightrecorder.recorded({"entries": "not a list"}) == []
 
 
+def test_a_subgroup_is_matched_by_the_name_its_ranks_share_not_by_each_rank_s_count_of_its_groups():
+    """A pipeline's stages each all-reduce over a group of their own, ranks 0,2 and ranks 1,3. On
+    every rank its group is the first beyond the default, pg_id 1, by which the recorder's status
+    counts (gloo's layout, torch 2.13, as rank 1 gave it); the group's name ("1" for ranks 0,2's,
+    "2" for ranks 1,3's) is what its ranks share. Matched by pg_id, rank 3 stuck in its data read
+    as 'group 1: rank 1 in all_reduce #36; ranks 0,2,3 never entered it'."""
+
+    def trace(name: str, enqueued: int) -> dict:
+        entry = {**nccl_entry(enqueued, "scheduled"), "pg_id": 1, "process_group": (name, "undefined"), "profiling_name": "gloo:all_reduce"}
+        status = {"last_enqueued_collective": enqueued, "last_started_collective": -1, "last_completed_collective": 35}
+        return {"pg_status": {"1": status}, "entries": [entry]}
+
+    reports = {rank: flightrecorder.recorded(trace(str(1 + rank % 2), 36 if rank == 1 else 35)) for rank in range(4)}
+    assert [(r[0]["group"], r[0]["name"]) for r in reports.values()] == [("1", "group 1"), ("2", "group 2")] * 2
+    assert in_collectives(reports, [0, 1, 2, 3], {}) == [
+        "group 2: rank 1 in all_reduce #36 (84 B); rank 3 never entered it, its last: all_reduce #35"
+    ]
+
+
 RECORDED = """
 import sys, torch, torch.distributed as dist
 from ddptop.trainer import flightrecorder

@@ -82,10 +82,13 @@ def recorded(trace: dict[str, Any]) -> list[dict[str, Any]]:
     try:
         last: dict[str, dict[str, Any]] = {}
         done: dict[str, int] = {}
+        named: dict[str, str] = {}
         for entry in trace.get("entries", ()):
             if entry.get("is_p2p"):
                 continue
             group = str(entry["pg_id"])
+            if (name := (entry.get("process_group") or ("",))[0]) and isinstance(name, str):
+                named[group] = name
             last[group] = entry  # entries are in the order they were made
             if entry.get("state") == "completed":
                 done[group] = max(done.get(group, 0), int(entry["collective_seq_id"]))
@@ -95,7 +98,9 @@ def recorded(trace: dict[str, Any]) -> list[dict[str, Any]]:
             if enqueued <= 0:
                 continue
             entry = last.get(group, {})
-            found = {"group": group, "name": _name(group, entry), "enqueued": enqueued}
+            # A pg_id counts the groups this rank is in; a group's name is the job's, the same on each of its ranks.
+            name = named.get(group, group)
+            found = {"group": name, "name": _name(name, entry), "enqueued": enqueued}
             found["completed"] = max(0, int(status["last_completed_collective"]), done.get(group, 0))
             if entry and entry.get("collective_seq_id") == enqueued:
                 found["op"] = str(entry.get("profiling_name", "")).split(":")[-1]

@@ -10,6 +10,7 @@ step N, outside DDP, as a rank that missed a broadcast would.
 """
 
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,8 @@ parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--batch-size", type=int, default=8)
 parser.add_argument("--drift-at", type=int, default=-1)
 parser.add_argument("--drift-rank", type=int, default=2)
+parser.add_argument("--stuck-at", type=int, default=-1, help="--stuck-rank sleeps for good before this step's batch")
+parser.add_argument("--stuck-rank", type=int, default=3)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -36,6 +39,8 @@ peer = rank + 1 if stage == 0 else rank - 1
 torch.manual_seed(100 + rank)
 for step in range(args.steps):
     optimizer.zero_grad()
+    if step == args.stuck_at and rank == args.stuck_rank:
+        time.sleep(3600)
     if stage == 0:
         out = model(torch.randn(args.batch_size, 16))
         dist.send(out.detach(), peer)
