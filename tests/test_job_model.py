@@ -206,7 +206,9 @@ def test_a_pipeline_s_samples_are_counted_once_though_every_stage_s_ranks_see_th
     for n in range(20):
         wall += 0.1
         for rank in range(4):
-            state.ingest(builders.step(rank, n, wall=wall, step_ms=100.0, samples=32, tokens=32 * 64, comm_ms=10.0, comm_bytes=1 << 20))
+            state.ingest(
+                builders.step(rank, n, wall=wall, step_ms=100.0, data_ms=2.0, samples=32, tokens=32 * 64, comm_ms=10.0, comm_bytes=1 << 20)
+            )
     before = state.totals()
     assert before.of(SAMPLES_PER_S) == pytest.approx(4 * 320.0)
     for rank in range(4):
@@ -226,3 +228,6 @@ def test_a_pipeline_s_samples_are_counted_once_though_every_stage_s_ranks_see_th
     assert totals.of(TOKENS_PER_S) == pytest.approx(2 * 320.0 * 64)
     assert SAMPLES_PER_S.read(state.ranks[3]) == pytest.approx(320.0)
     assert totals.busbw == pytest.approx(before.busbw * (2 * 1 / 2) / (2 * 3 / 4))
+    late = restored(list(snapshot.frames(state)))  # a dashboard that attaches now
+    assert late.totals().of(SAMPLES_PER_S) == pytest.approx(2 * 320.0)
+    assert late.lags() == state.lags() and set(state.lags()) == {0, 1, 2, 3}
