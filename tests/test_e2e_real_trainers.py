@@ -15,6 +15,8 @@ import pytest
 from conftest import SCRIPTS, recorded, run_ddptop
 
 from ddptop.core import rundir
+from ddptop.core.model.job import JobState
+from ddptop.core.model.metrics import SAMPLES_PER_S
 from ddptop.supervisor.watching.rules.nan import APPLIED_SHARDED, OWN_LOSS
 from ddptop.trainer.optimizer_step import RESUMED_FROM
 
@@ -164,6 +166,29 @@ def test_a_job_that_shards_its_model_with_fsdp2_runs_as_under_torchrun_and_shows
     shows_the_scripts_own(run, by_attempt(records), steps=30, samples=16)
     assert [r["kind"] for r in records if r["type"] == "alert"] == []
     assert any(r["type"] == "rank_note" and "sharded" in r["text"] for r in records)
+
+
+def test_fsdp2_beside_tensor_parallelism_counts_each_sample_once(ddptop_home, tmp_path):
+    """torchtitan's layout on four ranks: each layer split over two ranks by tensor parallelism,
+    fully_shard over the other dimension of the mesh. A tensor-parallel pair is given one batch,
+    so the job trains two batches a step, not four: its samples/s counts each rank's at half.
+    Each rank shows its script's loss and norm, and the ranks tell whom they are data-parallel with."""
+    if not hasattr(__import__("torch.distributed.fsdp").distributed.fsdp, "fully_shard"):
+        pytest.skip("FSDP2's public fully_shard is torch 2.6's")
+    run = rundir.RunDir(tmp_path / "run")
+    script = str(SCRIPTS / "fsdp2_job.py")
+    done = run_ddptop("launch", "--headless", "--run-dir", str(run.path), script, "--gpus", "4", "--tp", "2", "--steps", "30", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = recorded(run)
+    shows_the_scripts_own(run, by_attempt(records), steps=30, samples=16)
+    assert [r["kind"] for r in records if r["type"] == "alert"] == []
+    told = {r["rank"]: r["replicas"] for r in records if r["type"] == "heartbeat" and "replicas" in r}
+    assert told == {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
+    state = JobState()
+    for record in records:
+        state.ingest(record)
+    rates = [SAMPLES_PER_S.read(state.ranks[r]) for r in range(4)]
+    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(sum(rates) / 2)
 
 
 def test_a_job_that_shards_its_model_with_fsdp1_shows_its_own_loss_norm_and_batch_and_no_desync(ddptop_home, tmp_path):

@@ -158,18 +158,9 @@ def _known(model: Any, probe: Probe) -> None:
     if group is not None:
         probe.world = group.size()
         probe.groups[id(group)] = group
-        probe.tracker.replicas = _replicas(group, probe.tracker.replicas)
+        if group.size() < torch.distributed.get_world_size():  # DDP over one pipeline stage's or shard's replicas
+            probe.data_parallel_over(torch.distributed.get_process_group_ranks(group))
     probe.sampled.add_model(model)
-
-
-def _replicas(group: Any, known: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    """The ranks that hold the same parameters as this one: its DDP models' process groups'
-    ranks, where DDP replicates over part of the job (pipeline stages or tensor-parallel shards,
-    each replicated over its own group of ranks). None: every rank in the job."""
-    if group.size() == torch.distributed.get_world_size():
-        return known
-    ranks = tuple(torch.distributed.get_process_group_ranks(group))
-    return ranks if known is None else tuple(r for r in known if r in ranks)
 
 
 def _wrap_grad_scaler(probe: Probe) -> None:

@@ -8,7 +8,7 @@ once the script's own `import torch` has finished (runtime.py).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -99,6 +99,16 @@ class Probe:
         self.notice: Callable[[str], None] = lambda text: None
         """Where a one-time notice goes (the supervisor's alert panel, through the tracker)."""
         self.noticed: set[str] = set()
+
+    def data_parallel_over(self, ranks: Iterable[int]) -> None:
+        """A model of this rank is data-parallel over these ranks alone, part of the job: DDP's
+        process group of a pipeline stage's or a tensor-parallel shard's replicas, or the mesh
+        FSDP shards over beside tensor parallelism. The ranks of the other stages or shards
+        see the same samples and do other work (StepTracker.replicas). Several models: the
+        ranks they share."""
+        ranks = tuple(sorted(ranks))
+        known = self.tracker.replicas
+        self.tracker.replicas = ranks if known is None else tuple(r for r in known if r in ranks)
 
     def ddp_models(self) -> list[Any]:
         return [model for ref in self.models if (model := ref()) is not None]

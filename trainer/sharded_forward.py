@@ -72,6 +72,9 @@ def _wrap_fully_shard(probe: Probe, outermost: Outermost, name: str) -> None:
     def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
         sharded = original(module, *args, **kwargs)
         probe.world = max(probe.world, group_size())
+        mesh = kwargs.get("mesh")  # keyword-only: FSDP over part of the job, tensor parallelism over the rest
+        if mesh is not None and mesh.size() < group_size():
+            probe.data_parallel_over(int(rank) for rank in mesh.mesh.flatten().tolist())
         for each in module if isinstance(module, (list, tuple)) else (module,):
             outermost.watch(each)
         return sharded

@@ -127,10 +127,11 @@ class StepTracker:
         and sent with each heartbeat, so a rank that evaluates is seen to be working."""
         self.total_steps: int | None = None
         self.replicas: tuple[int, ...] | None = None
-        """The ranks whose parameters equal this rank's, where DDP replicates over part of the
-        job (pipeline stages or tensor-parallel shards, hooks.py); None: every rank. Sent with
-        each heartbeat and each checksum: the desync check compares only those, and the job's
-        samples/s counts each sample once."""
+        """The ranks this rank is data-parallel with, where that is part of the job
+        (Probe.data_parallel_over): they do its work on other samples, and hold the same
+        parameters, or shards of them. None: every rank. Sent with each heartbeat and each
+        checksum: the desync check compares only those, and the job's samples/s counts each
+        sample once."""
         self.journal: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_JOURNAL)
         """What happened on the training thread, in order, for the sender's thread to make
         records of (build())."""

@@ -103,9 +103,8 @@ class Step(TypedDict):
     checksum: NotRequired[int]
     """The parameters' checksum, every --desync-every steps."""
     replicas: NotRequired[list[Any]]
-    """With checksum, where DDP replicates over part of the job (pipeline stages, tensor-parallel
-    shards): the ranks that hold the same parameters, whose checksums this one is compared with.
-    Absent: every rank's."""
+    """With checksum, where the rank is data-parallel with part of the job (Heartbeat replicas):
+    those ranks, whose checksums this one is compared with. Absent: every rank's."""
 
 
 class RankHello(TypedDict):
@@ -144,9 +143,10 @@ class Heartbeat(TypedDict):
     NVML lists a container's processes by the host's pids, so the supervisor finds the rank's
     GPU memory by its GPU (supervisor/sampler.py)."""
     replicas: NotRequired[list[Any]]
-    """Where DDP replicates over part of the job (pipeline stages, tensor-parallel shards): the
-    ranks that hold the same parameters as this one, as its step records' checksums say (Step).
-    The ranks of the other stages or shards saw the same samples: the job counts them once."""
+    """Where the rank is data-parallel with part of the job (DDP over a pipeline stage's or a
+    tensor-parallel shard's replicas, FSDP over one dimension of a mesh): those ranks. They do
+    its work on other samples; the other stages or shards saw the same samples, which the job
+    counts once."""
     collectives: NotRequired[list[Any]]
     """Collective, one per process group the rank is in: the last collective it entered and
     completed there, from torch's flight recorder; only from a rank that has sat on one step a

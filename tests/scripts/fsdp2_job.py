@@ -4,7 +4,11 @@ gloo, with AdamW and the script's own clip_grad_norm_. ddptop is never mentioned
 Each rank prints, per step, its loss and the norm its clip_grad_norm_ returned (a DTensor:
 `.full_tensor()`), as `[loss] STEP VALUE` and `[norm] STEP VALUE`, so a test can compare
 what ddptop shows with them. With --no-clip it does not clip, and prints the gradients'
-global norm it measured itself (each gradient gathered whole).
+global norm it measured itself (each gradient gathered whole). With --tp N its first two
+layers are split over N ranks by tensor parallelism, as torchtitan does, and fully_shard
+shards over the other dimension of the mesh: the ranks of one tensor-parallel group are
+given the same batch. Every layer is split, so that every parameter is on the one 2-D mesh
+clip_grad_norm_ takes.
 """
 
 import argparse
@@ -17,18 +21,28 @@ from torch.distributed.fsdp import fully_shard
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--no-clip", action="store_true")
+parser.add_argument("--tp", type=int, default=1)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+mesh = None
+if args.tp > 1:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size() // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel(), "4": RowwiseParallel(input_layouts=Replicate())})
+    mesh = mesh["dp"]
 for layer in model:
     if isinstance(layer, nn.Linear):
-        fully_shard(layer)
-fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-data = torch.Generator().manual_seed(rank)
+data = torch.Generator().manual_seed(rank // args.tp)
 for step in range(args.steps):
     x = torch.randn(16, 32, generator=data)
     loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
