@@ -124,7 +124,7 @@ def test_a_pipeline_whose_stages_ddp_replicates_apart_is_judged_stage_by_stage(d
     assert job.proc.returncode != 0, job.proc.stderr[-3000:]
     [desync, hang] = job.alerts()
     assert (desync["kind"], desync["ranks"], desync["step"]) == ("desync", [0, 2], 15)
-    assert "among DDP's replicas, ranks 0,2, no majority" in desync["text"]
+    assert "between the data-parallel ranks 0,2, no majority" in desync["text"]
     assert hang["kind"] == "hang" and "rank 3 stuck" in hang["text"], hang["text"]
     if "never entered" in hang["text"]:  # gloo's collectives are recorded since torch 2.8
         assert re.search(r"; group \S+: rank 1 in all_reduce #\d+ \([^)]*\); rank 3 never entered it, its last", hang["text"]), hang["text"]

@@ -151,7 +151,7 @@ def test_desync_compares_each_rank_with_its_ddp_replicas_alone():
     assert (v.kind, v.ranks, v.step, v.action) == ("desync", [0, 2], 10, "restart")
     assert (
         v.text
-        == "parameters differ at step 10 among DDP's replicas, ranks 0,2, no majority: rank 0 0000000000000007, rank 2 0000000000000008"
+        == "parameters differ at step 10 between the data-parallel ranks 0,2, no majority: rank 0 0000000000000007, rank 2 0000000000000008"
     )
     assert set(v.details["checksums"]) == {"0", "2"}
     assert [v for r, c in drifted.items() for v in feed(dog, state, step(r, 20, checksum=c, replicas=groups[r]))] == []
@@ -532,7 +532,7 @@ def test_a_pipeline_stage_is_set_against_its_own_replicas_not_the_other_stages()
     clock.now += 1.0
     [v] = dog.tick()
     assert v.kind == "straggler" and v.ranks == [11] and v.details["ratio"] == pytest.approx(2.5)
-    assert "the median of its DDP replicas, ranks 3,7,11 (100.0 ms vs 40.0 ms); they wait for it in the all-reduce" in v.text
+    assert "the median of its data-parallel ranks 3,7,11 (100.0 ms vs 40.0 ms); they wait for it in the all-reduce" in v.text
 
 
 def test_last_error_line_falls_back_to_the_last_words():

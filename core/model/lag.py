@@ -65,8 +65,8 @@ def lags(ranks: Iterable[RankState]) -> dict[int, Lag]:
     every rank, quadratic in the world size). Own work is the data wait and, where
     the live ranks count it (counts_compute), the compute.
 
-    A rank is set against the ranks that do its work: every rank, or where DDP replicates
-    over part of the job (RankState.replicas), its own group. A pipeline's stages do different
+    A rank is set against the ranks that do its work: every rank, or where it is
+    data-parallel with part of the job (RankState.replicas), those. A pipeline's stages do different
     work by design, and a later stage's wait for its activations reads as its data wait; a
     rank with no replica has none to lag.
     """

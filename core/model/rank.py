@@ -65,9 +65,9 @@ class RankState:
     gpu_uuid: str | None = None
     """Its GPU's UUID as it told (records.Heartbeat): how its GPU memory is found in a container."""
     replicas: tuple[int, ...] | None = None
-    """The ranks DDP replicates this rank's parameters over, where that is part of the job
-    (records.Heartbeat replicas): a pipeline stage's or a tensor-parallel shard's. They do the
-    same work, which the other groups' ranks do not; None: every rank."""
+    """The ranks this rank is data-parallel with, where that is part of the job
+    (records.Heartbeat replicas): a pipeline stage's or a tensor-parallel shard's. They do its
+    work on other samples, which the other groups' ranks do not; None: every rank."""
     steps_seen: int = 0
     nan_skips: int = 0
     scaler_skips: int = 0
@@ -109,10 +109,10 @@ class RankState:
         return self.window.mean if self.window.mean("comm_ms") is not None else self.last_sampled.get
 
     def data_share(self, world: int) -> float:
-        """The share of the job's samples this rank's count stands for. Where DDP replicates
-        over part of the job (each pipeline stage or tensor-parallel shard over its own group),
-        a sample passes through a rank of every stage: the ranks of one group count each once,
-        replicas of the world's ranks. Otherwise 1."""
+        """The share of the job's samples this rank's count stands for. Where it is
+        data-parallel with part of the job (each pipeline stage or tensor-parallel shard over
+        its own group), a sample passes through a rank of every group: the ranks of one group
+        count each once, replicas of the world's ranks. Otherwise 1."""
         return 1.0 if self.replicas is None or world <= 0 else min(1.0, len(self.replicas) / world)
 
     def comm_share(self) -> float | None:

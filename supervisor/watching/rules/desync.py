@@ -66,7 +66,7 @@ def _differ(step: int, replicas: Replicas, values: dict[int, int]) -> tuple[froz
     counts = Counter(values.values())
     if len(counts) == 1:
         return None
-    among = "" if replicas is None else f" among DDP's replicas, ranks {','.join(map(str, replicas))}"
+    among = "" if replicas is None else f" between the data-parallel ranks {','.join(map(str, replicas))}"
     common, votes = counts.most_common(1)[0]
     if votes * 2 > len(values):
         odd = sorted(r for r, v in values.items() if v != common)

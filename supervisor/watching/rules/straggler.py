@@ -61,7 +61,7 @@ class StragglerRule:
                 self._straggling.add(rank)
                 against, waiting = "the job's median", "the other ranks wait"
                 if state.replicas is not None:
-                    against, waiting = f"the median of its DDP replicas, ranks {','.join(map(str, state.replicas))}", "they wait"
+                    against, waiting = f"the median of its data-parallel ranks {','.join(map(str, state.replicas))}", "they wait"
                 verdicts.append(
                     Verdict(
                         "straggler",
