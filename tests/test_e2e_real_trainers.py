@@ -191,6 +191,34 @@ def test_fsdp2_beside_tensor_parallelism_counts_each_sample_once(ddptop_home, tm
     assert state.totals().of(SAMPLES_PER_S) == pytest.approx(sum(rates) / 2)
 
 
+def test_a_pipeline_schedule_shows_the_mean_loss_of_its_micro_batches_and_each_batch_once(ddptop_home, tmp_path):
+    """torchtitan's pipeline: GPipe over two stages, four micro-batches a step, FSDP2 over each
+    stage's two data-parallel ranks. The schedule calls backward() on each micro-batch's loss
+    and divides the gradients by four: the step's loss is their mean, as the script logs it,
+    not their sum. Its first step runs each stage once more to learn shapes, which is no
+    batch: every step is the 16 samples the script split, and the job counts each once."""
+    fsdp = __import__("torch.distributed.fsdp").distributed.fsdp
+    if not hasattr(fsdp, "fully_shard"):
+        pytest.skip("FSDP2's public fully_shard is torch 2.6's")
+    run = rundir.RunDir(tmp_path / "run")
+    script = str(SCRIPTS / "pipelining_job.py")
+    done = run_ddptop("launch", "--headless", "--run-dir", str(run.path), script, "--gpus", "4", "--steps", "20", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = recorded(run)
+    steps = by_attempt(records)
+    for rank in range(4):
+        assert sorted(steps[rank, 0]) == list(range(20)) and {r["samples"] for r in steps[rank, 0].values()} == {16}
+    for rank in (1, 3):  # the last stage's
+        shown = {s: r["loss"] for s, r in steps[rank, 0].items()}
+        assert shown == pytest.approx(printed(run, rank, 0, "loss"), rel=1e-5)
+    assert [r["kind"] for r in records if r["type"] == "alert"] == []
+    state = JobState()
+    for record in records:
+        state.ingest(record)
+    rates = [SAMPLES_PER_S.read(state.ranks[r]) for r in range(4)]
+    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(sum(rates) / 2)
+
+
 def test_a_job_that_shards_its_model_with_fsdp1_shows_its_own_loss_norm_and_batch_and_no_desync(ddptop_home, tmp_path):
     """FSDP1 keeps each rank's shards in flat parameters, plain tensors: compared for a desync,
     the ranks' differ from the first step on, and each rank's norm of its own shards differs

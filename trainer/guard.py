@@ -94,6 +94,8 @@ class Layout(NamedTuple):
     whether the step is finite, not its grad norm."""
     sharded: bool = False
     """The gradients are sharded over ranks: a non-finite step is reported, never skipped."""
+    loss_divisor: int = 1
+    """What the losses' sum is divided by: a pipeline schedule's micro-batches (pipelining.py)."""
 
     def fields(self, values: list[float]) -> dict[str, Any]:
         """The step record's values, read off the pack on the host: on the sender's thread,
@@ -119,7 +121,7 @@ class Layout(NamedTuple):
             loss = 0.0
             for value, scaled in zip(losses, self.losses):
                 loss += value / scale if scaled else value
-            out["loss"] = loss
+            out["loss"] = loss / self.loss_divisor
         if "skipped" in out or norm is None:  # a step a scaler skipped, or one with no gradients: its losses
             return out
         if not math.isfinite(norm):

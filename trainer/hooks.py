@@ -47,7 +47,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddptop.trainer import batch, fsdp1, importwatch, late, optimizer_step, patches, sharded_forward, steps, torchapi
+from ddptop.trainer import batch, fsdp1, importwatch, late, optimizer_step, patches, pipelining, sharded_forward, steps, torchapi
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.probe import SCALED_KEPT, Probe
 from ddptop.trainer.profiling import Captures
@@ -64,6 +64,7 @@ def install(tracker: StepTracker, policy: GuardPolicy, sampled: Sampled | None =
     outermost = sharded_forward.Outermost(probe)
     sharded_forward.install(probe, outermost)
     fsdp1.install(probe, outermost)
+    pipelining.install(probe)
     _wrap_grad_scaler(probe)
     _wrap_clip_grad_norm(probe)
     _wrap_backward(probe)

@@ -200,8 +200,11 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         summed = guard.checksum_parts(compared)
         checksum = bool(summed)  # none where every parameter is sharded (FSDP's): no rank holds another's
         parts += summed
+    divisor = probe.loss_divisor
+    if divisor != 1:  # a pipeline schedule's step: taken for this step alone
+        probe.loss_divisor = 1
     arrangement = (norms, script is not None, bool(script and script[1]), marks, has_scale, grad_scale is not None,
-                   scaler_inf is not None, checksum, clip, probe.world == 1, on_device, local, sharded)  # fmt: skip
+                   scaler_inf is not None, checksum, clip, probe.world == 1, on_device, local, sharded, divisor)  # fmt: skip
     fields = _FIELDS.get(arrangement)
     if fields is None:
         fields = _FIELDS[arrangement] = guard.Layout(*arrangement).fields
@@ -319,6 +322,7 @@ def losses_only(probe: Probe) -> dict[str, Any]:
     tracker = probe.tracker
     losses, tracker.losses = tracker.losses, []
     scale, probe.scale = probe.scale, None
+    divisor, probe.loss_divisor = probe.loss_divisor, 1
     probe.script_norm, probe.clips, probe.clipped = None, 0, []
     marks = _scaled_marks(probe, len(losses))
     if not losses:
@@ -327,7 +331,7 @@ def losses_only(probe: Probe) -> dict[str, Any]:
     has_scale = scale is not None and True in marks
     if has_scale:
         parts.append(scale)
-    fields = guard.Layout(0, False, False, marks, has_scale, False, False, False, None, probe.world == 1).fields
+    fields = guard.Layout(0, False, False, marks, has_scale, False, False, False, None, probe.world == 1, loss_divisor=divisor).fields
     packed = guard.pack(parts)
     return {late.FIELDS: late.RING.send(packed, fields)} if packed.is_cuda else fields(packed.tolist())
 

@@ -85,6 +85,11 @@ class Probe:
         """The optimizer ddptop handed a found_inf to for the step running (taken back after it)."""
         self.cuda = False
         """Whether the latest step's gradients were on a GPU."""
+        self.inferring_shapes = False
+        """Whether a pipeline stage runs its module to learn its shapes (pipelining.py): no batch."""
+        self.loss_divisor = 1
+        """What a pipeline schedule divided this step's gradients by (pipelining.py): the step's
+        loss is its micro-batches' losses summed, divided by it. Taken by the guard."""
         self.scaled_at: list[int] = []
         """Which of the step's losses (tracker.losses, by position) a GradScaler scaled."""
         self.scaled: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}

@@ -35,6 +35,7 @@ class Outermost:
     picks the outermost of them to begin the steps."""
 
     def __init__(self, probe: Probe) -> None:
+        self._probe = probe
         self._tracker = probe.tracker
         self._waiting: list[Any] = []
 
@@ -50,7 +51,10 @@ class Outermost:
         self._begin(module, args, kwargs)
 
     def _begin(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Every forward counts; a training one begins (or adds to) a step, as DDP's forward does (hooks.py)."""
+        """Every forward counts; a training one begins (or adds to) a step, as DDP's forward does
+        (hooks.py). A pipeline stage's run to learn its shapes is none (pipelining.py)."""
+        if self._probe.inferring_shapes:
+            return
         tracker = self._tracker
         tracker.forwards += 1
         if module.training and torch.is_grad_enabled():

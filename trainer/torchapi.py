@@ -7,8 +7,9 @@ what DDP's reducer measured (`_get_ddp_logging_data`), dump the flight
 recorders (`_dump_fr_trace`, and NCCL's own `_dump_nccl_trace`), tell a
 backward run inside another (`_current_graph_task_id`), read a sparse
 gradient's values uncoalesced (`_values`), look up a device's current stream
-without building a Python object (`_cuda_getCurrentStream`), and keep torch.compile out of its
-hooks (dynamo's `trace_rules`). Every such name is used through this module,
+without building a Python object (`_cuda_getCurrentStream`), keep torch.compile out of its
+hooks (dynamo's `trace_rules`), and know a pipeline stage's step (`_PipelineStageBase`, and the
+run of its module that learns its shapes). Every such name is used through this module,
 and `missing()` says which of them the running torch lacks:
 tests/test_hooks.py runs it against the installed torch, and CI runs the
 fast set on the oldest torch the package declares.
@@ -141,6 +142,18 @@ def flight_recorder_dumps() -> list[Callable[..., bytes]]:
     return [dump for name in names if (dump := getattr(c10d, name, None)) is not None]
 
 
+PIPELINE_SHAPES = ("_forward_metadata_inference", "_shape_inference")
+"""PipelineStage's run of its module at its first step to learn its shapes: torch 2.13's name, then
+the earlier one's (which ran it on meta tensors under no_grad)."""
+
+
+def pipeline_stage(module: Any) -> tuple[Any, str | None]:
+    """torch.distributed.pipelining.stage's base class of stages (whose scale_grads a step
+    ends with), and the name of PipelineStage's shape inference; None where absent."""
+    stage = getattr(module, "PipelineStage", None)
+    return getattr(module, "_PipelineStageBase", None), next((n for n in PIPELINE_SHAPES if hasattr(stage, n)), None)
+
+
 def missing() -> list[str]:
     """The private names above that the running torch lacks (a GradScaler's and a DDP model's
     instance attributes are looked for on fresh instances)."""
@@ -152,6 +165,14 @@ def missing() -> list[str]:
     absent += [f"DistributedDataParallel.{n}" for n in ("_get_ddp_logging_data",) if not hasattr(DistributedDataParallel, n)]
     trace_rules = importlib.import_module("torch._dynamo.trace_rules")  # imported here only: dynamo_skips never does
     absent += [f"torch._dynamo.trace_rules.{n}" for n in ("add", "SKIP_DIRS", "_recompile_re") if not hasattr(trace_rules, n)]
+    try:
+        stage_module = importlib.import_module("torch.distributed.pipelining.stage")
+    except ImportError:  # torch before 2.4 has no pipelining: nothing to wrap
+        stage_module = None
+    if stage_module is not None:
+        base, shapes = pipeline_stage(stage_module)
+        absent += [] if hasattr(base, "scale_grads") else ["torch.distributed.pipelining.stage._PipelineStageBase.scale_grads"]
+        absent += [] if shapes else [f"PipelineStage.{PIPELINE_SHAPES[0]}"]
     scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if scaler_class is None:
         absent.append("torch.amp.GradScaler")
