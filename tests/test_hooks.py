@@ -916,3 +916,15 @@ def test_a_forward_between_steps_that_is_not_training_is_an_evaluation_s_phase(r
     first, evaluated, taught = builders.steps_made(tracker, records)
     assert "eval_ms" not in first and "eval_ms" not in taught
     assert 0 < evaluated["eval_ms"] <= evaluated["step_ms"] and evaluated["eval_ended"] <= evaluated["wall"]
+
+
+def test_a_rank_data_parallel_with_part_of_the_job_over_two_models_is_so_with_the_ranks_both_share():
+    """A rank whose two models are each data-parallel over part of the job (a stage DDP replicates
+    over ranks 0,2,4,6, and a head FSDP shards over ranks 0,4): the ranks that do all its work
+    are those both share."""
+    probe = hooks.Probe(StepTracker(0, emit=lambda record: None), GuardPolicy())
+    assert probe.tracker.replicas is None
+    probe.data_parallel_over([6, 0, 4, 2])
+    assert probe.tracker.replicas == (0, 2, 4, 6)
+    probe.data_parallel_over(iter([4, 0]))
+    assert probe.tracker.replicas == (0, 4)
