@@ -291,3 +291,61 @@ def test_the_ranks_chart_says_own_work_is_the_data_wait_alone_until_every_rank_h
     assert early.lags()[1].own_ms == 2.0 and later.lags()[1].own_ms == 2.0 + 61.0
     drawn = rank_drawing(window(early.history, False, early.started, BASE + 20), 2, data_alone=True)
     assert DATA_ALONE in drawn.notes
+
+
+def test_a_pipeline_s_later_stage_is_drawn_against_its_own_ranks_not_as_the_slowest():
+    """Three stages over six ranks ({0,3}, {1,4}, {2,5}), the last waiting 25x as long for its
+    activations, which reads as its data wait: the ranks chart and the heatmap set each rank
+    against its own stage's, as the straggler rule does (lags), and rank 5, slower than its
+    stage's rank 2 by half, is the slowest, at the rule's ratio."""
+    import numpy as np
+
+    from ddptop.core.model.lag import peer_groups
+    from ddptop.tui.widgets.charts import rank_drawing
+    from ddptop.tui.widgets.rank_heatmap import heat
+    from ddptop.tui.widgets.time_axis import window
+
+    state = JobState()
+    for rank in range(6):
+        state.ingest(hello(rank, 6))
+    for step in range(50):
+        for rank in range(6):
+            data = {2: 10.0, 5: 15.0}.get(rank, 0.4)
+            state.ingest({"type": "step", "rank": rank, "step": step, "wall": BASE + step * 0.1, "step_ms": 20.0, "data_ms": data})
+    history = History()
+    history.add_summary(state.summary(BASE + 5))
+    win = window(history, False, BASE, BASE + 5)
+    assert "slowest now: rank 5 at 37.50x" in rank_drawing(win, 6).notes
+    assert heat(win.points, 6, 6, 4).worst == (5, pytest.approx(37.5))
+    for rank in range(6):
+        replicas = [rank % 3, rank % 3 + 3]
+        state.ingest({"type": "heartbeat", "rank": rank, "wall": BASE + 5, "phase": "data", "step": 50, "dropped": 0, "replicas": replicas})
+    groups = peer_groups(state.ranks.values())
+    assert sorted(groups) == [[0, 3], [1, 4], [2, 5]]
+    assert state.lags()[5].ratio == pytest.approx(1.5)
+    assert "slowest now: rank 5 at 1.50x" in rank_drawing(win, 6, groups=groups).notes
+    mapped = heat(win.points, 6, 6, 4, groups)
+    assert np.nanmax(mapped.rows) == pytest.approx(1.5) and mapped.worst == (5, pytest.approx(1.5))
+
+
+def test_the_ranks_chart_names_a_straggler_among_two_at_the_rule_s_ratio():
+    """Of two ranks the median is the faster, as the straggler rule takes it: rank 1 at 5x is
+    5x on the chart, not 1x against itself (the upper middle) or 1.67x against their mean."""
+    from ddptop.tui.widgets.charts import rank_drawing
+    from ddptop.tui.widgets.rank_heatmap import heat
+    from ddptop.tui.widgets.time_axis import window
+
+    state = JobState()
+    for rank in range(2):
+        state.ingest(hello(rank, 2))
+    for step in range(50):
+        for rank in range(2):
+            state.ingest(
+                {"type": "step", "rank": rank, "step": step, "wall": BASE + step * 0.1, "step_ms": 60.0, "data_ms": 10.0 + 40.0 * rank}
+            )
+    history = History()
+    history.add_summary(state.summary(BASE + 5))
+    win = window(history, False, BASE, BASE + 5)
+    assert state.lags()[1].ratio == pytest.approx(5.0)
+    assert "slowest now: rank 1 at 5.00x" in rank_drawing(win, 2).notes
+    assert heat(win.points, 2, 2, 4).worst == (1, pytest.approx(5.0))

@@ -60,6 +60,16 @@ def counts_compute(ranks: Iterable[RankState]) -> bool:
     return bool(estimates) and None not in estimates
 
 
+def peer_groups(ranks: Iterable[RankState]) -> list[list[int]]:
+    """The rank numbers each rank's own work is set against, as lags() sets it: every rank's,
+    or where ranks are data-parallel with part of the job, each group of them. For the charts,
+    which draw the history's per-rank arrays."""
+    groups: dict[tuple[int, ...] | None, list[int]] = {}
+    for rank in ranks:
+        groups.setdefault(rank.replicas, []).append(rank.rank)
+    return [sorted(members) for members in groups.values()]
+
+
 def lags(ranks: Iterable[RankState]) -> dict[int, Lag]:
     """Each live rank's lag, in one pass (a per-rank call would redo the job's median for
     every rank, quadratic in the world size). Own work is the data wait and, where

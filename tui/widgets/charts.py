@@ -22,8 +22,9 @@ from textual.widgets import Static
 
 from ddptop.core.format import nbytes
 from ddptop.core.model.job import JobState
-from ddptop.core.model.lag import DATA_ALONE, counts_compute
+from ddptop.core.model.lag import DATA_ALONE, counts_compute, peer_groups
 from ddptop.core.model.metrics import Metric, grouped
+from ddptop.core.model.stats import median
 from ddptop.tui.widgets.chart import Chart, Drawing, line_of, ms_label
 from ddptop.tui.widgets.rank_heatmap import RankHeatmap, own_matrix
 from ddptop.tui.widgets.time_axis import Window, window
@@ -51,19 +52,21 @@ def job_drawing(title: str, metrics: list[Metric], win: Window) -> Drawing:
     return Drawing(title, lines, win, _with_unit(metrics[0]), missing=f"no {title} reported yet")
 
 
-def rank_drawing(win: Window, ranks: int, data_alone: bool = False) -> Drawing:
-    """One line per rank of its own work; the slowest now is named, and that it is the data
-    wait alone while it is (lag.counts_compute)."""
+def rank_drawing(win: Window, ranks: int, data_alone: bool = False, groups: list[list[int]] | None = None) -> Drawing:
+    """One line per rank of its own work; the slowest now against its group's median is named
+    (groups: lag.peer_groups), and that it is the data wait alone while it is (lag.counts_compute)."""
     own = own_matrix(win.points, ranks)
     lines = [line_of(f"rank {r}", win, own[:, r].tolist()) for r in range(ranks)]
     notes = []  # the most telling first: the title keeps those that fit (PlotArea.set_title)
     last = own[-1].tolist() if len(own) else []
-    finite = [(r, v) for r, v in enumerate(last) if math.isfinite(v)]
-    if len(finite) > 1:
-        typical = sorted(v for _, v in finite)[len(finite) // 2]
-        rank, value = max(finite, key=lambda item: item[1])
-        if typical:
-            notes.append(f"slowest now: rank {rank} at {value / typical:.2f}x")
+    ratios: list[tuple[int, float]] = []
+    for members in groups or [list(range(ranks))]:
+        finite = [(r, last[r]) for r in members if r < len(last) and math.isfinite(last[r])]
+        typical = (median([v for _, v in finite]) or 0.0) if len(finite) > 1 else 0.0  # the straggler rule's median
+        ratios += [(r, v / typical) for r, v in finite] if typical else []
+    if ratios:
+        rank, ratio = max(ratios, key=lambda item: item[1])
+        notes.append(f"slowest now: rank {rank} at {ratio:.2f}x")
     if data_alone:
         notes.append(DATA_ALONE)
     return Drawing(
@@ -137,7 +140,8 @@ class Charts(Vertical):
         if which in (None, len(self.GROUPS)):
             ranks = max(state.ranks, default=-1) + 1  # rank numbers index the history's arrays
             data_alone = not counts_compute(r for r in state.ranks.values() if r.window.points)
+            groups = peer_groups(state.ranks.values())
             if many_ranks(state):
-                self.heatmap.draw(win, ranks, data_alone)
+                self.heatmap.draw(win, ranks, data_alone, groups)
             else:
-                self.rank_lines.draw(rank_drawing(win, ranks, data_alone))
+                self.rank_lines.draw(rank_drawing(win, ranks, data_alone, groups))

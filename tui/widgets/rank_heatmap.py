@@ -1,4 +1,5 @@
-"""Ranks by time, each cell coloured by the rank's own work against the job's median then.
+"""Ranks by time, each cell coloured by the rank's own work against the job's median then
+(its group's, where ranks are data-parallel with part of the job: lag.peer_groups).
 
 In DDP every rank's step takes as long as the slowest one's (the others
 wait for it in the all-reduce), so what sets a straggler apart is its own
@@ -81,10 +82,28 @@ def own_matrix(points: list[Point], ranks: int) -> np.ndarray:
     return matrix
 
 
-def heat(points: list[Point], ranks: int, rows: int, columns: int) -> Heat:
+def typical(own: np.ndarray, groups: list[list[int]] | None) -> np.ndarray:
+    """Each cell's median to be set against: its point's over every rank, or over its rank's
+    group. The nearest-rank median, as the straggler rule takes it (lag.py): of two ranks the
+    faster, so that a straggler among two reads as the rule reads it, not against their mean."""
+    if not groups:
+        return _median(own)
+    middle = np.full_like(own, np.nan)
+    for members in groups:
+        columns = [rank for rank in members if rank < own.shape[1]]
+        if columns:
+            middle[:, columns] = _median(own[:, columns])
+    return middle
+
+
+def _median(own: np.ndarray) -> np.ndarray:
+    return np.nanpercentile(own, 50, axis=1, keepdims=True, method="inverted_cdf")
+
+
+def heat(points: list[Point], ranks: int, rows: int, columns: int, groups: list[list[int]] | None = None) -> Heat:
     """A column shows the newest point of its stretch of time (a cell cannot show more); a row
     the slowest of its ranks. In numpy: at 1,024 ranks a redraw in Python took over 100 ms,
-    long enough to delay a keypress."""
+    long enough to delay a keypress. groups: the ranks set against one another (lag.peer_groups)."""
     if not points or ranks <= 0 or rows <= 0 or columns <= 0:
         return Heat([], [], [], None)
     indices = [stretch[-1] for stretch in _spread(len(points), columns)]
@@ -93,8 +112,8 @@ def heat(points: list[Point], ranks: int, rows: int, columns: int) -> Heat:
     picked = [points[i] for i in indices]
     with warnings.catch_warnings():  # a column of no steps at all is NaN, as it should be
         warnings.simplefilter("ignore", RuntimeWarning)
-        typical = np.nanmedian(own, axis=1, keepdims=True)
-        ratios = np.where(typical > 0, own / typical, np.nan)
+        middle = typical(own, groups)
+        ratios = np.where(middle > 0, own / middle, np.nan)
         row_ranks = _spread(ranks, rows)
         grid = np.stack([np.nanmax(ratios[:, members.start : members.stop], axis=1) for members in row_ranks])
     position = {index: n for n, index in enumerate(unique)}
@@ -110,9 +129,10 @@ class RankHeatmap(PlotArea):
         self.window: Window | None = None
         self.ranks = 0
         self.data_alone = False
+        self.groups: list[list[int]] | None = None
 
-    def draw(self, window: Window, ranks: int, data_alone: bool = False) -> None:
-        self.window, self.ranks, self.data_alone = window, ranks, data_alone
+    def draw(self, window: Window, ranks: int, data_alone: bool = False, groups: list[list[int]] | None = None) -> None:
+        self.window, self.ranks, self.data_alone, self.groups = window, ranks, data_alone, groups
         self.refresh()
 
     def render(self) -> RenderResult:
@@ -120,7 +140,7 @@ class RankHeatmap(PlotArea):
         window = self.window
         label_width = len(f"r{max(0, self.ranks - 1)}")
         rows, columns = self.size.height - FRAME_ROWS, self.size.width - label_width - FRAME_COLUMNS
-        found = heat(window.points, self.ranks, rows, columns) if window is not None else Heat([], [], [], None)
+        found = heat(window.points, self.ranks, rows, columns, self.groups) if window is not None else Heat([], [], [], None)
         if window is None or not found.walls:
             return Text.from_markup(f"[b]{title}[/b]\n[dim]no per-rank step times yet[/dim]")
         plt = self.plt
