@@ -191,6 +191,21 @@ def test_fsdp2_beside_tensor_parallelism_counts_each_sample_once(ddptop_home, tm
     assert state.totals().of(SAMPLES_PER_S) == pytest.approx(sum(rates) / 2)
 
 
+def test_clip_grad_on_gradients_of_two_meshes_takes_the_global_norm_and_leaves_the_job_running(ddptop_home, tmp_path):
+    """Tensor parallelism splits two layers over a 2-D mesh and FSDP shards the head alone over its
+    1-D one: norms of the two meshes cannot be stacked (torch's own clip_grad_norm_ raises), and
+    --clip-grad's norm did so inside the optimizer step, ending a job that runs under torchrun.
+    Reduced mesh by mesh, it is the global norm the script measures itself, on every step."""
+    if not hasattr(__import__("torch.distributed.fsdp").distributed.fsdp, "fully_shard"):
+        pytest.skip("FSDP2's public fully_shard is torch 2.6's")
+    run = rundir.RunDir(tmp_path / "run")
+    script = str(SCRIPTS / "fsdp2_job.py")
+    args = ("--gpus", "4", "--tp", "2", "--tp-last-plain", "--no-clip", "--steps", "10")
+    done = run_ddptop("launch", "--headless", "--clip-grad", "1000", "--run-dir", str(run.path), script, *args, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shows_the_scripts_own(run, by_attempt(recorded(run)), steps=10, samples=16)
+
+
 def test_a_pipeline_schedule_shows_the_mean_loss_of_its_micro_batches_and_each_batch_once(ddptop_home, tmp_path):
     """torchtitan's pipeline: GPipe over two stages, four micro-batches a step, FSDP2 over each
     stage's two data-parallel ranks. The schedule calls backward() on each micro-batch's loss

@@ -284,12 +284,18 @@ def sharded_norms(grads: list[Any], clip: float | None, grad_scale: torch.Tensor
     needs: taken as clip_grad_norm_ takes it on DTensors, the shards' norms reduced over the
     ranks that hold them (the only collective ddptop issues, and asked for by that option),
     with a plain gradient's norm as this rank holds it whole; then each rank's shards are
-    clipped with it on the device."""
+    clipped with it on the device. Gradients on different meshes (a layer tensor parallelism
+    splits, beside one FSDP shards alone) are reduced mesh by mesh: DTensors of two meshes
+    cannot be stacked, and torch's own clip_grad_norm_ raises on them."""
     split = [torchapi.is_dtensor(grad) for grad in grads]
     local = [grad.to_local() if dtensor else grad for grad, dtensor in zip(grads, split)]
     if clip is None:
         return norms(local), True
-    parts = [torchapi.replicated(total(norms([g for g, dtensor in zip(grads, split) if dtensor]))).to_local()]
+    meshes: dict[Any, list[Any]] = {}
+    for grad, dtensor in zip(grads, split):
+        if dtensor:
+            meshes.setdefault(grad.device_mesh, []).append(grad)
+    parts = [torchapi.replicated(total(norms(on_mesh))).to_local() for on_mesh in meshes.values()]
     if not all(split):
         parts.append(total(norms([g for g, dtensor in zip(grads, split) if not dtensor])))
     whole = total(parts)

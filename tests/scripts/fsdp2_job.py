@@ -8,7 +8,9 @@ global norm it measured itself (each gradient gathered whole). With --tp N its f
 layers are split over N ranks by tensor parallelism, as torchtitan does, and fully_shard
 shards over the other dimension of the mesh: the ranks of one tensor-parallel group are
 given the same batch. Every layer is split, so that every parameter is on the one 2-D mesh
-clip_grad_norm_ takes.
+clip_grad_norm_ takes; with --tp-last-plain the last layer is left whole, sharded by FSDP alone
+over a 1-D mesh, as a model's head often is (then only --no-clip's own norm works: torch's
+clip_grad_norm_ cannot stack norms of two meshes).
 """
 
 import argparse
@@ -22,6 +24,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--no-clip", action="store_true")
 parser.add_argument("--tp", type=int, default=1)
+parser.add_argument("--tp-last-plain", action="store_true")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -35,7 +38,10 @@ if args.tp > 1:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh("cpu", (dist.get_world_size() // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
-    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel(), "4": RowwiseParallel(input_layouts=Replicate())})
+    plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+    if not args.tp_last_plain:
+        plan["4"] = RowwiseParallel(input_layouts=Replicate())
+    parallelize_module(model, mesh["tp"], plan)
     mesh = mesh["dp"]
 for layer in model:
     if isinstance(layer, nn.Linear):
