@@ -211,18 +211,23 @@ def test_a_pipeline_schedule_shows_the_mean_loss_of_its_micro_batches_and_each_b
     stage's two data-parallel ranks. The schedule calls backward() on each micro-batch's loss
     and divides the gradients by four: the step's loss is their mean, as the script logs it,
     not their sum. Its first step runs each stage once more to learn shapes, which is no
-    batch: every step is the 16 samples the script split, and the job counts each once."""
+    batch: every step is the 16 samples the script split, and the job counts each once. It
+    clips as torchtitan does, the stages' norms added between get_total_norm and
+    clip_grads_with_norm_: every rank shows that global norm."""
     fsdp = __import__("torch.distributed.fsdp").distributed.fsdp
     if not hasattr(fsdp, "fully_shard"):
         pytest.skip("FSDP2's public fully_shard is torch 2.6's")
     run = rundir.RunDir(tmp_path / "run")
     script = str(SCRIPTS / "pipelining_job.py")
-    done = run_ddptop("launch", "--headless", "--run-dir", str(run.path), script, "--gpus", "4", "--steps", "20", timeout=300)
+    done = run_ddptop("launch", "--headless", "--run-dir", str(run.path), script, "--gpus", "4", "--steps", "20", "--clip", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     records = recorded(run)
     steps = by_attempt(records)
     for rank in range(4):
         assert sorted(steps[rank, 0]) == list(range(20)) and {r["samples"] for r in steps[rank, 0].values()} == {16}
+        # Clipped as torchtitan clips, in two calls: the stages' global norm it clipped by.
+        shown = {s: r["grad_norm"] for s, r in steps[rank, 0].items()}
+        assert shown == pytest.approx(printed(run, rank, 0, "norm"), rel=1e-5)
     for rank in (1, 3):  # the last stage's
         shown = {s: r["loss"] for s, r in steps[rank, 0].items()}
         assert shown == pytest.approx(printed(run, rank, 0, "loss"), rel=1e-5)

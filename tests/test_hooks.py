@@ -78,9 +78,11 @@ def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
         torch.nn.DataParallel.forward,
         torch.nn.utils.clip_grad_norm_,
     )
+    with_norm = getattr(torch.nn.utils, "clip_grads_with_norm_", None)  # torch 2.6 and later
     hooks.install(StepTracker(0, emit=lambda record: None), GuardPolicy())
     changed = patches.applied()
-    assert "torch.nn.utils.clip_grad.clip_grad_norm_" in changed and len(changed) == 14 + len(fsdp2) + len(fsdp1_methods), changed
+    assert "torch.nn.utils.clip_grad.clip_grad_norm_" in changed
+    assert len(changed) == 14 + (with_norm is not None) + len(fsdp2) + len(fsdp1_methods), changed
     assert fsdp2 and all(m.fully_shard is not original for m, original in zip(fsdp2, fully_shard))
     assert trace_rules.check_file(hooks.__file__).skipped, "torch.compile runs ddptop's hooks untraced"
     assert not any("comm_hook" in change for change in changed), "DDP keeps its own all-reduce"
@@ -89,6 +91,7 @@ def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     assert patches.applied() == [] and {name: getattr(DistributedDataParallel, name) for name in before} == before
     assert list(trace_rules.SKIP_DIRS) == skip_list and not trace_rules.check_file(hooks.__file__).skipped
     assert [m.fully_shard for m in fsdp2] == fully_shard
+    assert getattr(torch.nn.utils, "clip_grads_with_norm_", None) is with_norm
     assert {name: vars(fsdp1)[name] for name in fsdp1_methods} == fsdp1_methods
     assert (
         torch.autograd.backward,

@@ -206,13 +206,29 @@ def _wrap_grad_scaler(probe: Probe) -> None:
 def _wrap_clip_grad_norm(probe: Probe) -> None:
     """The norm the script's own clip_grad_norm_ returns is the pre-clip norm the step
     shows: once it has clipped, the gradients the optimizer gets are under it. Where it
-    measured every gradient the optimizer steps, it is the guard's norm too (_guard)."""
+    measured every gradient the optimizer steps, it is the guard's norm too (_guard).
+
+    A script may take the norm and clip in two calls, as torchtitan does to add its
+    pipeline stages' norms between them: get_total_norm, then clip_grads_with_norm_
+    (torch 2.6 and later), whose total_norm is then the step's norm. clip_grad_norm_
+    calls their private forms, so a step's one clip counts once either way."""
     from torch.nn.utils import clip_grad
 
-    original = clip_grad.clip_grad_norm_
+    clip_grad_norm_ = _clip(clip_grad.clip_grad_norm_, probe, norm_given=False)
+    patches.replace(clip_grad, "clip_grad_norm_", clip_grad_norm_)
+    patches.replace(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_)
+    with_norm = getattr(torch.nn.utils, "clip_grads_with_norm_", None)
+    if with_norm is not None:
+        patches.replace(torch.nn.utils, "clip_grads_with_norm_", _clip(with_norm, probe, norm_given=True))
+
+
+def _clip(original: Callable[..., Any], probe: Probe, norm_given: bool) -> Callable[..., Any]:
+    """A clip that tells the probe the parameters it clipped and their pre-clip norm: the one it
+    returns, or where norm_given, its total_norm argument. One function, no call of its own
+    beside the clip: a script that clips calls it every step."""
 
     @functools.wraps(original)
-    def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+    def clip(*args: Any, **kwargs: Any) -> Any:
         given = args[0] if args else kwargs.get("parameters", ())
         if isinstance(given, torch.Tensor):
             clipped = [given]
@@ -221,7 +237,8 @@ def _wrap_clip_grad_norm(probe: Probe) -> None:
         else:  # model.parameters() can be read once: read here, and handed on as a list
             clipped = list(given)
             args, kwargs = ((clipped, *args[1:]), kwargs) if args else (args, {**kwargs, "parameters": clipped})
-        norm = original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        norm = (args[2] if len(args) > 2 else kwargs["total_norm"]) if norm_given else result
         probe.clipped = clipped
         probe.clips += 1
         whole = norm
@@ -229,10 +246,9 @@ def _wrap_clip_grad_norm(probe: Probe) -> None:
             # Of sharded gradients, a DTensor that clipping has reduced to replicated: its local tensor is the whole norm.
             whole = torchapi.replicated(norm).to_local()
         probe.script_norm = (whole, probe.scale is not None and not probe.unscaled) if probe.clips == 1 else None
-        return norm
+        return result
 
-    patches.replace(clip_grad, "clip_grad_norm_", clip_grad_norm_)
-    patches.replace(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_)
+    return clip
 
 
 def _wrap_backward(probe: Probe) -> None:

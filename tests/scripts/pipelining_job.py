@@ -2,7 +2,10 @@
 stage's module sharded by FSDP2 over its two data-parallel ranks (a 2 x 2 mesh, gloo).
 
 The last stage's ranks print, per step, the loss as torchtitan logs it (the mean of the
-micro-batches' losses) as `[loss] STEP VALUE`, so a test can compare what ddptop shows.
+micro-batches' losses) as `[loss] STEP VALUE`, so a test can compare what ddptop shows. With
+--clip every rank clips as torchtitan does: each stage's norm (get_total_norm), the stages'
+added over the pipeline's ranks, then clip_grads_with_norm_ by that global norm, printed as
+`[norm] STEP VALUE`.
 """
 
 import argparse
@@ -17,6 +20,7 @@ from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--microbatches", type=int, default=4)
+parser.add_argument("--clip", action="store_true")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -37,6 +41,12 @@ for step in range(args.steps):
         losses: list[torch.Tensor] = []
         schedule.step(target=y, losses=losses)
         print(f"[loss] {step} {torch.stack(losses).mean().item()!r}", flush=True)
+    if args.clip:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in module.parameters()]).full_tensor() ** 2
+        dist.all_reduce(norm, group=mesh["pp"].get_group())
+        norm = norm.sqrt()
+        torch.nn.utils.clip_grads_with_norm_(module.parameters(), 1.0, norm)
+        print(f"[norm] {step} {norm.item()!r}", flush=True)
     optimizer.step()
     optimizer.zero_grad()
 dist.destroy_process_group()
