@@ -119,6 +119,21 @@ def recorded(run: rundir.RunDir) -> list[wire.Frame]:
     return records
 
 
+def counted_once_a_group(records: list[wire.Frame], ranks: int, groups: int) -> None:
+    """Folded as a dashboard folds them, the job's samples/s is its ranks' over the groups of
+    ranks that see the same samples (pipeline stages, tensor-parallel shards): each sample once.
+    The ranks have told whom they are data-parallel with."""
+    from ddptop.core.model.job import JobState
+    from ddptop.core.model.metrics import SAMPLES_PER_S
+
+    state = JobState()
+    for record in records:
+        state.ingest(record)
+    assert all(state.ranks[r].replicas is not None for r in range(ranks))
+    rates = [SAMPLES_PER_S.read(state.ranks[r]) for r in range(ranks)]
+    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(sum(rates) / groups)
+
+
 USERS_RUNS = rundir.runs_root()
 """The user's own run list, as it is before any test moves ddptop's state elsewhere."""
 

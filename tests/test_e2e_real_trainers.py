@@ -12,11 +12,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, recorded, run_ddptop
+from conftest import SCRIPTS, counted_once_a_group, recorded, run_ddptop
 
 from ddptop.core import rundir
-from ddptop.core.model.job import JobState
-from ddptop.core.model.metrics import SAMPLES_PER_S
 from ddptop.supervisor.watching.rules.nan import APPLIED_SHARDED, OWN_LOSS
 from ddptop.trainer.optimizer_step import RESUMED_FROM
 
@@ -184,11 +182,7 @@ def test_fsdp2_beside_tensor_parallelism_counts_each_sample_once(ddptop_home, tm
     assert [r["kind"] for r in records if r["type"] == "alert"] == []
     told = {r["rank"]: r["replicas"] for r in records if r["type"] == "heartbeat" and "replicas" in r}
     assert told == {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
-    state = JobState()
-    for record in records:
-        state.ingest(record)
-    rates = [SAMPLES_PER_S.read(state.ranks[r]) for r in range(4)]
-    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(sum(rates) / 2)
+    counted_once_a_group(records, ranks=4, groups=2)
 
 
 def test_clip_grad_on_gradients_of_two_meshes_takes_the_global_norm_and_leaves_the_job_running(ddptop_home, tmp_path):
@@ -232,11 +226,7 @@ def test_a_pipeline_schedule_shows_the_mean_loss_of_its_micro_batches_and_each_b
         shown = {s: r["loss"] for s, r in steps[rank, 0].items()}
         assert shown == pytest.approx(printed(run, rank, 0, "loss"), rel=1e-5)
     assert [r["kind"] for r in records if r["type"] == "alert"] == []
-    state = JobState()
-    for record in records:
-        state.ingest(record)
-    rates = [SAMPLES_PER_S.read(state.ranks[r]) for r in range(4)]
-    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(sum(rates) / 2)
+    counted_once_a_group(records, ranks=4, groups=2)
 
 
 def test_a_job_that_shards_its_model_with_fsdp1_shows_its_own_loss_norm_and_batch_and_no_desync(ddptop_home, tmp_path):

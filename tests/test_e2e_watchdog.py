@@ -11,11 +11,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import DDPTOP, EXAMPLE, SCRIPTS, recorded
+from conftest import DDPTOP, EXAMPLE, SCRIPTS, counted_once_a_group, recorded
 
 from ddptop.core import rundir
-from ddptop.core.model.job import JobState
-from ddptop.core.model.metrics import SAMPLES_PER_S
 from ddptop.supervisor.watching.rules import nan
 from ddptop.supervisor.watching.rules.crash import OOM_KILLED
 
@@ -136,11 +134,7 @@ def test_a_pipeline_whose_stages_ddp_replicates_apart_is_judged_stage_by_stage(d
     # Each sample passes through a rank of each stage: the job's samples/s counts it once.
     told = {r["rank"]: r["replicas"] for r in job.of("heartbeat") if "replicas" in r}
     assert told == {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
-    state = JobState()
-    for record in job.records:
-        state.ingest(record)
-    rates = [SAMPLES_PER_S.read(state.ranks[r]) for r in range(4)]
-    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(sum(rates) / 2)
+    counted_once_a_group(job.records, ranks=4, groups=2)
 
 
 @pytest.mark.parametrize("bucket_view", [False, True], ids=["gradients apart", "--bucket-view: clipped a bucket at a time"])
