@@ -18,7 +18,7 @@ from ddptop.core.model.goodput import GOODPUT_TYPES, Goodput
 from ddptop.core.model.history import History, pack
 from ddptop.core.model.lag import Lag, lags
 from ddptop.core.model.metrics import COMM_MS, JOB_METRICS
-from ddptop.core.model.rank import SAMPLED, GpuState, RankState
+from ddptop.core.model.rank import SAMPLED, GpuState, RankState, replicas_told
 from ddptop.core.model.stats import StepPoint, bus_bandwidth, median
 from ddptop.core.model.totals import JobTotals
 from ddptop.core.wire.records import LATEST, WINDOWED
@@ -147,8 +147,8 @@ class JobState:
         state.last_wall = max(state.last_wall, record["wall"])
         if record.get("gpu_uuid"):
             state.gpu_uuid = record["gpu_uuid"]
-        if isinstance(replicas := record.get("replicas"), list) and replicas and all(type(r) is int for r in replicas):
-            state.replicas = tuple(sorted(set(replicas)))
+        if (replicas := replicas_told(record.get("replicas"))) is not None:
+            state.replicas = replicas
 
     def _on_sample(self, record: wire.Frame) -> None:
         """One node's readings. Its GPUs first, so each of its ranks takes its GPU's new reading

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ddptop.core.model.stats import RollingWindow, median
 
@@ -162,3 +163,12 @@ class RankState:
 
     def clip_rate(self) -> float | None:
         return self.clipped / self.clip_checked if self.clip_checked else None
+
+
+def replicas_told(value: Any) -> tuple[int, ...] | None:
+    """The ranks a record says a rank is data-parallel with (`replicas`, a list on the wire), in
+    order, as RankState.replicas keeps them and the rules key groups by them; None where it
+    names none, or names something other than ranks."""
+    if not isinstance(value, list) or not value or not all(type(r) is int for r in value):
+        return None
+    return tuple(sorted(set(value)))

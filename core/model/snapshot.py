@@ -35,7 +35,7 @@ from ddptop.core.eventlog import Position, read_after, read_all
 from ddptop.core.model import profiles
 from ddptop.core.model.goodput import TYPICAL_KEPT, Attempt, Goodput
 from ddptop.core.model.history import RANK_SERIES, Filling, History, Point, pack, unpack
-from ddptop.core.model.rank import GpuState, RankState
+from ddptop.core.model.rank import GpuState, RankState, replicas_told
 from ddptop.core.model.stats import StepPoint
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ def _rank(rank: RankState) -> dict[str, Any]:
 def _restored_rank(data: dict[str, Any]) -> RankState:
     rank = RankState(**{name: data[name] for name in _RANK_FIELDS if name in data})
     rank.gpu = (data["gpu"][0], data["gpu"][1]) if data.get("gpu") else None
-    rank.replicas = tuple(data["replicas"]) if data.get("replicas") else None  # a key of lags(): a tuple, not the wire's list
+    rank.replicas = replicas_told(data.get("replicas"))  # a key of lags(): a tuple, not the wire's list
     window: dict[str, list[Any]] = data["window"]
     length = max((len(values) for values in window.values()), default=0)
     columns = [window.get(name) or [None] * length for name in _POINT_FIELDS]

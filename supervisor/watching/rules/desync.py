@@ -16,6 +16,7 @@ from typing import Any
 
 from ddptop.core import wire
 from ddptop.core.model.job import JobState
+from ddptop.core.model.rank import replicas_told
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.rules.per_step import PerStepRule
 from ddptop.supervisor.watching.verdict import Verdict, ranks_text
@@ -34,7 +35,7 @@ class DesyncRule(PerStepRule):
         checksum = record.get("checksum")
         if checksum is None:
             return None
-        return checksum, _replicas(record.get("replicas"))
+        return checksum, replicas_told(record.get("replicas"))
 
     def judge(self, step: int, values: dict[int, tuple[int, Replicas]]) -> Verdict | None:
         groups: dict[Replicas, dict[int, int]] = {}
@@ -66,7 +67,7 @@ def _differ(step: int, replicas: Replicas, values: dict[int, int]) -> tuple[froz
     counts = Counter(values.values())
     if len(counts) == 1:
         return None
-    among = "" if replicas is None else f" between the data-parallel ranks {','.join(map(str, replicas))}"
+    among = "" if replicas is None else f" between the data-parallel {ranks_text(list(replicas))}"
     common, votes = counts.most_common(1)[0]
     if votes * 2 > len(values):
         odd = sorted(r for r, v in values.items() if v != common)
@@ -81,10 +82,3 @@ def _differ(step: int, replicas: Replicas, values: dict[int, int]) -> tuple[froz
             f"rank {r} {v:016x}" for r, v in sorted(values.items())
         )
     return frozenset(odd), text
-
-
-def _replicas(value: Any) -> Replicas:
-    """A record's `replicas` as a key: its ranks in order; None where it names none."""
-    if not isinstance(value, list) or not value or not all(type(r) is int for r in value):
-        return None
-    return tuple(sorted(set(value)))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from ddptop.core import wire
 from ddptop.core.format import ms
 from ddptop.core.model.job import JobState
-from ddptop.supervisor.watching.verdict import Verdict
+from ddptop.supervisor.watching.verdict import Verdict, ranks_text
 
 STRAGGLER_ALERT = 2.0
 STRAGGLER_CLEAR = 1.5
@@ -61,7 +61,7 @@ class StragglerRule:
                 self._straggling.add(rank)
                 against, waiting = "the job's median", "the other ranks wait"
                 if state.replicas is not None:
-                    against, waiting = f"the median of its data-parallel ranks {','.join(map(str, state.replicas))}", "they wait"
+                    against, waiting = f"the median of its data-parallel {ranks_text(list(state.replicas))}", "they wait"
                 verdicts.append(
                     Verdict(
                         "straggler",
