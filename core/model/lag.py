@@ -83,17 +83,16 @@ def lags(ranks: Iterable[RankState]) -> dict[int, Lag]:
     live = [r for r in ranks if not r.exited and r.window.points]
     counted = counts_compute(live)
     own: dict[int, float] = {}
-    groups: dict[tuple[int, ...] | None, list[int]] = {}
     for rank in live:
         data = rank.window.data_ms(50)
         compute = rank.compute_ms() if counted else None
         if data is not None or compute is not None:
             own[rank.rank] = (data or 0.0) + (compute or 0.0)
-            groups.setdefault(rank.replicas, []).append(rank.rank)
     step = median([x for r in live if (x := r.window.step_ms(50)) is not None]) or 0.0
     out: dict[int, Lag] = {}
-    for members in groups.values():
-        middle = median([own[r] for r in members])
+    for members in peer_groups(live):
+        measured = [r for r in members if r in own]
+        middle = median([own[r] for r in measured])
         if middle:
-            out.update({r: Lag(own[r], middle, step) for r in members})
+            out.update({r: Lag(own[r], middle, step) for r in measured})
     return out

@@ -86,18 +86,12 @@ def typical(own: np.ndarray, groups: list[list[int]] | None) -> np.ndarray:
     """Each cell's median to be set against: its point's over every rank, or over its rank's
     group. The nearest-rank median, as the straggler rule takes it (lag.py): of two ranks the
     faster, so that a straggler among two reads as the rule reads it, not against their mean."""
-    if not groups:
-        return _median(own)
     middle = np.full_like(own, np.nan)
-    for members in groups:
+    for members in groups or [list(range(own.shape[1]))]:
         columns = [rank for rank in members if rank < own.shape[1]]
         if columns:
-            middle[:, columns] = _median(own[:, columns])
+            middle[:, columns] = np.nanpercentile(own[:, columns], 50, axis=1, keepdims=True, method="inverted_cdf")
     return middle
-
-
-def _median(own: np.ndarray) -> np.ndarray:
-    return np.nanpercentile(own, 50, axis=1, keepdims=True, method="inverted_cdf")
 
 
 def heat(points: list[Point], ranks: int, rows: int, columns: int, groups: list[list[int]] | None = None) -> Heat:
