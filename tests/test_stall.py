@@ -93,6 +93,25 @@ def test_a_rank_stuck_in_its_data_while_the_others_wait_is_named_within_the_wind
     assert dog.tick() == []  # one verdict per stall
 
 
+def test_a_rank_stuck_after_an_all_reduce_its_recorder_never_marked_completed_is_stuck_not_waiting():
+    """Gloo's recorder marks a rank's own completion late, if ever: rank 2's says step 29's all-reduce
+    (#30) is still running, though ranks 0 and 1 completed it and wait in #31. It is done on every
+    rank, so rank 2, in its loader since, is stuck in data (seen on a loaded CI run of
+    stuck_loader.py, where rank 1 read 'waits in all-reduce at stuck_loader.py:42 in __getitem__')."""
+    dog, state, clock = make(world=3)
+    stepping(3, 30, clock, dog, state)
+    verdicts = []
+    for _ in range(int(STALL_MIN_S) + 2):
+        clock.now += 1.0
+        for rank in range(2):
+            feed(dog, state, beat(rank, 30, "all-reduce", where="train.py:51 in train_step"))
+        feed(dog, state, beat(2, 30, "data", where="data.py:43 in __getitem__", collectives=[told(30, 29)]))
+        verdicts += [v for v in dog.tick() if v.kind != "straggler"]
+    [v] = verdicts
+    assert v.kind == "stall" and v.ranks == [2]
+    assert "rank 2 stuck 15 s in data at data.py:43 in __getitem__, after step 29" in v.text, v.text
+
+
 def test_the_window_follows_the_job_s_pace_and_leaves_a_longer_one_to_the_hang_rule():
     dog, state, clock = make(world=2, policy=WatchPolicy(hang_timeout=60))
     stepping(2, 20, clock, dog, state, step_s=2.0)

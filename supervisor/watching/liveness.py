@@ -43,6 +43,9 @@ class Liveness:
     collectives: dict[int, list[wire.Frame]] = field(default_factory=dict)
     """rank -> where it stands in each of its process groups' collectives (records.Collective),
     from its heartbeat (only ranks that sat on one step a while send it)."""
+    completed: dict[str, int] = field(default_factory=dict)
+    """group -> the furthest collective any of its ranks has told completed in this attempt
+    (Collective's group is the job's name of it, the same on every rank of the group)."""
     checkpointing: set[int] = field(default_factory=set)
     """Ranks whose last heartbeat found them saving or loading a checkpoint (torch.save, torch.distributed.checkpoint)."""
     heard: dict[int, float] = field(default_factory=dict)
@@ -65,6 +68,7 @@ class Liveness:
             newest = self.newest_attempt()
             if record["restart"] > newest:
                 self.world_size = record["world_size"]
+                self.completed.clear()  # a new attempt counts its collectives from 1
             elif record["restart"] == newest:
                 self.world_size = max(self.world_size, record["world_size"])
             self.attempt[rank] = record["restart"]
@@ -113,6 +117,9 @@ class Liveness:
             self.forwards[rank] = forwards
         if record.get("collectives") is not None:
             self.collectives[rank] = record["collectives"]
+            for collective in record["collectives"]:
+                group = collective["group"]
+                self.completed[group] = max(self.completed.get(group, 0), collective["completed"])
         else:
             self.collectives.pop(rank, None)
         if record.get("phase") == "checkpoint":
@@ -129,10 +136,15 @@ class Liveness:
         backward returned, and a recorder may not have marked the last one completed yet (gloo's
         marks a collective that nothing waited on by its work later, if ever). A collective the
         checkpoint makes itself (torch.distributed.checkpoint's) is a torch.distributed call on
-        its stack: the heartbeat's `inside`."""
+        its stack: the heartbeat's `inside`.
+
+        A collective another rank of its group completed is complete on this one too: every rank
+        had entered it. Gloo's recorder marks a rank's own completion late, if ever, and a rank
+        stuck since in its data loader would read as waiting in the all-reduce it finished."""
         if rank in self.checkpointing:
             return None
-        return next((c for c in self.collectives.get(rank, ()) if c["enqueued"] > c["completed"]), None)
+        completed = self.completed
+        return next((c for c in self.collectives.get(rank, ()) if c["enqueued"] > max(c["completed"], completed.get(c["group"], 0))), None)
 
     def _busy(self, record: wire.Frame, now: float) -> None:
         """A rank that kept a CPU busy over the last second, or moved data to or from storage,
