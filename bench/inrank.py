@@ -26,6 +26,7 @@ process reads and drops.
     python bench/inrank.py --floor --lines   # and where in the step each job's cost falls
     python bench/inrank.py --floor --bucket-view   # DDP's gradients as views of its buckets (guard.Flat)
     python bench/inrank.py --model gpt --floor --blocks 100   # nanoGPT's loop (bench/gpt_job.py), on a GPU
+    python bench/inrank.py --floor --instructions --blocks 6   # instructions a step, not time (bench/instructions.py)
 
 The medians of blocks leave out what happens only now and then, since
 few blocks hold it: the sender's thread building and sending the records
@@ -36,6 +37,12 @@ checksum's cost on the job's model (warm). Last, it times the heartbeat's
 look at the main thread (trainer/where.py) from another thread while the
 instrumented job trains: the one in-rank cost that is not on the training
 thread's path but holds the GIL once a second.
+
+With --instructions it runs its rotation again under valgrind's callgrind
+and reports each job's instructions a step on the training thread, which
+do not move with the machine's load as its clocks do (instructions.py): a
+few blocks weigh a change that the clocks need hundreds for. Nothing after
+the rotation runs then.
 
 With --ranks N it runs itself under torchrun with N ranks on gloo (one GPU
 each on CUDA), all ranks alternating in step, since every step all-reduces.
@@ -89,6 +96,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import instructions
 from floors import Floor, GraphFloor
 from overhead import device
 from scratch import scratch_folder
@@ -407,6 +415,8 @@ def measure(args: argparse.Namespace) -> None:
 
     names = jobs["plain"].LINES
     lines: dict[Job, dict[str, list[float]]] = {job: {line: [] for line in names} for job in jobs.values()}
+    counting = instructions.under_callgrind()
+    marks: Callable[[], None] = lambda: None  # noqa: E731 - instructions.mark once the rotation begins, under callgrind
 
     def block(job: Job, steps: int) -> tuple[float, float]:
         bind(job is hooked)
@@ -415,6 +425,7 @@ def measure(args: argparse.Namespace) -> None:
             job.run(args.warmup_steps)
             if cuda:
                 torch.cuda.synchronize()
+            marks()
             wall, cpu = time.perf_counter(), time.process_time()
             if args.lines:
                 job.run_lines(steps, lines[job])
@@ -422,6 +433,7 @@ def measure(args: argparse.Namespace) -> None:
                 job.run(steps)
             if cuda:
                 torch.cuda.synchronize()
+            marks()
         return (time.perf_counter() - wall) / steps * 1e3, (time.process_time() - cpu) / steps * 1e3
 
     for job in jobs.values():
@@ -439,6 +451,9 @@ def measure(args: argparse.Namespace) -> None:
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in jobs}
     order = list(jobs.items())
     before: dict[str, list[tuple[float, float]]] | None = None
+    ran: list[str] = []
+    if counting:
+        marks = instructions.mark
     for i in range(args.blocks):
         if args.capture and i == args.blocks // 2:  # the rotation's second half comes after a capture
             before, times = times, {name: [] for name in jobs}
@@ -447,6 +462,11 @@ def measure(args: argparse.Namespace) -> None:
         shift = i % len(order)
         for name, job in order[shift:] + order[:shift]:
             times[name].append(block(job, args.block_steps))
+            ran.append(name)
+    if counting:  # the parent reads the counts; the clocks under callgrind say nothing
+        instructions.save_labels(counting, ran, args.block_steps)
+        dist.destroy_process_group()
+        return
     world = dist.get_world_size()
     if leader:  # first: what follows takes longer, and a run cut short keeps this
         if before is not None:
@@ -804,6 +824,11 @@ def main() -> None:
         action="store_true",
         help="halfway through, capture 10 steps of ddptop's job with torch.profiler; its row after that is its own (ddptop's cost after a capture)",
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count each job's instructions a step on the training thread under valgrind's callgrind, not its time (bench/instructions.py)",
+    )
     args = parser.parse_args()
     gpt = args.model == "gpt"
     args.width = args.width or (384 if gpt else 256)
@@ -816,7 +841,26 @@ def main() -> None:
     if args.ranks > 1 and "WORLD_SIZE" not in os.environ:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks)]
         sys.exit(subprocess.run([*torchrun, __file__, *sys.argv[1:]]).returncode)
+    if args.instructions and not instructions.under_callgrind():
+        count_instructions(parser, args)
+        return
     measure(args)
+
+
+def count_instructions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--instructions: this bench's rotation again under callgrind, then each job's instructions a step."""
+    if why := instructions.missing():
+        parser.error(why)
+    if args.ranks > 1 or args.profile or args.torch_profile or args.capture:
+        parser.error("--instructions counts one rank's rotation of blocks: leave out --ranks, --profile, --torch-profile and --capture")
+    folder = scratch_folder("ddptop-inrank-callgrind-")
+    if returncode := instructions.run(__file__, sys.argv[1:], folder):
+        sys.exit(returncode)
+    print(
+        f"one rank on {device()} under callgrind ({args.threads} CPU thread), {model(args)}, --on-nan {args.on_nan}; "
+        f"{args.blocks} alternating blocks of {args.block_steps} steps each, after {args.warmup_steps} uncounted"
+    )
+    instructions.report(instructions.per_block(folder))
 
 
 if __name__ == "__main__":

@@ -25,30 +25,42 @@ costs inside torch's own step.
 
     python bench/opcost.py                   # on a GPU
     python bench/opcost.py --calls 2000      # on the CPU, a quick look
+    python bench/opcost.py --calls 200 --instructions   # on the CPU, instructions a call (about a minute)
+
+With --instructions each loop runs under valgrind's callgrind and its rows say how many
+instructions a call does on this thread (bench/instructions.py), which the machine's load
+does not move: on a CPU the ops' own work, their dispatch and their Python, counted. The
+fused AdamW rows are left out then.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import instructions
 import torch
 from floors import capture
+from scratch import scratch_folder
 
 from ddptop.trainer import guard, sampled, torchapi
 
 
-def per_call_us(run: Callable[[], Any], calls: int, sync: Callable[[], None]) -> float:
-    """Microseconds a call of run, on this thread, over calls calls after a warm-up."""
+def per_call_us(run: Callable[[], Any], calls: int, sync: Callable[[], None], mark: Callable[[], None] = lambda: None) -> float:
+    """Microseconds a call of run, on this thread, over calls calls after a warm-up; mark
+    closes a part of callgrind's count as the calls begin and as they end (--instructions)."""
     for _ in range(max(100, calls // 40)):
         run()
     sync()
+    mark()
     start = time.perf_counter()
     for _ in range(calls):
         run()
     elapsed = time.perf_counter() - start
+    mark()
     sync()
     return elapsed / calls * 1e6
 
@@ -108,7 +120,21 @@ def main() -> None:
         default=16,
         help="gradients the fused norm takes, each 256 x 256 (16: an MLP of 8 layers, as inrank.py counts; the example's has 6)",
     )
+    parser.add_argument(
+        "--instructions", action="store_true", help="count each row's instructions a call under valgrind's callgrind, not its time"
+    )
     args = parser.parse_args()
+    counting = instructions.under_callgrind()
+    if args.instructions and not counting:
+        if why := instructions.missing():
+            parser.error(why)
+        folder = scratch_folder("ddptop-opcost-callgrind-")
+        if returncode := instructions.run(__file__, sys.argv[1:], folder):
+            sys.exit(returncode)
+        print(f"instructions a call on this thread under callgrind, {args.calls} calls each")
+        for name, counts in instructions.per_block(folder).items():
+            print(f"{name:72s} {counts[0]:>12,.0f}")
+        return
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     sync: Callable[[], None] = torch.cuda.synchronize if cuda else lambda: None
@@ -141,8 +167,9 @@ def main() -> None:
             "the two copied into the slot's rows by one op instead, _foreach_copy_",
             lambda: torch._foreach_copy_(host_rows, [norm, loss], non_blocking=True),
         ),
-        *fused_adamw_rows(dev, flag),
     ]
+    if not counting:  # a CPU's fused AdamW is its arithmetic, which callgrind would take many minutes over
+        rows += fused_adamw_rows(dev, flag)
     if cuda:
         event, stream = torch.cuda.Event(), torch.cuda.current_stream()
         rows += [
@@ -158,6 +185,11 @@ def main() -> None:
                 lambda: guard.pack([*guard.norms(grads), loss]),
             ),
         ]
+    if counting:  # the parent reads the counts; the clocks under callgrind say nothing
+        for _, run in rows:
+            per_call_us(run, args.calls, sync, instructions.mark)
+        instructions.save_labels(counting, [name for name, _ in rows], args.calls)
+        return
     print(f"{torch.cuda.get_device_name() if cuda else 'CPU'}, torch {torch.__version__}, {args.calls} calls each")
     for name, run in rows:
         print(f"{name:72s} {per_call_us(run, args.calls, sync):8.2f} us")
