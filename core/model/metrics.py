@@ -189,7 +189,9 @@ COMM_SHARE = Metric(
     number("{:.0%}"),
     job=middle,
     column="COMM %",
-    prometheus=Prometheus("comm_share_ratio", "share of the step time spent in communication"),
+    prometheus=Prometheus(
+        "comm_share_ratio", "share of the gradient all-reduce in the compute and communication of the steps DDP timed, data wait left out"
+    ),
     summary=COMM_SUMMARY,
 )
 DATA_MS = Metric(
