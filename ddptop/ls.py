@@ -5,7 +5,10 @@ status, steps done, and for a failed run the verdict that explains it) is
 read back; a run whose supervisor died before it could say is judged from
 its event log's last record (rundir.RunDir.state), and its steps and how
 long it ran are what a replay shows: the state its supervisor last saved
-and the records logged after it, folded (model/snapshot.py replayed).
+and the records logged after it, folded (model/snapshot.py replayed). A
+running job's steps are its replay's too: the state its supervisor saves
+every 30 s or more would show none for a job's first half minute, and
+steps that long behind after it.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ def row(run: rundir.RunDir, now: float) -> dict[str, Any]:
     meta = run.read_meta()
     state = run.state()
     started, ended = meta.get("started"), meta.get("ended")
-    if ended is None and state != "running":  # its supervisor died before saying: as the replay shows it
+    if ended is None:  # running, or its supervisor died before saying: as the replay shows it
         folded = replay(run)
         if folded is not None:
-            ended, meta = folded.last_wall, {**meta, "steps": folded.totals().steps_done}
+            meta = {**meta, "steps": folded.totals().steps_done}
+            if state != "running":
+                ended = folded.last_wall
     style = meta.get("launch_style", "torchrun")
     return {
         "id": run.id,

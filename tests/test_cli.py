@@ -103,6 +103,19 @@ def test_ls_and_export_read_run_directories(ddptop_home, tmp_path):
     assert os.stat(run.path).st_mode & 0o777 == 0o700
 
 
+def test_ls_gives_a_running_jobs_steps_as_logged_not_as_last_saved(ddptop_home, tmp_path):
+    """The supervisor saves the job's state every 30 s or more: a job's first half minute had no
+    steps in `ddptop ls`, and later ones showed steps that far behind. Its log has them now."""
+    run = _fake_run(tmp_path, "running", os.getpid())  # a live supervisor
+    log = EventLog(run.events_path)
+    for step in range(40):
+        log.append({"type": "step", "rank": 0, "step": step, "wall": 1.0 + step, "step_ms": 2.0})
+    log.close()
+    (row,) = json.loads(run_ddptop("ls", "--json").stdout)
+    assert (row["state"], row["steps"], row["ended"]) == ("running", 40, None)
+    assert run_ddptop("ls").stdout.splitlines()[1].split()[6] == "40"
+
+
 def test_a_run_directory_used_again_is_one_run(ddptop_home, tmp_path):
     """`--run-dir R` after `rm -rf R`: the first run's link in the root now leads to the second
     run, beside the second's own link. ls lists it once, and its name finds it."""
