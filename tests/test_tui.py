@@ -12,6 +12,7 @@ from conftest import until
 from synthetic import synthetic_job
 from textual.pilot import Pilot
 from textual.widgets import Log
+from textual.widgets._footer import FooterKey
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import closed_segments
@@ -275,6 +276,38 @@ async def test_restart_group_asks_first(job):
         await pilot.press("y")
         await until(lambda: job.commands, "the restart command")
         assert job.commands == [{"type": "command", "action": "restart"}]
+
+
+def footer_actions(app: DdptopApp) -> set[str]:
+    """The actions the footer on screen offers, as drawn."""
+    return {key.action for key in app.screen.query(FooterKey)}
+
+
+ON_THE_JOB = {"restart_group", "kill_rank", "profile"}
+
+
+async def test_the_footer_offers_restart_kill_and_profile_only_while_the_job_runs(job):
+    """A job that has ended, or a replay, has nothing to restart, kill or profile: the footer
+    offered "R restart  K kill rank" there too, and a rank's detail "P profile", for keys that
+    answered with a warning."""
+    job.feed(world=2)
+    app = dashboard(job)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(lambda: table(app).row_count == 2, "rows")
+        await until(lambda: {"restart_group", "kill_rank"} <= footer_actions(app), "restart and kill offered")
+        await pilot.press("down", "enter")
+        await until(lambda: "profile" in footer_actions(app), "the rank's profile offered")
+        await job.finish(0)
+        await until(lambda: app.stream_ended, "the end of the stream")
+        await until(lambda: "app.pop_screen" in (offered := footer_actions(app)) and not ON_THE_JOB & offered, "no profile offered")
+        await pilot.press("escape")
+        await until(lambda: "help" in (offered := footer_actions(app)) and not ON_THE_JOB & offered, "no restart or kill offered")
+        await pilot.press("R")
+        assert not isinstance(app.screen, ConfirmScreen)
+    replay = DdptopApp(ReplaySource(job.hub.run), "replay", job.hub.run.path)
+    async with replay.run_test(size=(160, 40)):
+        await until(lambda: replay.stream_ended and "help" in footer_actions(replay), "the replay's footer")
+        assert not ON_THE_JOB & footer_actions(replay)
 
 
 async def at_the_quit_question(app: DdptopApp, pilot: Pilot) -> None:

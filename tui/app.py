@@ -49,6 +49,9 @@ FIXED_ROWS = 8
 CHART_ROWS = 9
 """The fewest rows a row of charts is readable in; the charts' caption takes one more."""
 GONE = "the supervisor is gone (its job has ended): nothing was sent"
+ON_THE_JOB = frozenset({"restart_group", "kill_rank"})
+"""Actions on the running job, which the footer offers only while there is one: not in a
+replay, nor once the job has ended (a rank's detail offers its profile capture alike)."""
 
 
 class DdptopApp(App[str | None]):
@@ -92,6 +95,8 @@ class DdptopApp(App[str | None]):
         self.chart_turn = 0
         self.arranged: tuple[int, int, int, bool, int] | None = None
         """The charts' rows, the width, the charts' height when fixed, heatmap or lines, the table's rows."""
+        self.offered_job_actions = self.job_running()
+        """Whether the footer offers ON_THE_JOB: redrawn when the job stops running."""
         self.table = RankTable(id="ranks")
         self.nodes = NodeTable(id="nodes")
         self.view = "auto"
@@ -163,6 +168,9 @@ class DdptopApp(App[str | None]):
         return len(nodes) > 1 and len(self.state.ranks) > fits
 
     def refresh_view(self, force: bool = False) -> None:
+        if self.offered_job_actions != self.job_running():
+            self.offered_job_actions = not self.offered_job_actions
+            self.refresh_bindings()
         if self.paused and not force:
             return
         now = self.now()
@@ -222,6 +230,10 @@ class DdptopApp(App[str | None]):
     def job_running(self) -> bool:
         return self.source.live and not self.stream_ended and self.state.exit is None
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Restart and kill are left out of the footer, and their keys do nothing, where no job runs."""
+        return action not in ON_THE_JOB or self.offered_job_actions
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
@@ -272,7 +284,15 @@ class DdptopApp(App[str | None]):
         if rank is not None:
             self.push_screen(
                 RankDetailScreen(
-                    self.state, rank, self.run_dir, self.now, self.charts.whole, self.ask_log, self.ask_profile, focus_log=logs
+                    self.state,
+                    rank,
+                    self.run_dir,
+                    self.now,
+                    self.charts.whole,
+                    self.ask_log,
+                    self.ask_profile,
+                    lambda: self.offered_job_actions,
+                    focus_log=logs,
                 )
             )
 

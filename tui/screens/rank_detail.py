@@ -105,12 +105,19 @@ class RankDetailScreen(Screen[None]):
         whole: bool,
         ask_log: Asker,
         ask_profile: Asker,
+        running: Callable[[], bool],
         focus_log: bool = False,
     ) -> None:
         super().__init__()
         self.state, self.rank, self.run_dir, self.start_on_log = state, rank, run_dir, focus_log
         self.clock, self.whole, self.ask_log, self.ask_profile = clock, whole, ask_log, ask_profile
+        self.running = running
+        """Whether a job runs that can take a capture: the app redraws the footer when it stops."""
         self.asked = False
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The profile capture is left out of the footer, and its key does nothing, where no job runs."""
+        return action != "profile" or self.running()
 
     def compose(self) -> ComposeResult:
         yield Static(id="detail-title")
