@@ -115,7 +115,8 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     script, clipped = probe.script_norm, probe.clipped
     if probe.clips:  # the script's clip is this step's alone, and its parameters are not held past it
         probe.script_norm, probe.clips, probe.clipped = None, 0, []
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    # Each p.grad is a call into torch: read once, not once to test and again to take.
+    grads = [grad for group in optimizer.param_groups for p in group["params"] if (grad := p.grad) is not None]
     if not grads:  # no parameter has a gradient this step: nothing to check or clip, only its losses
         probe.scale = scale
         return losses_only(probe)
