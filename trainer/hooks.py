@@ -338,12 +338,13 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
     own, not its data wait (steps.py). One within a step (a frozen teacher's) is part
     of that step's work."""
     tracker, token_dtypes = probe.tracker, batch.TOKEN_DTYPES
+    grad_enabled, tensor_type = torch.is_grad_enabled, torch.Tensor  # looked up once, not at every forward
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         tracker.forwards += 1
-        if (self.training or self._modules["module"].training) and torch.is_grad_enabled():
-            if args and not kwargs and isinstance(first := args[0], torch.Tensor) and (shape := first.shape):  # model(x)
+        if (self.training or self._modules["module"].training) and grad_enabled():
+            if args and not kwargs and isinstance(first := args[0], tensor_type) and (shape := first.shape):  # model(x)
                 tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in token_dtypes else None
                 tracker.forward_begin(shape[0], tokens, id(self))
             else:
