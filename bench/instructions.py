@@ -13,9 +13,15 @@ os.getloadavg() (mark(), which neither ddptop nor torch calls) writes the
 counts since the last one, thread by thread (--separate-threads), and zeroes
 them. A block marks as its timed steps begin and as they end, so every
 second part is one block of one job, named in the order the blocks ran
-(labels.json). The training thread is callgrind's thread 1; the others
-(the sender's, gloo's) run on the wall clock, which callgrind slows about
-fifty times, so what they do cannot be set against a block.
+(labels.json). The training thread is callgrind's thread 1.
+
+ddptop's sender thread is not started while counting. It wakes on the wall
+clock, every 100 ms, and callgrind slows the process about fifty times: it
+would take the GIL from the training thread every other step rather than
+every hundredth, and each handoff costs the training thread thousands of
+instructions, more the busier the machine (a run beside another read 13,000
+instructions a step more). Its own cost, and what its periodic reads cost
+the training thread, are what inrank.py's clocks report apart.
 
 What an instruction costs is not the same everywhere: a cache miss costs
 hundreds of cycles, and on a GPU a torch op's host work (a launch) replaces
