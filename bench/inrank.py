@@ -850,13 +850,9 @@ def main() -> None:
 
 def count_instructions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--instructions: this bench's rotation again under callgrind, then each job's instructions a step."""
-    if why := instructions.missing():
-        parser.error(why)
     if args.ranks > 1 or args.profile or args.torch_profile or args.capture:
         parser.error("--instructions counts one rank's rotation of blocks: leave out --ranks, --profile, --torch-profile and --capture")
-    folder = scratch_folder("ddptop-inrank-callgrind-")
-    if returncode := instructions.run(__file__, sys.argv[1:], folder):
-        sys.exit(returncode)
+    folder = instructions.counted(parser, __file__)
     print(
         f"one rank on {device()} under callgrind ({args.threads} CPU thread), {model(args)}, --on-nan {args.on_nan}; "
         f"{args.blocks} alternating blocks of {args.block_steps} steps each, after {args.warmup_steps} uncounted"

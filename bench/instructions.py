@@ -31,6 +31,7 @@ how long it takes.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -40,6 +41,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from scratch import scratch_folder
 
 FOLDER = "INRANK_CALLGRIND"
 """The environment variable that tells inrank.py it runs under callgrind, and where the counts go."""
@@ -58,13 +61,12 @@ def mark() -> None:
     os.getloadavg()
 
 
-def missing() -> str | None:
-    """Why callgrind cannot run here, or None."""
-    return None if shutil.which("valgrind") else "--instructions needs valgrind (apt-get install valgrind)"
-
-
-def run(script: str, argv: list[str], folder: str) -> int:
-    """Run script with argv under callgrind, its counts into folder; its exit status."""
+def counted(parser: argparse.ArgumentParser, script: str) -> str:
+    """Run script again, with this process's arguments, under callgrind: the folder its counts
+    are in. Without valgrind, parser's one-line error; a run that fails exits with its status."""
+    if not shutil.which("valgrind"):
+        parser.error("--instructions needs valgrind (apt-get install valgrind)")
+    folder = scratch_folder("ddptop-callgrind-")
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -74,9 +76,11 @@ def run(script: str, argv: list[str], folder: str) -> int:
         "--quiet",
         sys.executable,
         script,
-        *argv,
+        *sys.argv[1:],
     ]
-    return subprocess.run(command, env={**os.environ, FOLDER: folder}).returncode
+    if returncode := subprocess.run(command, env={**os.environ, FOLDER: folder}).returncode:
+        sys.exit(returncode)
+    return folder
 
 
 def save_labels(folder: str, labels: list[str], steps: int) -> None:

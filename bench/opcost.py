@@ -36,7 +36,6 @@ fused AdamW rows are left out then.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,7 +43,6 @@ from typing import Any
 import instructions
 import torch
 from floors import capture
-from scratch import scratch_folder
 
 from ddptop.trainer import guard, sampled, torchapi
 
@@ -126,11 +124,7 @@ def main() -> None:
     args = parser.parse_args()
     counting = instructions.under_callgrind()
     if args.instructions and not counting:
-        if why := instructions.missing():
-            parser.error(why)
-        folder = scratch_folder("ddptop-opcost-callgrind-")
-        if returncode := instructions.run(__file__, sys.argv[1:], folder):
-            sys.exit(returncode)
+        folder = instructions.counted(parser, __file__)
         print(f"instructions a call on this thread under callgrind, {args.calls} calls each")
         for name, counts in instructions.per_block(folder).items():
             print(f"{name:72s} {counts[0]:>12,.0f}")
