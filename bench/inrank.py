@@ -839,12 +839,12 @@ def main() -> None:
 
         if not torch.cuda.is_available():
             parser.error("--graph-floor needs a GPU: a CUDA graph replays kernels")
-    if args.ranks > 1 and "WORLD_SIZE" not in os.environ:
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks)]
-        sys.exit(subprocess.run([*torchrun, __file__, *sys.argv[1:]]).returncode)
     if args.instructions and not instructions.under_callgrind():
         count_instructions(parser, args)
         return
+    if args.ranks > 1 and "WORLD_SIZE" not in os.environ:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks)]
+        sys.exit(subprocess.run([*torchrun, __file__, *sys.argv[1:]]).returncode)
     measure(args)
 
 
