@@ -29,15 +29,13 @@ from typing import Any
 from ddptop.trainer import importwatch, patches, torchapi
 from ddptop.trainer.probe import Probe
 
-STAGE_MODULE = "torch.distributed.pipelining.stage"
-
 
 def install(probe: Probe) -> None:
-    importwatch.after_import(STAGE_MODULE, functools.partial(_wrap_stage, probe))
+    importwatch.after_import(torchapi.PIPELINE_STAGE_MODULE, functools.partial(_wrap_stage, probe))
 
 
 def _wrap_stage(probe: Probe) -> None:
-    module = sys.modules[STAGE_MODULE]
+    module = sys.modules[torchapi.PIPELINE_STAGE_MODULE]
     base, shapes = torchapi.pipeline_stage(module)
     original = getattr(base, "scale_grads", None)
     if original is not None:

@@ -142,6 +142,9 @@ def flight_recorder_dumps() -> list[Callable[..., bytes]]:
     return [dump for name in names if (dump := getattr(c10d, name, None)) is not None]
 
 
+PIPELINE_STAGE_MODULE = "torch.distributed.pipelining.stage"
+"""Where pipeline stages are defined: wrapped once a script imports it (pipelining.py), never imported for it."""
+
 PIPELINE_SHAPES = ("_forward_metadata_inference", "_shape_inference")
 """PipelineStage's run of its module at its first step to learn its shapes: torch 2.13's name, then
 the earlier one's (which ran it on meta tensors under no_grad)."""
@@ -166,12 +169,12 @@ def missing() -> list[str]:
     trace_rules = importlib.import_module("torch._dynamo.trace_rules")  # imported here only: dynamo_skips never does
     absent += [f"torch._dynamo.trace_rules.{n}" for n in ("add", "SKIP_DIRS", "_recompile_re") if not hasattr(trace_rules, n)]
     try:
-        stage_module = importlib.import_module("torch.distributed.pipelining.stage")
+        stage_module = importlib.import_module(PIPELINE_STAGE_MODULE)
     except ImportError:  # torch before 2.4 has no pipelining: nothing to wrap
         stage_module = None
     if stage_module is not None:
         base, shapes = pipeline_stage(stage_module)
-        absent += [] if hasattr(base, "scale_grads") else ["torch.distributed.pipelining.stage._PipelineStageBase.scale_grads"]
+        absent += [] if hasattr(base, "scale_grads") else [f"{PIPELINE_STAGE_MODULE}._PipelineStageBase.scale_grads"]
         absent += [] if shapes else [f"PipelineStage.{PIPELINE_SHAPES[0]}"]
     scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if scaler_class is None:
