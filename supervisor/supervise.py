@@ -97,8 +97,9 @@ class Supervisor:
         self._stopping: asyncio.Task | None = None
         self.meta: dict[str, Any] = {}
         """What meta.json says of the run (launch.py writes it first)."""
-        self._restart_when_up = False
-        """A restart asked while the group was between attempts, carried out at the next hello."""
+        self._restart_when_up: str | None = None
+        """A restart asked while the group was between attempts (the request in words), carried
+        out at the next hello."""
         self._why: str | None = None
         """What explains a failed job, for `ddptop ls`: the verdict that stopped it, else its first crash."""
         self._restarts_held: list[wire.Frame] = []
@@ -138,12 +139,15 @@ class Supervisor:
             known = ",".join(map(str, sorted(self.state.ranks))) or "none yet"
             self.hub.note(f"no rank {command.get('rank')} in this job (ranks: {known})")
             return
-        killed = self._kill_ranks(command.get("rank") if action == "kill_rank" else None)
         what = "restart of the group" if action == "restart" else f"kill of rank {command.get('rank')}"
-        self._note(command.get("rank"), f"{what} requested {source}")
+        asked = f"{what} requested {source}"
+        killed = self._kill_ranks(command.get("rank") if action == "kill_rank" else None)
+        if killed:  # torchrun's record of the restart comes later, through this loop
+            self.hub.stopping_for({"asked": asked})
+        self._note(command.get("rank"), asked)
         if action == "restart" and not killed:
             # Between two attempts there is nothing to kill: the restart waits for the group to be up.
-            self._restart_when_up = True
+            self._restart_when_up = asked
             self._note(None, "the group is between attempts: it restarts once its first rank is up")
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
@@ -225,7 +229,8 @@ class Supervisor:
             # failed attempt has said all it will (crash.py), not at the next tick.
             self._in_background(self._watch())
         if kind == "rank_hello" and self._restart_when_up:  # after the watchdog saw the hello: this attempt ends
-            self._restart_when_up = False
+            self.hub.stopping_for({"asked": self._restart_when_up})
+            self._restart_when_up = None
             self._kill_ranks()
 
     def _crash_log(self, failure: wire.Frame) -> list[str]:
@@ -246,7 +251,10 @@ class Supervisor:
         if self._restarts_held and not self.watchdog.judging() and self._stopping is None:
             for held in self._restarts_held:
                 self.say(restart_text(held, going=True))
-                self.hub.collector.tell_agents({"type": "restart_go", "restart": held["restart"]})
+                go: wire.Frame = {"type": "restart_go", "restart": held["restart"]}
+                if held.get("asked"):
+                    go["now"] = True
+                self.hub.collector.tell_agents(go)
             self._restarts_held.clear()
 
     async def _carry_out(self, verdict: Verdict) -> None:
@@ -270,7 +278,7 @@ class Supervisor:
             await self._remote_stacks(verdict.stacks)
         if verdict.action == "restart":
             self._note(None, f"restarting the worker group after the {verdict.kind} alert")
-            self.hub.ordering = verdict.kind
+            self.hub.stopping_for({"ordered": verdict.kind})
             self._kill_ranks()
         elif verdict.action == "stop":
             self._note(None, f"stopping the job after the {verdict.kind} alert")

@@ -77,8 +77,14 @@ def test_kill_restart_logs_and_stop_from_the_shell_then_ls_tells_the_outcome(ddp
     assert attempts[0] == 0 and attempts[-1] == 2 and attempts == sorted(set(attempts)), attempts  # attempt 1 may have said nothing
     assert "[rank1 stderr]" in followed
 
-    said = [r["text"] for r in rundir.read_events(run) if r["type"] == "action"]
+    events = list(rundir.read_events(run))
+    said = [r["text"] for r in events if r["type"] == "action"]
     assert "kill of rank 1 requested from the shell (ddptop kill)" in said and "stop requested from the shell (ddptop stop)" in said, said
+    asked = [r.get("asked") for r in events if r["type"] == "group_restart"]  # each says why, not whom ddptop killed
+    assert asked == [
+        "kill of rank 1 requested from the shell (ddptop kill)",
+        "restart of the group requested from the shell (ddptop restart)",
+    ], asked
     again = run_ddptop("stop", run.id)
     assert again.returncode == 2 and f"run {run.id} has stopped: nothing to stop" in again.stderr
     (row,) = json.loads(run_ddptop("ls", "--json").stdout)

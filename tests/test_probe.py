@@ -29,6 +29,16 @@ def test_a_restart_waits_for_the_go_of_its_own_number():
     assert not thread.is_alive()
 
 
+def test_a_go_for_a_restart_the_user_asked_for_waives_the_backoff():
+    plain, plain_supervisor = held_restart(3, backoff=60.0)
+    asked, asked_supervisor = held_restart(3, backoff=60.0)
+    plain_supervisor.sendall(wire.encode({"type": "restart_go", "restart": 3}))
+    asked_supervisor.sendall(wire.encode({"type": "restart_go", "restart": 3, "now": True}))
+    asked.join(5.0)
+    assert not asked.is_alive()
+    assert plain.is_alive(), "a plain go skipped the backoff"
+
+
 def test_a_supervisor_that_goes_away_does_not_hold_the_restart():
     thread, supervisor = held_restart(1)
     supervisor.close()

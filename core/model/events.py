@@ -26,13 +26,15 @@ def exit_reason(exitcode: int) -> str:
 
 
 def restart_text(record: wire.Frame, going: bool = False) -> str:
-    """A group_restart record in words: count, cause and backoff.
+    """A group_restart record in words: count, cause and backoff (none for a restart the user asked for).
 
     torchrun's probe asks, and holds the restart until the watchdog has judged
     the failure (a crash loop stops the job instead): the record itself is the
     request; `going` says it as the supervisor gives the go."""
     verb = "restarts" if going else "asks to restart"
     text = f"torchrun {verb} the worker group (restart {record['restart']}, {record['remaining']} left)"
+    if record.get("asked"):
+        return f"{text} after the {record['asked']}"  # at once: no backoff for what the user asked
     if record.get("ordered"):
         text += f" after ddptop stopped it for the {record['ordered']} alert"
     elif record.get("rank") is not None and record.get("exitcode") is not None:

@@ -229,6 +229,10 @@ class GroupRestart(TypedDict):
     ordered: NotRequired[str]
     """The watchdog verdict (its kind) for which ddptop stopped the group itself: then rank and
     exitcode are only the first of the ranks ddptop killed, no cause (added by the supervisor)."""
+    asked: NotRequired[str]
+    """The user's request for which ddptop stopped the group, in words ("kill of rank 1 requested
+    from the shell (ddptop kill)"): then, too, rank and exitcode name only whom ddptop killed, and
+    the restart waits out no backoff (added by the supervisor)."""
 
 
 class RestartGo(TypedDict):
@@ -236,6 +240,8 @@ class RestartGo(TypedDict):
 
     type: Literal["restart_go"]
     restart: int
+    now: NotRequired[bool]
+    """Go without waiting out the rest of the backoff: a restart the user asked for."""
 
 
 class Checkpoint(TypedDict):

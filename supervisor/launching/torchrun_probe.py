@@ -11,7 +11,7 @@ engine, in the same process, with two of its agent's methods wrapped:
 - `_restart_workers`: each restart of the worker group is a `group_restart`
   record with the count and the failure that caused it; restarts after the
   first wait an exponentially growing backoff first, so a job failing on a
-  flaky resource does not spin. The restart also waits (bounded) for the
+  flaky resource does not spin (one the user asked for waits none). The restart also waits (bounded) for the
   supervisor's `restart_go`: it is sent once the watchdog has judged the
   failure, so a crash loop is stopped before another attempt starts, however
   loaded the machine.
@@ -107,6 +107,7 @@ class Reporter:
 
     def hold_restart(self, restart: int, backoff: float) -> None:
         """Wait out the backoff, and until the supervisor says go (at most JUDGE_WAIT_S more).
+        A go that says `now` (a restart the user asked for) waives what is left of the backoff.
 
         A stop signal still interrupts the wait (torchrun's SignalException).
         """
@@ -126,9 +127,12 @@ class Reporter:
                 self._sock = None
                 break
             try:
-                go = any(f["type"] == "restart_go" and f.get("restart") == restart for f in decoder.feed(data))
+                gos = [f for f in decoder.feed(data) if f["type"] == "restart_go" and f.get("restart") == restart]
             except wire.FrameError:
                 break
+            go = bool(gos)
+            if any(f.get("now") for f in gos):
+                return
         time.sleep(max(0.0, start + backoff - time.monotonic()))
 
     def failures(self, result: Any, group_rank: int) -> None:

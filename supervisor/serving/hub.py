@@ -58,17 +58,16 @@ class Hub:
         self._clock = clock
         """When the periodic snapshot is due, by this clock (a bench's is simulated)."""
         self._next_snapshot = clock() + SNAPSHOT_EVERY_S
-        self.ordering: str | None = None
-        """The verdict (its kind) for which the supervisor is stopping the worker group itself,
-        until the restarted group says hello: torchrun's restart record is marked with it."""
+        self._stopping_for: tuple[int, dict[str, str]] | None = None
+        """The attempt the supervisor is stopping itself, and why (stopping_for)."""
         self.taps: list[Callable[[wire.Frame, bytes], None]] = []
         """Also given every record and its encoding: a node's uplink to the aggregator."""
 
     def record(self, frame: wire.Frame) -> None:
-        if frame["type"] == "group_restart" and self.ordering is not None:
-            frame = {**frame, "ordered": self.ordering}  # the rank torchrun names is one ddptop killed
-        elif frame["type"] == "rank_hello":
-            self.ordering = None  # the restarted group is up
+        if frame["type"] == "group_restart" and self._stopping_for is not None:
+            frame = {**frame, **self._stopping_for[1]}
+        elif frame["type"] == "rank_hello" and self._stopping_for is not None and frame["restart"] > self._stopping_for[0]:
+            self._stopping_for = None  # the restarted group is up
         data = wire.encode(frame)
         if frame["type"] not in UNLOGGED:
             self.log.write(data)  # never raises: its failures are said by the flush below
@@ -78,6 +77,13 @@ class Hub:
             tap(frame, data)
         if self.observer is not None:
             self.observer(frame)
+
+    def stopping_for(self, why: dict[str, str]) -> None:
+        """The supervisor stops the current attempt's group itself: {"ordered": a verdict's kind}
+        or {"asked": the user's request in words}. Every node's torchrun record of the restart is
+        marked with it until the next attempt says hello, since the rank such a record names is
+        only one ddptop killed."""
+        self._stopping_for = (self.state.restarts, why)
 
     def snapshot_frames(self) -> list[bytes]:
         """The job's state as encoded frames, for a dashboard attaching now."""
