@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from conftest import accumulating_step
@@ -10,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddptop.trainer import hooks, patches
 from ddptop.trainer.policy import GuardPolicy
-from ddptop.trainer.sampled import Sampled
+from ddptop.trainer.sampled import Sampled, rate_for
 from ddptop.trainer.steps import StepTracker
 
 
@@ -74,3 +76,47 @@ def test_a_step_that_accumulates_over_micro_batches_counts_the_compute_of_all_of
         assert last["comm_step"] == 2 and last["compute_ms"] == pytest.approx(3 * synced), (last, synced)
     finally:
         patches.undo()
+
+
+def test_ddp_samples_a_model_once_a_reading_at_the_pace_it_runs_and_a_capture_holds_that_rate(gloo_world_of_one):
+    """DDP samples every 100th iteration: for a job of 1 s steps, comm figures 100 s old. Each read
+    takes the job's pace, and DDP's sample rate follows it. The clock moves a second a step, and
+    `every` stands for the read interval: at 0.1 ms every step is slower than a reading, at 1000 s
+    none is."""
+
+    def steps(sampled: Sampled, n: int) -> Any:
+        now = [0.0]
+        sampled._clock = lambda: now[0]
+        hooks.install(StepTracker(0, emit=lambda record: None), GuardPolicy(), sampled)
+        try:
+            torch.manual_seed(0)
+            model = DistributedDataParallel(nn.Linear(8, 2))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(n):
+                model(torch.randn(4, 8)).pow(2).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                sampled.read()  # due at each: the training thread reads after the next step
+                now[0] += 1.0
+            model(torch.randn(4, 8)).sum()  # publishes the last iteration's timings, if it was sampled
+            return model
+        finally:
+            patches.undo()
+
+    slow = Sampled(every=1e-4)
+    model = steps(slow, 30)
+    assert model._get_ddp_logging_data()["iteration"] == 30, "sampled at every iteration once the pace was read"
+    slow.hold_rate(1)  # a capture, then its end: back to the pace's rate, not DDP's own
+    slow.hold_rate(None)
+    for _ in range(5):
+        model(torch.randn(4, 8)).sum().backward()
+    model(torch.randn(4, 8)).sum()
+    assert model._get_ddp_logging_data()["iteration"] == 36  # 30 steps, a forward, 5 iterations
+
+    fast = steps(Sampled(every=1000.0), 30)
+    assert fast._get_ddp_logging_data()["iteration"] == 10, "DDP's own rate: its first 10 iterations, then every 100th"
+
+
+def test_the_rate_is_the_largest_round_one_that_samples_once_a_reading():
+    assert [rate_for(pace) for pace in (0.2, 1.0, 3.9, 15.0, 99.0, 100.0, 5000.0)] == [1, 1, 2, 10, 50, 100, 100]
+    assert rate_for(500.0, every=0.1) == 50

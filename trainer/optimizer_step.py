@@ -345,7 +345,7 @@ def end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> N
         del optimizer.found_inf
         probe.found_inf_set = None
     if probe.sampled.comm_due:  # once a second: the reducer is idle between steps (sampled.py)
-        probe.sampled.read_comm()
+        probe.sampled.read_comm(probe.tracker.step)
     groups = optimizer.param_groups
     if groups and type(lr := groups[0].get("lr")) is float:  # a tensor one (capturable schedules) would need a device read
         probe.tracker.optimizer_end({"lr": lr})

@@ -48,6 +48,7 @@ class Probe:
         self.waits_on_gpu = policy.waits(cuda=True)
         """policy.waits on a GPU, read once, as skips is."""
         self.sampled = sampled if sampled is not None else Sampled()
+        self.captures.hold_rate = self.sampled.hold_rate
         self.models: list[weakref.ref[Any]] = []
         """The DDP models, weakly: their parameters are what the checksum covers."""
         self.world = 1

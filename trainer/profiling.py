@@ -14,7 +14,7 @@ and the job trains on.
 
 The step's phases come from what DDP's reducer times in C++ (sampled.py
 says what): during a capture it times every iteration instead of every
-100th (its runtime logging sample rate, put back to DDP's default after),
+100th (its runtime logging sample rate, put back after: sampled.py),
 so each captured step has its forward and backward compute, its all-reduce
 and how much of it overlapped the backward, device times on a GPU; the data
 wait is from the previous step's end to the step's first forward, and the rest
@@ -27,7 +27,6 @@ capture reads one boundary past its last step.
 
 from __future__ import annotations
 
-import functools
 import gzip
 import os
 import shutil
@@ -47,8 +46,6 @@ MAX_S = 60.0
 MAX_TRACE_BYTES = 256 << 20
 """A gzipped trace larger than this is not kept (the capture says so)."""
 TOP_OPS = 15
-DDP_SAMPLE_RATE = 100
-"""DDP's own runtime logging sample rate (kDDPRuntimeLoggingSampleRate), put back after a capture."""
 EXPORT_WAIT_S = 10.0
 """How long a rank's exit waits for a trace still being written."""
 
@@ -96,7 +93,9 @@ class Captures:
     def __init__(self, rank: int, attempt: int, send: Send, models: Callable[[], list[Any]] = list) -> None:
         self.rank, self.attempt, self._send = rank, attempt, send
         self.models = models
-        """The rank's DDP models (probe.py sets it): their timings, their sample rate."""
+        """The rank's DDP models (probe.py sets it): their timings."""
+        self.hold_rate: Callable[[int | None], None] = lambda rate: None
+        """Holds the models' DDP sample rate at one during a capture, and lets it go (probe.py sets it: Sampled.hold_rate)."""
         self.active = False
         """Whether a capture waits for the next boundary or runs: the one thing a step reads."""
         self._pending: Capture | None = None
@@ -173,7 +172,7 @@ class Captures:
             return
         capture.profiler, capture.first_step, capture.started = profiler, step, time.monotonic()
         capture.ends.append((step - 1, time.time()))
-        self._sample_rate(1)
+        self.hold_rate(1)
         self._running = capture
 
     def _stop_profiler(self, capture: Capture) -> None:
@@ -188,7 +187,7 @@ class Captures:
     def _release(self) -> None:
         """No capture runs any more: the steps read nothing, and DDP samples as it did before."""
         self._running, self.active = None, False
-        self._sample_rate(DDP_SAMPLE_RATE)
+        self.hold_rate(None)
 
     def _finish(self, capture: Capture) -> None:
         self._release()
@@ -213,10 +212,6 @@ class Captures:
             iteration = data.get("iteration", 0)
             if iteration and data.get("forward_compute_time_start"):
                 capture.timings[iteration] = data
-
-    def _sample_rate(self, rate: int) -> None:
-        for model in self.models():
-            _quietly(functools.partial(model._set_ddp_runtime_logging_sample_rate, rate))
 
 
 def _quietly(call: Callable[[], Any]) -> None:

@@ -21,6 +21,18 @@ with the next step record the sender makes, which says the step it
 measured (`comm_step`: the step whose span holds the sampled iteration's
 forward, by the wall clock DDP stamps it with).
 
+Every 100th iteration is once a second or more often only for iterations
+of 10 ms or less: a job of 1 s iterations would show comm times, and the
+compute that straggler detection weighs, 100 s old. So each read also
+takes the job's pace (optimizer steps since the last read over the time
+since: DDP times one iteration a step, the one that synchronises), and
+sets DDP's sample rate to the largest of RATES that still samples once in
+READ_EVERY_S: 100 for fast jobs, 1 for jobs of a second or more a step. A
+job that slows down is sampled again within a second or two. A sample
+costs what it costs DDP: CPU timestamps, and on a GPU a wait at the next
+forward for the sampled iteration's events, which DDP's source calls cheap
+there since that iteration's work is mostly done; at most once a second.
+
 GPU memory is the CUDA caching allocator's counters for the rank's device,
 read on the sender's thread: the allocator builds its whole statistics
 dictionary for every read, and holds its lock only as long.
@@ -41,6 +53,18 @@ READ_EVERY_S = 1.0
 
 NS = 1e-9
 
+DDP_SAMPLE_RATE = 100
+"""DDP's own runtime logging sample rate (kDDPRuntimeLoggingSampleRate): a new model's."""
+RATES = (1, 2, 5, 10, 20, 50, DDP_SAMPLE_RATE)
+"""The sample rates a model is set to: round ones, so that a pace that wavers does not set a new
+rate at every reading (a new rate moves the next sampled iteration)."""
+
+
+def rate_for(iterations_per_s: float, every: float = READ_EVERY_S) -> int:
+    """The largest rate of RATES that samples at least once in every `every` seconds at this pace."""
+    per_read = iterations_per_s * every
+    return max((rate for rate in RATES if rate <= per_read), default=1)
+
 
 class Sampled:
     def __init__(self, clock: Callable[[], float] = time.monotonic, every: float = READ_EVERY_S) -> None:
@@ -48,6 +72,12 @@ class Sampled:
         """The DDP models, weakly; appended by the training thread, copied by the reader."""
         self._seen: dict[int, int] = {}
         """Per model (by id), the DDP iteration read last."""
+        self.rate = DDP_SAMPLE_RATE
+        """The sample rate the job's pace chose."""
+        self._paced: tuple[int, float] | None = None
+        """The step and the time of the last read_comm: the pace's start."""
+        self._held: int | None = None
+        """The rate a profiler capture holds every model at (profiling.py), or None."""
         self.device: int | None = None
         """The CUDA device whose allocator is read: the first CUDA DDP model's."""
         self._uuid: str | None = None
@@ -62,6 +92,8 @@ class Sampled:
     def add_model(self, model: Any) -> None:
         """A DDP model, on the training thread (hooks.py)."""
         self._models.append(weakref.ref(model))
+        if (rate := self._held or self.rate) != DDP_SAMPLE_RATE:
+            set_rate(model, rate)
         if self.device is None:
             param = next(iter(model.module.parameters()), None)
             if param is not None and param.is_cuda:
@@ -85,12 +117,34 @@ class Sampled:
         self.comm_due = True
         return values
 
-    def read_comm(self) -> None:
-        """DDP's latest sampled timings, on the training thread between its steps (see above)."""
+    def read_comm(self, step: int | None = None) -> None:
+        """DDP's latest sampled timings, on the training thread after step `step` (see above),
+        and the job's pace since the last read; None at the rank's exit: no pace."""
         self.comm_due = False
         found = self._read_models()
         if found:
             self._comm = found
+        if step is None:
+            return
+        now = self._clock()
+        if self._paced is not None and step > self._paced[0] and now > self._paced[1]:
+            rate = rate_for((step - self._paced[0]) / (now - self._paced[1]), self._every)
+            if rate != self.rate:
+                self.rate = rate
+                if self._held is None:
+                    self._set_rates(rate)
+        self._paced = (step, now)
+
+    def hold_rate(self, rate: int | None) -> None:
+        """Every model sampled at `rate` (a capture times each of its steps), or, with None, at the
+        rate its pace chose again; on the training thread."""
+        self._held = rate
+        self._set_rates(rate or self.rate)
+
+    def _set_rates(self, rate: int) -> None:
+        for ref in list(self._models):
+            if (model := ref()) is not None:
+                set_rate(model, rate)
 
     def gpu_uuid(self) -> str | None:
         """The UUID of the rank's GPU as NVML writes it ("GPU-..."), once it has one; on the sender's thread."""
@@ -116,6 +170,14 @@ class Sampled:
                     figures[key] += found[key]
             found = figures
         return found
+
+
+def set_rate(model: Any, rate: int) -> None:
+    """DDP's runtime logging sample rate of a model; a torch without it, or a model gone, is left be."""
+    try:
+        model._set_ddp_runtime_logging_sample_rate(rate)
+    except Exception:  # noqa: BLE001 - a private torch API: never let it reach the training thread
+        return
 
 
 def ddp_logging_data(model: Any) -> dict[str, Any]:
