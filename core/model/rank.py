@@ -16,8 +16,9 @@ SAMPLED = ("comm_ms", "comm_overlap_ms", "comm_bytes", "compute_ms")
 """The step values that come from DDP's sampled iterations (wire/records.py), kept together."""
 
 DDP_WARMUP_STEPS = 10
-"""DDP times its iterations 1 to 10, then every 100th: the first ten are its warm-up (the
-first backward builds autograd's graph and the allocator's pools), no rank's steady pace."""
+"""DDP times its iterations 1 to 10, then about one a second (trainer/sampled.py): the first ten
+are its warm-up (the first backward builds autograd's graph and the allocator's pools), no
+rank's steady pace."""
 COMPUTE_SAMPLES = 3
 """The sampled compute times a rank's estimate is the median of."""
 

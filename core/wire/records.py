@@ -86,8 +86,9 @@ class Step(TypedDict):
     """When that evaluation's last forward returned, Unix time: every rank's rates leave its span out."""
     comm_step: NotRequired[int]
     """The step the sampled comm values measured (trainer/sampled.py): DDP times its
-    iterations 1-10 and every 100th, and a record carries a sampling once, when the
-    rank has read it (about once a second), so this is the record's step or an earlier one."""
+    iterations 1-10, then about one a second (every 100th at most), and a record carries a
+    sampling once, when the rank has read it (about once a second), so this is the record's
+    step or an earlier one."""
     nonfinite: NotRequired[bool]
     """The in-rank watchdog (trainer/guard.py): the reduced gradients held a NaN/Inf."""
     local_nonfinite: NotRequired[bool]
