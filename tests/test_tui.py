@@ -297,9 +297,12 @@ async def test_the_footer_offers_restart_kill_and_profile_only_while_the_job_run
         await until(lambda: {"restart_group", "kill_rank"} <= footer_actions(app), "restart and kill offered")
         await pilot.press("down", "enter")
         await until(lambda: "profile" in footer_actions(app), "the rank's profile offered")
+        profile = app.screen.query_one("#profile")
+        assert "P captures its next steps" in str(profile.render())
         await job.finish(0)
         await until(lambda: app.stream_ended, "the end of the stream")
         await until(lambda: "app.pop_screen" in (offered := footer_actions(app)) and not ON_THE_JOB & offered, "no profile offered")
+        await until(lambda: str(profile.render()) == "no capture of this rank in this run", "no key offered in the words either")
         await pilot.press("escape")
         await until(lambda: "help" in (offered := footer_actions(app)) and not ON_THE_JOB & offered, "no restart or kill offered")
         await pilot.press("R")
@@ -434,7 +437,7 @@ def test_log_tail_reads_only_the_end_of_a_long_log(tmp_path):
     log.write_text("".join(f"line {i}\n" for i in range(100_000)))
     tail = log_tail(tmp_path, {}, RankState(1, local_rank=1), lines=3)
     assert tail == ["[stdout] line 99997", "[stdout] line 99998", "[stdout] line 99999"]
-    assert log_tail(tmp_path, {}, RankState(2, local_rank=2)) == ["(nothing logged yet)"]
+    assert log_tail(tmp_path, {}, RankState(2, local_rank=2)) == ["(nothing logged in attempt 0)"]  # read when no job runs: no "yet"
 
 
 def test_log_tail_is_the_ranks_own_attempt_and_node(tmp_path):

@@ -62,7 +62,7 @@ def log_tail(run_dir: Path | None, meta: dict, rank: RankState, lines: int = LOG
             f"on that host: ddptop logs --rank {rank.rank})"
         ]
     return own_log_tail(run_dir, str(meta.get("launch_style", "torchrun")), rank.local_rank, rank.restart, lines) or [
-        "(nothing logged yet)"
+        f"(nothing logged in attempt {rank.restart})"
     ]
 
 
@@ -70,12 +70,14 @@ Asker = Callable[[int], Awaitable[bool]]
 """Asks the supervisor for a rank's log tail (its node reads it); False when no job is running to ask."""
 
 
-def capture_lines(state: JobState, rank: int) -> Text:
+def capture_lines(state: JobState, rank: int, running: bool) -> Text:
     """The latest profiler capture that concerns the rank: where it stands, what it found,
-    and what differs from the median rank when others were captured with it."""
+    and what differs from the median rank when others were captured with it. Where there is
+    none, how to take one while the job runs."""
     capture = state.latest_capture
     if capture is None or (rank not in capture.ranks and rank not in capture.results):
-        return Text("no capture of this rank: P captures its next steps with torch.profiler", style="dim")
+        offer = ": P captures its next steps with torch.profiler" if running else " in this run"
+        return Text(f"no capture of this rank{offer}", style="dim")
     text = Text.from_markup("[b]profile[/b]\n")
     result = capture.results.get(rank)
     if result is None:
@@ -152,7 +154,7 @@ class RankDetailScreen(Screen[None]):
         dump = Text.from_markup("[b]last stack dump[/b]\n")
         dump.append(rank.stack or "no stack dump recorded for this rank")
         self.query_one("#stack", Static).update(dump)
-        self.query_one("#profile", Static).update(capture_lines(self.state, rank.rank))
+        self.query_one("#profile", Static).update(capture_lines(self.state, rank.rank, self.running()))
         log = self.query_one(Log)
         log.clear()
         if self.asked:
@@ -172,7 +174,7 @@ class RankDetailScreen(Screen[None]):
             self.notify("no running job to capture: a replay or an ended job takes no capture", severity="warning")
             return
         self.notify(f"capture of rank {self.rank} asked for: its summary shows here when its trace is written")
-        self.query_one("#profile", Static).update(capture_lines(self.state, self.rank))
+        self.query_one("#profile", Static).update(capture_lines(self.state, self.rank, self.running()))
 
     def action_focus_log(self) -> None:
         self.query_one(Log).focus()
