@@ -17,10 +17,10 @@ KEYS = [
     ("p", "pause the display (data keeps arriving)"),
     ("w", "charts: the last ten minutes / the whole run (alerts red, restarts yellow on the time axis)"),
     ("l", "logs of the selected rank"),
-    ("P", "in a rank's detail: capture its next 10 steps with torch.profiler; the summary shows there (ddptop profile in a shell)"),
+    ("P", "in a rank's detail, while the job runs: capture its next 10 steps with torch.profiler (ddptop profile in a shell)"),
     ("a", "every alert and event of the job, newest first (the panel pins the latest alerts it has no room for)"),
-    ("R", "restart the worker group (asks first)"),
-    ("K", "kill the selected rank (asks first)"),
+    ("R", "restart the worker group, while the job runs (asks first)"),
+    ("K", "kill the selected rank, while the job runs (asks first)"),
     ("?", "this help"),
     ("q", "quit; in launch, choose to stop the job or leave it running"),
 ]
