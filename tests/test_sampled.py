@@ -117,6 +117,21 @@ def test_ddp_samples_a_model_once_a_reading_at_the_pace_it_runs_and_a_capture_ho
     assert fast._get_ddp_logging_data()["iteration"] == 10, "DDP's own rate: its first 10 iterations, then every 100th"
 
 
-def test_the_rate_is_the_largest_round_one_that_samples_once_a_reading():
-    assert [rate_for(pace) for pace in (0.2, 1.0, 3.9, 15.0, 99.0, 100.0, 5000.0)] == [1, 1, 2, 10, 50, 100, 100]
+def test_the_rate_is_the_smallest_round_one_that_samples_at_most_once_a_reading():
+    assert [rate_for(pace) for pace in (0.2, 1.0, 3.9, 15.0, 99.0, 100.0, 5000.0)] == [1, 1, 5, 20, 100, 100, 100]
     assert rate_for(500.0, every=0.1) == 50
+
+
+def test_one_long_gap_between_steps_leaves_a_fast_jobs_rate_be_and_a_slowdown_lowers_it():
+    """An evaluation or a checkpoint between two steps is one slow pace: sampling every step for
+    the next second would cost a fast GPU job a wait at each of its forwards."""
+    now = [0.0]
+    sampled = Sampled(clock=lambda: now[0])
+    rates = []
+    step = 0
+    for gap, steps in ((1.0, 500), (1.0, 500), (60.0, 1), (1.0, 500), (1.0, 2), (1.0, 2), (1.0, 500)):
+        now[0] += gap
+        step += steps
+        sampled.read_comm(step)
+        rates.append(sampled.rate)
+    assert rates == [100, 100, 100, 100, 100, 2, 100]

@@ -26,12 +26,14 @@ of 10 ms or less: a job of 1 s iterations would show comm times, and the
 compute that straggler detection weighs, 100 s old. So each read also
 takes the job's pace (optimizer steps since the last read over the time
 since: DDP times one iteration a step, the one that synchronises), and
-sets DDP's sample rate to the largest of RATES that still samples once in
-READ_EVERY_S: 100 for fast jobs, 1 for jobs of a second or more a step. A
-job that slows down is sampled again within a second or two. A sample
-costs what it costs DDP: CPU timestamps, and on a GPU a wait at the next
-forward for the sampled iteration's events, which DDP's source calls cheap
-there since that iteration's work is mostly done; at most once a second.
+sets DDP's sample rate to the smallest of RATES that samples at most once
+in READ_EVERY_S: 100 for jobs of 10 ms steps or faster, 1 for jobs of a
+second or more a step. The faster of the last two reads' paces counts, so
+that one long gap (an evaluation, a checkpoint) leaves the rate be, and a
+job that slows down is sampled again within a few seconds. A sample costs
+what it costs DDP: CPU timestamps, and on a GPU a wait at the next forward
+for the sampled iteration's events, which DDP's source calls cheap there
+since that iteration's work is mostly done; never more than once a second.
 
 GPU memory is the CUDA caching allocator's counters for the rank's device,
 read on the sender's thread: the allocator builds its whole statistics
@@ -61,9 +63,10 @@ rate at every reading (a new rate moves the next sampled iteration)."""
 
 
 def rate_for(iterations_per_s: float, every: float = READ_EVERY_S) -> int:
-    """The largest rate of RATES that samples at least once in every `every` seconds at this pace."""
+    """The smallest rate of RATES that samples at most once in `every` seconds at this pace (so a
+    sample comes every 1 to 2.5 reads), or DDP's own for a faster one."""
     per_read = iterations_per_s * every
-    return max((rate for rate in RATES if rate <= per_read), default=1)
+    return min((rate for rate in RATES if rate >= per_read), default=DDP_SAMPLE_RATE)
 
 
 class Sampled:
@@ -74,8 +77,8 @@ class Sampled:
         """Per model (by id), the DDP iteration read last."""
         self.rate = DDP_SAMPLE_RATE
         """The sample rate the job's pace chose."""
-        self._paced: tuple[int, float] | None = None
-        """The step and the time of the last read_comm: the pace's start."""
+        self._paced: tuple[int, float, int] | None = None
+        """The step and the time of the last read_comm, and the rate the pace up to it asked."""
         self._held: int | None = None
         """The rate a profiler capture holds every model at (profiling.py), or None."""
         self.device: int | None = None
@@ -127,13 +130,17 @@ class Sampled:
         if step is None:
             return
         now = self._clock()
+        asked = DDP_SAMPLE_RATE
         if self._paced is not None and step > self._paced[0] and now > self._paced[1]:
-            rate = rate_for((step - self._paced[0]) / (now - self._paced[1]), self._every)
+            asked = rate_for((step - self._paced[0]) / (now - self._paced[1]), self._every)
+            # The faster of the last two paces: one long gap between steps (an evaluation, a
+            # checkpoint) would otherwise have a fast job sampled at every step for a second.
+            rate = max(asked, self._paced[2])
             if rate != self.rate:
                 self.rate = rate
                 if self._held is None:
                     self._set_rates(rate)
-        self._paced = (step, now)
+        self._paced = (step, now, asked)
 
     def hold_rate(self, rate: int | None) -> None:
         """Every model sampled at `rate` (a capture times each of its steps), or, with None, at the
