@@ -27,7 +27,7 @@ compute that straggler detection weighs, 100 s old. So each read also
 takes the job's pace (optimizer steps since the last read over the time
 since: DDP times one iteration a step, the one that synchronises), and
 sets DDP's sample rate to the smallest of RATES that samples at most once
-in READ_EVERY_S: 100 for jobs of 10 ms steps or faster, 1 for jobs of a
+in READ_EVERY_S: 100 for jobs of steps under 20 ms, 1 for jobs of a
 second or more a step. The faster of the last two reads' paces counts, so
 that one long gap (an evaluation, a checkpoint) leaves the rate be, and a
 job that slows down is sampled again within a few seconds. A sample costs
