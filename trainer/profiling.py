@@ -13,8 +13,8 @@ profiler refused, no room for the trace) is such a record with an error,
 and the job trains on.
 
 The step's phases come from what DDP's reducer times in C++ (sampled.py
-says what): during a capture it times every iteration instead of every
-100th (its runtime logging sample rate, put back after: sampled.py),
+says what): during a capture it times every iteration (its runtime
+logging sample rate held at 1, and the job's pace's given back after),
 so each captured step has its forward and backward compute, its all-reduce
 and how much of it overlapped the backward, device times on a GPU; the data
 wait is from the previous step's end to the step's first forward, and the rest

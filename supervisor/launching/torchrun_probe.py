@@ -11,10 +11,10 @@ engine, in the same process, with two of its agent's methods wrapped:
 - `_restart_workers`: each restart of the worker group is a `group_restart`
   record with the count and the failure that caused it; restarts after the
   first wait an exponentially growing backoff first, so a job failing on a
-  flaky resource does not spin (one the user asked for waits none). The restart also waits (bounded) for the
-  supervisor's `restart_go`: it is sent once the watchdog has judged the
-  failure, so a crash loop is stopped before another attempt starts, however
-  loaded the machine.
+  flaky resource does not spin (one the user asked for waits none). The
+  restart also waits (bounded) for the supervisor's `restart_go`: it is
+  sent once the watchdog has judged the failure, so a crash loop is stopped
+  before another attempt starts, however loaded the machine.
 
 And, unless the job says --no-template, workers are forked from a template
 that has imported torch once (template.py, trainer/template), so a rank
