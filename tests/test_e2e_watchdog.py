@@ -182,8 +182,14 @@ def test_hang_is_named_with_stacks_then_the_group_restarts(ddptop_home, tmp_path
         hang["text"],
     )
     assert found and int(found[1]) == int(found[2]) + 1 and found[3] == str(job.run.stacks_path), hang["text"]
-    last_step = max(r["wall"] for r in job.of("step") if r["step"] == 19)
+    last_step = max(r["wall"] for r in job.steps(restart=0)[0].values())
     assert hang["wall"] - last_step <= 12.0
+    # The job's samples/s, as the headless line, the chart and Prometheus read it, falls while no
+    # rank steps, rather than standing at its last steps' rate.
+    rates = [(r["wall"] - last_step, r["metrics"]["samples_per_s"]) for r in job.of("summary") if r["wall"] < hang["wall"]]
+    stepping = max(rate for _, rate in rates if rate is not None)
+    stuck = [rate for since, rate in rates if since > 5.0]
+    assert stuck and stuck[-1] < stepping / 5, rates
 
     stacks = {r["rank"]: r["text"] for r in job.of("stack")}
     assert sorted(stacks) == [0, 1, 2, 3]

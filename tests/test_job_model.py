@@ -231,3 +231,28 @@ def test_a_pipeline_s_samples_are_counted_once_though_every_stage_s_ranks_see_th
     late = restored(list(snapshot.frames(state)))  # a dashboard that attaches now
     assert late.totals().of(SAMPLES_PER_S) == pytest.approx(2 * 320.0)
     assert late.lags() == state.lags() and set(state.lags()) == {0, 1, 2, 3}
+
+
+def test_a_rank_that_stopped_stepping_reads_a_falling_rate_and_the_job_with_it():
+    """Rank 1 stuck after step 49 while its heartbeats still come, rank 0 waiting for it in the
+    all-reduce: a headless line said "13,536 samples/s" through a 40 s stall, as its last steps
+    had. Both ranks' rates, and the job's, fall as the stall goes on; a rank that has exited
+    keeps the rate its steps ended at."""
+    state = JobState()
+    for rank in (0, 1):
+        state.ingest(hello(rank, node=0))
+    for n in range(50):
+        for rank in (0, 1):
+            state.ingest(builders.step(rank, n, wall=100.0 + 0.1 * n, step_ms=100.0, samples=32))
+    steady = state.totals().of(SAMPLES_PER_S)
+    assert steady == pytest.approx(640.0)
+    for rank in (0, 1):
+        state.ingest({"type": "heartbeat", "rank": rank, "wall": 104.95, "phase": "backward", "step": 50, "dropped": 0})
+    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(steady)
+    for rank in (0, 1):
+        state.ingest({"type": "heartbeat", "rank": rank, "wall": 124.9 + 0.1, "phase": "backward", "step": 50, "dropped": 0})
+    falling = 49 * 32 / (4.9 + 20.0)
+    assert [SAMPLES_PER_S.read(state.ranks[r]) for r in (0, 1)] == [pytest.approx(falling)] * 2
+    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(2 * falling)
+    state.ingest({"type": "rank_gone", "rank": 1, "wall": 125.0})
+    assert SAMPLES_PER_S.read(state.ranks[1]) == pytest.approx(320.0)

@@ -57,3 +57,39 @@ def test_time_left_out_twice_is_taken_from_the_rates_span_once():
     for n in range(10):
         window.add(StepPoint(8.0 + 0.1 * n, 100.0, samples=10))
     assert window.rate("samples") == pytest.approx(100.0)
+
+
+def steady(window: RollingWindow, steps: int = 10, start: float = 1.0) -> None:
+    """Steps of 100 ms and 10 samples each, ending at start + 0.1 n."""
+    for n in range(steps):
+        window.add(StepPoint(start + 0.1 * n, 100.0, samples=10))
+
+
+def test_a_step_open_past_the_slowest_one_counts_in_the_rate_and_a_steady_one_does_not():
+    """A rank stuck for 9 s after its last step has made nothing for that long: the rate over
+    its window falls to its steps' samples over their span and the 9 s past the slowest step.
+    A heartbeat inside a step no slower than the window's leaves the rate as its steps say."""
+    window = RollingWindow(size=100)
+    steady(window)
+    assert window.rate("samples", until=1.9 + 0.08) == pytest.approx(100.0)
+    assert window.rate("samples", until=1.9 + 0.1) == pytest.approx(100.0)
+    assert window.rate("samples", until=1.9 + 9.1) == pytest.approx(90 / (0.9 + 9.0))
+    assert window.rate("samples", until=None) == pytest.approx(100.0)
+
+
+def test_an_open_step_is_counted_from_time_left_out_after_the_last_step():
+    """A step held for a pause is not added, its time left out (skip): a heartbeat just after it
+    finds the rank stepping again, not open since the step before the pause."""
+    window = RollingWindow(size=100)
+    steady(window)
+    window.skip(31.9, 30_000.0)
+    assert window.rate("samples", until=31.95) == pytest.approx(100.0)
+    assert window.rate("samples", until=41.9 + 0.1) == pytest.approx(90 / (0.9 + 10.0))
+
+
+def test_a_count_some_steps_carry_falls_the_same_when_a_step_stays_open():
+    window = RollingWindow(size=100)
+    for n in range(10):
+        window.add(StepPoint(1.0 + 0.1 * n, 100.0, tokens=100 if n % 2 else None))
+    assert window.rate("tokens", until=1.95) == pytest.approx(400 / 0.8)
+    assert window.rate("tokens", until=12.0) == pytest.approx(400 / (0.8 + 10.0))

@@ -129,7 +129,7 @@ COMM_SUMMARY = "comm {} ms ({})"
 SAMPLES_PER_S = Metric(
     "samples_per_s",
     "samples/s",
-    lambda r: r.window.rate("samples"),
+    lambda r: r.rate("samples"),
     count,
     job=total,
     data_parallel=True,
@@ -141,7 +141,7 @@ SAMPLES_PER_S = Metric(
 TOKENS_PER_S = Metric(
     "tokens_per_s",
     "tokens/s",
-    lambda r: r.window.rate("tokens"),
+    lambda r: r.rate("tokens"),
     count,
     job=total,
     data_parallel=True,

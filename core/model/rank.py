@@ -110,6 +110,13 @@ class RankState:
         another's would be neither's)."""
         return self.window.mean if self.window.mean("comm_ms") is not None else self.last_sampled.get
 
+    def rate(self, attr: str) -> float | None:
+        """Per-second rate of a count (samples, tokens) over its recent steps, to its last
+        heartbeat while it runs (RollingWindow.rate): one that stopped stepping falls. Once
+        it has exited, the rate its steps ended at stands."""
+        running = not self.exited and self.phase != "exit"
+        return self.window.rate(attr, self.last_wall if running else None)
+
     def data_share(self, world: int) -> float:
         """The share of the job's samples this rank's count stands for. Where it is
         data-parallel with part of the job (each pipeline stage or tensor-parallel shard over

@@ -128,20 +128,36 @@ class RollingWindow:
         count = self._counts[attr]
         return self._sums[attr] / count if count else None
 
-    def rate(self, attr: str) -> float | None:
+    def rate(self, attr: str, until: float | None = None) -> float | None:
         """Per-second rate of a count (samples, tokens) over the window.
 
         Uses the rank's own wall times, so batching and network delay on the
         way to the supervisor do not distort it. The first step counts only
         as the start of the span.
+
+        until is the rank's latest time known (its last heartbeat's wall) while it runs: a step
+        open longer than the window's slowest has made nothing for that long, and the span
+        reaches on by as much. A rank that stopped stepping (stuck, waiting for one that is,
+        out of data under DDP's Join) then reads a falling rate, not its last one for ever,
+        while a steady rank, whose open step is never past its slowest, reads exactly what
+        its steps say.
         """
         if self._counts[attr] < 2:
             return None
         first, last = self.points[0], self.points[-1]
         if self._counts[attr] != len(self.points) or getattr(first, attr) is None:
-            return self._rate_of_some(attr)
-        span = self._span(first.wall, last.wall)
+            return self._rate_of_some(attr, until)
+        span = self._span(first.wall, last.wall) + self._open(until)
         return (self._sums[attr] - getattr(first, attr)) / span if span > 0 else None
+
+    def _open(self, until: float | None) -> float:
+        """Seconds the step in progress at until has run past the window's slowest step. It is
+        counted from the last step, or from the end of time left out after it (a step held for
+        a pause is not added: its end is the gap's)."""
+        if until is None or not self.points:
+            return 0.0
+        since = max(self.points[-1].wall, max((end for _, end in self.gaps), default=0.0))
+        return max(0.0, until - since - self._sorted_step_ms[-1] / 1000.0)
 
     def _span(self, first: float, last: float) -> float:
         """Seconds from first to last, less the time left out between them: a paused step's, an
@@ -154,10 +170,10 @@ class RollingWindow:
                 reached = end
         return last - first - left_out
 
-    def _rate_of_some(self, attr: str) -> float | None:
+    def _rate_of_some(self, attr: str, until: float | None) -> float | None:
         """The rate when only some steps carry the count: over those alone."""
         points = [p for p in self.points if getattr(p, attr) is not None]
-        span = self._span(points[0].wall, points[-1].wall)
+        span = self._span(points[0].wall, points[-1].wall) + self._open(until)
         if span <= 0:
             return None
         return sum(getattr(p, attr) for p in points[1:]) / span
