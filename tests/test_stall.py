@@ -39,6 +39,8 @@ def test_the_text_groups_ranks_by_where_they_stand_largest_group_first():
     assert describe({1: early, 2: early}, {1: 3.0, 2: 130.0}, {0: 41.0}) == (
         "ranks 1,2 stuck 130 s in startup, before the first step; rank 0 sent nothing for 41 s"
     )
+    leaving = Standing(False, "exit", "train.py:90 in <module>", 499)
+    assert describe({1: leaving}, {1: 31.0}, {}) == "rank 1 stuck 31 s shutting down at train.py:90 in <module>, after step 499"
 
 
 def test_a_rank_whose_place_is_not_known_yet_is_grouped_beside_one_whose_place_is():

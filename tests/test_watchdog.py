@@ -366,6 +366,18 @@ def test_a_killed_rank_is_said_last_seen_in_a_phase_only_if_its_last_heartbeat_w
         assert v.text == "rank 0 was killed by SIGKILL " + said, v.text
 
 
+def test_a_rank_that_exited_of_itself_mid_job_is_said_last_seen_shutting_down():
+    """sys.exit(3) in the script runs the interpreter's shutdown, where the rank's last heartbeat
+    told phase "exit": the text said "(last seen in exit)"."""
+    dog, state, _ = make(world=1)
+    for n in range(51):
+        feed(dog, state, step(0, n))
+    feed(dog, state, {"type": "heartbeat", "rank": 0, "wall": 0.0, "phase": "exit", "step": 51, "dropped": 0})
+    feed(dog, state, failure(0, 3))
+    [v] = dog.tick(final=True)
+    assert v.text.startswith("rank 0 failed with exit code 3 after step 50 (last seen shutting down)"), v.text
+
+
 DDP_UNUSED = """Traceback (most recent call last):
   File "/job/train.py", line 16, in <module>
     loss = nn.functional.cross_entropy(m(x), y)

@@ -155,11 +155,17 @@ def in_collectives(reports: dict[int, list[wire.Frame]], ranks: list[int], quiet
     return parts
 
 
+def in_phase(phase: str) -> str:
+    """Where a phase puts a rank, in words: "in forward"; the interpreter's shutdown (the rank's
+    at-exit, its phase "exit") reads "shutting down", not "in exit"."""
+    return "shutting down" if phase == "exit" else f"in {phase}"
+
+
 def _group(place: Standing, ranks: list[int], still: float) -> str:
     if place.waiting:
         text = f"{ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in {place.what}"
     else:
-        text = f"{ranks_text(ranks)} stuck {still:.0f} s in {place.what}"
+        text = f"{ranks_text(ranks)} stuck {still:.0f} s {in_phase(place.what)}"
     if place.where:
         text += f" at {place.where}"
     return text + (", before the first step" if place.done < 0 else f", after step {place.done}")

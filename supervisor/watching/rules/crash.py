@@ -25,6 +25,7 @@ from ddptop.supervisor.watching.failures import exception_line, last_error_line,
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.crash_loop import CrashLoop, alike, repeated_before_first_step, same_words
+from ddptop.supervisor.watching.stuck import in_phase
 from ddptop.supervisor.watching.verdict import Verdict, ranks_text
 
 FAILURE_GATHER_S = 0.3
@@ -129,7 +130,7 @@ class CrashRule:
             if (phase := self.liveness.raised_in.get(rank)) is not None:
                 where += f" (in {phase})"
             elif step >= 0 and state.phase_step > step:
-                where += f" (last seen in {state.phase})"
+                where += f" (last seen {in_phase(state.phase)})"
         exceptions = self.liveness.exceptions
         traceback = exceptions.get(rank) or first.get("message")
         error = _quoted(traceback) if traceback and traceback.strip() else self._error_line(first, tail)
