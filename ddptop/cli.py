@@ -76,10 +76,13 @@ def _dashboard_for_launch(run: rundir.RunDir) -> int:
     if choice == "leave":
         print(f"ddptop: the job runs on headless; ddptop attach {run.id}")
         return 0
-    if choice == "stop":
-        print(f"ddptop: stopping the job; run directory {run.path}")
-        return 0
     end = app.state.exit
+    if choice == "stop":
+        if end is None:  # closed before the end (q again): the job goes on stopping
+            print(f"ddptop: stopping the job; run directory {run.path}")
+            return 0
+        print(f"ddptop: job stopped (exit {end['code']}); run directory {run.path}")
+        return int(end["code"])
     if end is None:
         print(f"ddptop: the supervisor is gone; see {run.path / 'supervisor.log'}", file=sys.stderr)
         return 1

@@ -85,6 +85,9 @@ class DdptopApp(App[str | None]):
         self.state = JobState()
         self.paused = False
         self.stream_ended = False
+        self.stopping = False
+        """In `launch`, the user chose to stop the job: the dashboard closes when it has ended."""
+        self.leaving = False
 
         # The main screen's widgets, kept so that refreshing them works
         # whichever screen (detail, help, a dialog) is in front.
@@ -138,6 +141,9 @@ class DdptopApp(App[str | None]):
         except OSError as exc:
             self.notify(f"lost the supervisor: {exc}", severity="error", timeout=10)
         self.stream_ended = True
+        if self.stopping:
+            await self.leave("stop")
+            return
         if self.source.live:
             end = self.state.exit
             message = "the job has ended" + (f" (exit {end['code']})" if end else "; the supervisor is gone")
@@ -354,16 +360,30 @@ class DdptopApp(App[str | None]):
         self.push_screen(ConfirmScreen(f"Kill rank {rank} (SIGKILL)?"), answered)
 
     async def action_quit_dashboard(self) -> None:
+        if self.stopping:  # asked again while the job stops: close now, and leave it stopping
+            await self.leave("stop")
+            return
         if self.mode != "launch" or not self.job_running():
-            await self.source.close()
-            self.exit(None)
+            await self.leave(None)
             return
 
         async def chosen(choice: str | None) -> None:
             if choice == "stop":
+                # Closed at the job's end (consume), so that `launch` returns once its GPUs are free,
+                # with the job's exit status, as after Ctrl-C headless.
+                self.stopping = True
                 await self.source.command("stop")  # a supervisor already gone has nothing left to stop
+                if not self.stream_ended:
+                    self.notify("stopping the job: the dashboard closes at its end (q: close now)", timeout=30)
+                    return
             if choice is not None:
-                await self.source.close()
-                self.exit(choice)
+                await self.leave(choice)
 
         self.push_screen(QuitScreen(), chosen)
+
+    async def leave(self, choice: str | None) -> None:
+        """Close the connection and leave the app, once, with what becomes of the job."""
+        if not self.leaving:
+            self.leaving = True
+            await self.source.close()
+            self.exit(choice)
