@@ -237,6 +237,9 @@ def taken_port():
             "cannot listen on 203.0.113.9:29501 for the job's other nodes",
         ),
         (["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:1"], "node 1 needs the job's token"),
+        # A host mistyped: torchrun would retry its name for many minutes, one node or several.
+        (["--rdzv-endpoint", "no-such-host.invalid:29400"], "--rdzv-endpoint: cannot resolve 'no-such-host.invalid'"),
+        (["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "no-such-host.invalid"], "--rdzv-endpoint: cannot resolve"),
     ],
 )
 def test_bad_tcp_and_multinode_input_is_one_line_and_starts_nothing(ddptop_home, taken_port, args, fragment):

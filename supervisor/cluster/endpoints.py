@@ -53,11 +53,17 @@ def check_bindable(host: str, port: int, what: str) -> None:
     listen(host, port, what).close()
 
 
-def _family(host: str) -> socket.AddressFamily:
+def resolve(host: str, what: str) -> None:
+    """UsageError, in one line, where host does not resolve here: a rendezvous host mistyped
+    would leave torchrun retrying its name for many minutes, saying only c10d's warnings."""
+    _family(host, f"{what}: ")
+
+
+def _family(host: str, said: str = "") -> socket.AddressFamily:
     try:
         return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][0]
     except socket.gaierror as exc:
-        raise UsageError(f"cannot resolve {host!r}: {exc.strerror}") from None
+        raise UsageError(f"{said}cannot resolve {host!r}: {exc.strerror}") from None
 
 
 def new_token() -> str:

@@ -90,6 +90,8 @@ def plan(opts: ClusterOptions) -> Cluster:
     nnodes = node_count(opts.nnodes)
     token = endpoints.given_token(opts.token_file)
     cluster = Cluster(node=opts.node_rank or 0, nnodes=nnodes)
+    if opts.rdzv_endpoint is not None:
+        endpoints.resolve(rendezvous(opts.rdzv_endpoint)[0], "--rdzv-endpoint")
     if nnodes > 1:
         if opts.node_rank is None:
             raise UsageError(f"--nnodes {opts.nnodes} needs --node-rank (0 on the node of the rendezvous endpoint)")
