@@ -27,6 +27,7 @@ def assert_one_line_error(result, fragment: str) -> None:
     "args, fragment",
     [
         (["launch", "missing.py", "--gpus", "2"], "no such script: missing.py"),
+        (["launch", str(EXAMPLE.parent), "--gpus", "2"], "examples is a directory: give the training script in it"),
         (["launch", "--bogus", str(EXAMPLE)], "unknown option --bogus"),
         (["launch", str(EXAMPLE), "--gpus", "0"], "--gpus"),
         (["launch", "--gpus", "2"], "no training script"),

@@ -35,6 +35,8 @@ def check_torch() -> None:
 
 
 def check_script(script: Path) -> None:
+    if script.is_dir():
+        raise UsageError(f"{script} is a directory: give the training script in it")
     if not script.is_file():
         raise UsageError(f"no such script: {script}")
     try:
