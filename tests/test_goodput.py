@@ -47,10 +47,10 @@ def test_the_goodput_line_reads_a_day_in_hours_and_a_sub_second_interval_in_tent
     """A day's run read "of 86400.0 s", and a checkpoint interval under a second "every 0 s"."""
     split = {"wall_s": 86_400.0, "goodput": 0.9, "failures": 1, "checkpoint_every_s": 0.2}
     split |= {f"{part}_s": 0.0 for part in PARTS}
-    split |= {"startup_s": 2.0, "restarts_s": 1_500.0, "recomputed_s": 300.0}
-    assert (
-        text(split)
-        == "goodput 90% of 24.0 h; lost: startup 2.0 s, restarts 25 min, recomputed 5.0 min; checkpoint every 0.2 s for 1 failure (Young/Daly)"
+    split |= {"startup_s": 2.0, "restarts_s": 1_500.0, "recomputed_s": 300.0, "other_s": 1.7}
+    assert text(split) == (
+        "goodput 90% of 24.0 h; lost: startup 2.0 s, restarts 25 min, recomputed 5.0 min, after the last step 1.7 s; "
+        "checkpoint every 0.2 s for 1 failure (Young/Daly)"
     )
     assert [span(s) for s in (0.04, 9.96, 84.2, 119.0, 7199.0)] == ["0.0 s", "10.0 s", "84 s", "119 s", "120 min"]
 

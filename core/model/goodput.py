@@ -199,10 +199,15 @@ class Goodput:
         return result
 
 
+SAID = {"other": "after the last step"}
+"""A part's words in the line where its key would not say what it is: "other 1.7 s" left the
+reader to guess the shutdown (or a final evaluation) it mostly is."""
+
+
 def text(split: dict[str, Any]) -> str:
     """One line: the share, then where the rest went (only the parts that took time), each in the
     unit it reads best in (a day's run in hours, its start-up in seconds)."""
-    lost = ", ".join(f"{part} {span(split[f'{part}_s'])}" for part in PARTS[1:] if split[f"{part}_s"] >= 0.05)
+    lost = ", ".join(f"{SAID.get(part, part)} {span(split[f'{part}_s'])}" for part in PARTS[1:] if split[f"{part}_s"] >= 0.05)
     line = f"goodput {split['goodput']:.0%} of {span(split['wall_s'])}" + (f"; lost: {lost}" if lost else "")
     if "checkpoint_every_s" in split:
         failures = split["failures"]
