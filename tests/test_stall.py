@@ -41,6 +41,10 @@ def test_the_text_groups_ranks_by_where_they_stand_largest_group_first():
     )
     leaving = Standing(False, "exit", "train.py:90 in <module>", 499)
     assert describe({1: leaving}, {1: 31.0}, {}) == "rank 1 stuck 31 s shutting down at train.py:90 in <module>, after step 499"
+    joined = Standing(False, "joined", "train.py:15 in <module>", 299)
+    assert (
+        describe({0: joined}, {0: 20.0}, {}) == "rank 0 stuck 20 s out of data under DDP's Join at train.py:15 in <module>, after step 299"
+    )
 
 
 def test_a_rank_whose_place_is_not_known_yet_is_grouped_beside_one_whose_place_is():

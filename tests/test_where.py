@@ -119,6 +119,43 @@ def test_a_module_in_eval_mode_called_after_a_step_is_an_evaluation_and_a_transf
     ]
 
 
+def test_a_rank_out_of_data_under_ddp_s_join_is_joined_not_waiting_for_its_data(gloo_world_of_one):
+    """A rank whose inputs ran out sits in Join's exit, shadowing the others' collectives, for as
+    long as they train on: its state read "data". Here a real Join over a real group, sampled
+    inside its exit (a joinable's post-hook, which Join's exit calls), as the sender samples it."""
+    import torch
+    from torch.distributed.algorithms.join import Join, Joinable, JoinHook
+
+    seen: list[where_module.Sample] = []
+
+    class Sampled(JoinHook):
+        def post_hook(self, is_last_joiner: bool) -> None:
+            seen.append(sampled_from_another_thread())
+
+    class Loop(Joinable):
+        def __init__(self) -> None:  # abstract in Joinable, which sets up its join config
+            super().__init__()
+
+        def join_hook(self, **kwargs: object) -> JoinHook:
+            return Sampled()
+
+        @property
+        def join_device(self) -> torch.device:
+            return torch.device("cpu")
+
+        @property
+        def join_process_group(self) -> object:
+            import torch.distributed as dist
+
+            return dist.group.WORLD
+
+    with Join([Loop()]):
+        outside = sampled_from_another_thread()
+    [joined] = seen
+    assert joined.joined and not outside.joined
+    assert [where_module.Phase().of(look, "data", 7) for look in (joined, outside)] == ["joined", "data"]
+
+
 PARTNER = """
 import sys, time, torch.distributed as dist
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 2), rank=1, world_size=2)

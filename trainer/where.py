@@ -11,6 +11,9 @@ it. One bounded walk of the frames gives everything the supervisor asks:
 - `checkpoint`, whether it is saving or loading a checkpoint (torch.save or
   load, torch.distributed.checkpoint, safetensors, whoever calls them), so a
   rank writing one to slow storage is not said to be waiting for data;
+- `joined`, whether it has run out of data under DDP's `Join` and shadows the
+  others' collectives until they have too, so its state says so rather than
+  that it waits for its next batch;
 - `model`, whether a module in eval mode is being called (nn.Module's call),
   outside the DataLoader's code: between two steps, an evaluation that no DDP
   forward marks (rank 0 evaluating through `model.module`, an EMA copy of the
@@ -57,6 +60,9 @@ CHECKPOINT_CODE = ("/torch/serialization.py", "/torch/distributed/checkpoint/", 
 """Where checkpoints are written and read, by whichever library a script saves with: Lightning,
 Hugging Face and ddptop's own monitor.checkpoint call into one of these."""
 
+JOIN_FILE = "/torch/distributed/algorithms/join.py"
+"""DDP's Join context manager, whose exit a rank out of data sits in while the others train on."""
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -65,6 +71,7 @@ class Sample:
     stack: tuple[str, ...]
     checkpoint: bool = False
     model: bool = False
+    joined: bool = False
 
 
 NOWHERE = Sample(NATIVE, None, ())
@@ -85,6 +92,9 @@ class Phase:
         if sample.checkpoint:
             self._evaluating = None
             return "checkpoint"
+        if sample.joined:
+            self._evaluating = None
+            return "joined"
         if tracked != "data":
             self._evaluating = None
             return tracked
@@ -107,7 +117,7 @@ def _walk() -> Sample:
         return NOWHERE
     script: str | None = None
     inside: str | None = None
-    checkpoint = loading = False
+    checkpoint = loading = joined = False
     called: FrameType | None = None  # the outermost frame of nn.Module's call: the module the script called
     stack: list[str] = []
     for _ in range(MAX_DEPTH):
@@ -128,10 +138,12 @@ def _walk() -> Sample:
             loading = True
         elif not checkpoint and any(part in path for part in CHECKPOINT_CODE):
             checkpoint = True
+        elif path.endswith(JOIN_FILE):
+            joined = True
         if len(stack) < STACK_FRAMES:
             stack.append(text)
         frame = frame.f_back
     stack.reverse()
     # One look at one frame's locals a heartbeat: the module's mode, which model.eval() set.
     model = called is not None and not loading and getattr(called.f_locals.get("self"), "training", True) is False
-    return Sample(script or stack[-1], inside, tuple(stack), checkpoint, model)
+    return Sample(script or stack[-1], inside, tuple(stack), checkpoint, model, joined)

@@ -155,10 +155,14 @@ def in_collectives(reports: dict[int, list[wire.Frame]], ranks: list[int], quiet
     return parts
 
 
+PHASE_WORDS = {"exit": "shutting down", "joined": "out of data under DDP's Join"}
+"""The phases whose name does not read after "stuck 30 s" or "last seen": the interpreter's
+shutdown (the rank's at-exit), and a rank that ran out of data under DDP's Join."""
+
+
 def in_phase(phase: str) -> str:
-    """Where a phase puts a rank, in words: "in forward"; the interpreter's shutdown (the rank's
-    at-exit, its phase "exit") reads "shutting down", not "in exit"."""
-    return "shutting down" if phase == "exit" else f"in {phase}"
+    """Where a phase puts a rank, in words: "in forward", "shutting down"."""
+    return PHASE_WORDS.get(phase, f"in {phase}")
 
 
 def _group(place: Standing, ranks: list[int], still: float) -> str:
