@@ -204,6 +204,19 @@ def test_hang_is_named_with_stacks_then_the_group_restarts(ddptop_home, tmp_path
     assert job.alerts("crash") == []  # the kills were ours, not crashes
 
 
+def test_a_rank_given_fewer_batches_that_ended_first_is_named_in_the_crash_it_caused(ddptop_home, tmp_path):
+    """Rank 0 exits without error after its 20 batches; rank 1 fails in the all-reduce of its 21st.
+    The alert blamed rank 1's "Connection closed by peer" alone; the cause is the uneven inputs."""
+    job = launch(tmp_path, str(SCRIPTS / "uneven_ddp.py"), "--gpus", "2", "--max-restarts", "0")
+    assert job.proc.returncode != 0
+    [crash] = job.alerts("crash")
+    assert crash["text"].startswith("rank 1 failed with exit code 1 after step 19"), crash["text"]
+    assert crash["text"].endswith(
+        "; rank 0 had exited without error after step 19 while the others trained on: "
+        "the ranks ran unequal numbers of steps (uneven inputs: DDP's Join evens them out)"
+    ), crash["text"]
+
+
 def test_crash_then_segv_then_a_straggler(ddptop_home, tmp_path):
     job = launch(
         tmp_path,

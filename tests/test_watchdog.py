@@ -378,6 +378,28 @@ def test_a_rank_that_exited_of_itself_mid_job_is_said_last_seen_shutting_down():
     assert v.text.startswith("rank 0 failed with exit code 3 after step 50 (last seen shutting down)"), v.text
 
 
+def test_a_rank_that_failed_in_a_collective_a_rank_that_had_ended_never_joined_names_that_rank():
+    """Uneven inputs on gloo: rank 0 finished its 100 batches and exited without error; rank 1,
+    given more, failed in step 100's all-reduce ("Connection closed by peer"), blamed alone. The
+    same failure in the ranks' shutdown, after both trained to the end, says no more than that."""
+    for phase, said in (("backward", " while the others trained on: the ranks ran unequal numbers of steps"), ("exit", "")):
+        dog, state, clock = make(world=2)
+        for n in range(100):
+            for rank in (0, 1):
+                feed(dog, state, step(rank, n))
+        feed(dog, state, {"type": "heartbeat", "rank": 0, "wall": 0.0, "phase": "exit", "step": 100, "dropped": 0})
+        feed(dog, state, {"type": "rank_gone", "rank": 0, "wall": 0.0})
+        clock.now += 0.8  # rank 1 waited in the all-reduce until gloo saw rank 0's connection close
+        error = "Traceback...\nRuntimeError: Connection closed by peer [127.0.0.1]:6022\n"
+        feed(dog, state, {"type": "exception", "rank": 1, "wall": 0.0, "text": error, "phase": phase})
+        feed(dog, state, {"type": "rank_gone", "rank": 1, "wall": 0.0})
+        feed(dog, state, failure(1, 1))
+        [v] = dog.tick(final=True)
+        assert v.text.startswith("rank 1 failed with exit code 1 after step 99"), v.text
+        uneven = " (uneven inputs: DDP's Join evens them out)" if said else ""
+        assert v.text.endswith("; rank 0 had exited without error after step 99" + said + uneven), v.text
+
+
 DDP_UNUSED = """Traceback (most recent call last):
   File "/job/train.py", line 16, in <module>
     loss = nn.functional.cross_entropy(m(x), y)

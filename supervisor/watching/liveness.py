@@ -58,6 +58,9 @@ class Liveness:
     """rank -> the traceback of the exception it died of, in its current attempt."""
     raised_in: dict[int, str] = field(default_factory=dict)
     """rank -> the phase it was in when it raised that exception (its heartbeats say "exit" after)."""
+    exiting: set[int] = field(default_factory=set)
+    """Ranks whose last heartbeat found their interpreter shutting down (the script's end, or a
+    sys.exit), not killed."""
     world_size: int = 0
     """The newest attempt's world size, as its ranks' hellos tell it: the ranks to hear from."""
 
@@ -81,6 +84,7 @@ class Liveness:
             self.stepped.discard(rank)
             self.exceptions.pop(rank, None)
             self.raised_in.pop(rank, None)
+            self.exiting.discard(rank)
             self.gone.pop(rank, None)
         elif kind == "step":
             rank = record["rank"]
@@ -126,6 +130,10 @@ class Liveness:
             self.checkpointing.add(rank)
         else:
             self.checkpointing.discard(rank)
+        if record.get("phase") == "exit":
+            self.exiting.add(rank)
+        else:
+            self.exiting.discard(rank)
         self.waiting[rank] = record.get("inside") is not None or self.entered(rank) is not None
 
     def entered(self, rank: int) -> wire.Frame | None:
@@ -171,6 +179,17 @@ class Liveness:
 
     def newest_attempt(self) -> int:
         return max(self.attempt.values(), default=0)
+
+    def ended(self, attempt: int, before: float = float("inf")) -> list[int]:
+        """Ranks of an attempt that ended of themselves before `before`: their interpreter shut
+        down with no exception and their connection closed. A rank that exits while its peers
+        train on (one given fewer batches than the others) leaves them in a collective it never
+        joins; whether it failed is torchrun's to say (a worker_failure), which the callers know."""
+        return sorted(
+            rank
+            for rank, when in self.gone.items()
+            if when < before and rank in self.exiting and rank not in self.exceptions and self.attempt.get(rank) == attempt
+        )
 
     def unheard(self) -> list[int]:
         """Ranks of the newest attempt's world that have not said hello in it. A rank that stops,

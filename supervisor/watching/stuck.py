@@ -49,7 +49,27 @@ def named(ranks: list[int], state: JobState, seen: Liveness, now: float, silent_
     text = describe(places, {r: seen.still(r, now) for r in places}, silent, in_collectives(reports, ranks, quiet), said)
     if unheard := seen.unheard():
         text += f"; {ranks_text(unheard)} never heard from in this attempt"
+    # No rank failed (torchrun would have failed the group): one that ended left the rest behind.
+    if ended := seen.ended(seen.newest_attempt()):
+        text += "; " + ended_early(ended, state, any(p.what not in NOT_TRAINING for p in places.values()))
     return places, text
+
+
+NOT_TRAINING = frozenset({"startup", "exit"})
+"""Phases a rank left behind by one that ended is in when the job was not training: a job
+whose ranks wait in their shutdown, or have not started, had no steps left for it to be
+uneven."""
+
+UNEVEN = "the ranks ran unequal numbers of steps (uneven inputs: DDP's Join evens them out)"
+
+
+def ended_early(ended: list[int], state: JobState, training: bool) -> str:
+    """The ranks that exited without error while the others went on (Liveness.ended), and
+    where training was under way, what that says: the others wait, or fail, in a collective
+    that the ended ranks never join."""
+    last = max((state.ranks[r].step for r in ended if r in state.ranks), default=-1)
+    text = f"{ranks_text(ended)} had exited without error" + (f" after step {last}" if last >= 0 else "")
+    return text + (f" while the others trained on: {UNEVEN}" if training else "")
 
 
 PROCESS_STATES = {
