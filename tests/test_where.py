@@ -127,6 +127,7 @@ def test_a_rank_out_of_data_under_ddp_s_join_is_joined_not_waiting_for_its_data(
     from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
     seen: list[where_module.Sample] = []
+    notifying: list[where_module.Sample] = []
 
     class Sampled(JoinHook):
         def post_hook(self, is_last_joiner: bool) -> None:
@@ -135,12 +136,15 @@ def test_a_rank_out_of_data_under_ddp_s_join_is_joined_not_waiting_for_its_data(
     class Loop(Joinable):
         def __init__(self) -> None:  # abstract in Joinable, which sets up its join config
             super().__init__()
+            self.sampling = False
 
         def join_hook(self, **kwargs: object) -> JoinHook:
             return Sampled()
 
         @property
         def join_device(self) -> torch.device:
+            if self.sampling:  # asked by notify_join_context, as a DDP forward under Join asks it
+                notifying.append(sampled_from_another_thread())
             return torch.device("cpu")
 
         @property
@@ -149,11 +153,16 @@ def test_a_rank_out_of_data_under_ddp_s_join_is_joined_not_waiting_for_its_data(
 
             return dist.group.WORLD
 
-    with Join([Loop()]):
+    loop = Loop()
+    with Join([loop]):
         outside = sampled_from_another_thread()
-    [joined] = seen
-    assert joined.joined and not outside.joined
-    assert [where_module.Phase().of(look, "data", 7) for look in (joined, outside)] == ["joined", "data"]
+        loop.sampling = True
+        Join.notify_join_context(loop)  # a training rank's every DDP forward: inside Join's code, not joined
+        loop.sampling = False
+    [joined], [training] = seen, notifying
+    assert any("algorithms/join.py" in line for line in training.stack)
+    assert joined.joined and not outside.joined and not training.joined
+    assert [where_module.Phase().of(look, "data", 7) for look in (joined, outside, training)] == ["joined", "data", "data"]
 
 
 PARTNER = """

@@ -61,7 +61,8 @@ CHECKPOINT_CODE = ("/torch/serialization.py", "/torch/distributed/checkpoint/", 
 Hugging Face and ddptop's own monitor.checkpoint call into one of these."""
 
 JOIN_FILE = "/torch/distributed/algorithms/join.py"
-"""DDP's Join context manager, whose exit a rank out of data sits in while the others train on."""
+"""DDP's Join context manager, whose exit a rank out of data sits in while the others train on.
+Its exit alone: every DDP forward under it calls its notify_join_context, training."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,7 @@ def _walk() -> Sample:
             loading = True
         elif not checkpoint and any(part in path for part in CHECKPOINT_CODE):
             checkpoint = True
-        elif path.endswith(JOIN_FILE):
+        elif path.endswith(JOIN_FILE) and code.co_name == "__exit__":
             joined = True
         if len(stack) < STACK_FRAMES:
             stack.append(text)
