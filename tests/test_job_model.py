@@ -8,7 +8,7 @@ from test_history import restored
 
 from ddptop.core.model import snapshot
 from ddptop.core.model.job import JobState
-from ddptop.core.model.metrics import COMM_MS, COMM_SHARE, DATA_MS, GPU_USED, GPU_UTIL, SAMPLES_PER_S, TOKENS_PER_S
+from ddptop.core.model.metrics import COMM_MS, COMM_SHARE, DATA_MS, GPU_USED, GPU_UTIL, RSS, SAMPLES_PER_S, TOKENS_PER_S
 from ddptop.core.model.stats import WINDOW, StepPoint
 from ddptop.core.wire.records import WINDOWED
 
@@ -256,3 +256,11 @@ def test_a_rank_that_stopped_stepping_reads_a_falling_rate_and_the_job_with_it()
     assert state.totals().of(SAMPLES_PER_S) == pytest.approx(2 * falling)
     state.ingest({"type": "rank_gone", "rank": 1, "wall": 125.0})
     assert SAMPLES_PER_S.read(state.ranks[1]) == pytest.approx(320.0)
+    # While the job runs, a rank gone makes no samples and holds no memory: the job's figures are
+    # the running ranks' (a restart's gap showed the last attempt's throughput); at its end, all.
+    state.ingest({"type": "sample", "wall": 125.0, "procs": [{"rank": r, "pid": 100 + r, "rss": 1 << 30} for r in (0, 1)]})
+    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(falling)
+    assert state.totals().of(RSS) == 1 << 30
+    state.ingest({"type": "exit", "wall": 126.0, "code": 0})
+    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(640.0)
+    assert state.totals().of(RSS) == 2 << 30

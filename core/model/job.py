@@ -249,13 +249,15 @@ class JobState:
     def totals(self) -> JobTotals:
         """Job-wide figures: the metric table's job figures and the job's counts."""
         ranks = list(self.ranks.values())
+        running = [r for r in ranks if not r.exited] if self.exit is None else ranks
         figures: dict[str, float | None] = {}
         for metric in JOB_METRICS:
             assert metric.job is not None
+            of = running if metric.running else ranks
             if metric.data_parallel:
-                figures[metric.key] = metric.job([x * r.data_share(self.world_size) for r in ranks if (x := metric.read(r)) is not None])
+                figures[metric.key] = metric.job([x * r.data_share(self.world_size) for r in of if (x := metric.read(r)) is not None])
             else:
-                figures[metric.key] = metric.job([x for r in ranks if (x := metric.read(r)) is not None])
+                figures[metric.key] = metric.job([x for r in of if (x := metric.read(r)) is not None])
         comm_ms = figures[COMM_MS.key]
         comm_bytes = [x for r in ranks if (x := r.sampled("comm_bytes")) is not None]
         busbw = None

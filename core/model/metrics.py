@@ -87,6 +87,11 @@ class Metric:
     optional: bool = False
     """Its column is left out of the rank table until a rank has it (tokens/s: language models only;
     the GPU's figures: GPU jobs only)."""
+    running: bool = False
+    """The job's figure is what its running ranks make or hold now: while the job runs, a rank
+    whose process has ended counts no more (throughput it no longer makes, memory it no longer
+    holds, through a restart's gap); once the job has ended, every rank's last value, for the
+    final figures."""
 
     def format(self, rank: RankState) -> str:
         return self.cell(rank) if self.cell is not None else self.text(self.read(rank))
@@ -133,6 +138,7 @@ SAMPLES_PER_S = Metric(
     count,
     job=total,
     data_parallel=True,
+    running=True,
     column="SAMPLES/S",
     prometheus=Prometheus("samples_per_second", "samples per second over the recent steps"),
     plot="throughput",
@@ -145,6 +151,7 @@ TOKENS_PER_S = Metric(
     count,
     job=total,
     data_parallel=True,
+    running=True,
     column="TOKENS/S",
     prometheus=Prometheus("tokens_per_second", "tokens per second over the recent steps"),
     summary="{} tokens/s",
@@ -271,6 +278,7 @@ RSS = Metric(
     lambda r: r.rss,
     nbytes,
     job=total,
+    running=True,
     column="RSS",
     prometheus=Prometheus("resident_memory_bytes", "resident memory of the rank's process"),
     plot="memory",
