@@ -264,3 +264,20 @@ def test_a_rank_that_stopped_stepping_reads_a_falling_rate_and_the_job_with_it()
     state.ingest({"type": "exit", "wall": 126.0, "code": 0})
     assert state.totals().of(SAMPLES_PER_S) == pytest.approx(640.0)
     assert state.totals().of(RSS) == 2 << 30
+
+
+def test_a_new_attempt_s_rates_and_comm_are_its_own_not_stretched_over_the_restart():
+    """The group restarted 8 s after rank 0's last step; the new attempt steps at the old pace. Its
+    window held the failed attempt's steps too, so its samples/s read over the gap: a job that
+    resumed at full speed read a fraction of it for its first hundred steps."""
+    state = JobState()
+    state.ingest(hello(0, node=0))
+    for n in range(50):
+        state.ingest(builders.step(0, n, wall=100.0 + 0.1 * n, step_ms=100.0, samples=32, comm_ms=5.0))
+    state.ingest(builders.hello(0, 1, restart=1))
+    assert SAMPLES_PER_S.read(state.ranks[0]) is None and COMM_MS.read(state.ranks[0]) is None
+    for n in range(10):
+        state.ingest(builders.step(0, n, wall=113.0 + 0.1 * n, step_ms=100.0, samples=32))
+    assert SAMPLES_PER_S.read(state.ranks[0]) == pytest.approx(320.0)
+    state.ingest(builders.hello(0, 1, restart=1))  # the same attempt's hello again: its steps stay
+    assert len(state.ranks[0].window.points) == 10

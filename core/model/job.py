@@ -19,7 +19,7 @@ from ddptop.core.model.history import History, pack
 from ddptop.core.model.lag import Lag, lags
 from ddptop.core.model.metrics import COMM_MS, JOB_METRICS
 from ddptop.core.model.rank import SAMPLED, GpuState, RankState, replicas_told
-from ddptop.core.model.stats import StepPoint, bus_bandwidth, median
+from ddptop.core.model.stats import RollingWindow, StepPoint, bus_bandwidth, median
 from ddptop.core.model.totals import JobTotals
 from ddptop.core.wire.records import LATEST, WINDOWED
 
@@ -78,6 +78,11 @@ class JobState:
 
     def _on_hello(self, record: wire.Frame) -> None:
         state = self.rank(record["rank"])
+        if record["restart"] != state.restart:
+            # A new attempt's figures are its own: the last one's steps would stretch its rates
+            # over the restart's gap (a job that resumed at full speed read a tenth of it).
+            state.window = RollingWindow()
+            state.last_sampled = {}
         for key in ("local_rank", "node", "host", "pid", "restart"):
             setattr(state, key, record[key])
         state.phase = "startup"
