@@ -120,7 +120,9 @@ def test_a_pipeline_whose_stages_ddp_replicates_apart_is_judged_stage_by_stage(d
         "--steps", "100000", "--drift-at", "12", "--drift-rank", "2", "--stuck-at", "25", "--stuck-rank", "3",
     )  # fmt: skip
     assert job.proc.returncode != 0, job.proc.stderr[-3000:]
-    [desync, hang] = job.alerts()
+    alerts = job.alerts()
+    assert [a["kind"] for a in alerts] == ["desync", "hang"], [(a["kind"], a["text"]) for a in alerts]
+    desync, hang = alerts
     assert (desync["kind"], desync["ranks"], desync["step"]) == ("desync", [0, 2], 15)
     assert "between the data-parallel ranks 0,2, no majority" in desync["text"]
     assert hang["kind"] == "hang" and "rank 3 stuck" in hang["text"], hang["text"]

@@ -51,14 +51,14 @@ def named(ranks: list[int], state: JobState, seen: Liveness, now: float, silent_
         text += f"; {ranks_text(unheard)} never heard from in this attempt"
     # No rank failed (torchrun would have failed the group): one that ended left the rest behind.
     if ended := seen.ended(seen.newest_attempt()):
-        text += "; " + ended_early(ended, state, any(p.what not in NOT_TRAINING for p in places.values()))
+        text += "; " + ended_early(ended, state, any((r := state.ranks.get(rank)) is not None and r.phase in IN_STEP for rank in places))
     return places, text
 
 
-NOT_TRAINING = frozenset({"startup", "exit"})
-"""Phases a rank left behind by one that ended is in when the job was not training: a job
-whose ranks wait in their shutdown, or have not started, had no steps left for it to be
-uneven."""
+IN_STEP = frozenset({"forward", "backward", "optimizer"})
+"""The phases of a training step. A rank left in one by a rank that ended was still training
+when the other had no batches left; one that waits in its shutdown, or in a collective of its
+own after its loop (a last barrier), was not left by uneven inputs."""
 
 UNEVEN = "the ranks ran unequal numbers of steps (uneven inputs: DDP's Join evens them out)"
 

@@ -25,7 +25,7 @@ from ddptop.supervisor.watching.failures import exception_line, last_error_line,
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.crash_loop import CrashLoop, alike, repeated_before_first_step, same_words
-from ddptop.supervisor.watching.stuck import NOT_TRAINING, ended_early, in_phase
+from ddptop.supervisor.watching.stuck import IN_STEP, ended_early, in_phase
 from ddptop.supervisor.watching.verdict import Verdict, ranks_text
 
 FAILURE_GATHER_S = 0.3
@@ -154,7 +154,7 @@ class CrashRule:
         before = self.liveness.gone.get(rank, float("inf"))
         ended = [r for r in self.liveness.ended(first["restart"], before) if r not in failed] if self.started.style != "spawn" else []
         if ended:
-            training = (self.liveness.raised_in.get(rank) or (state.phase if state is not None else "exit")) not in NOT_TRAINING
+            training = (self.liveness.raised_in.get(rank) or (state.phase if state is not None else "exit")) in IN_STEP
             text += "; " + ended_early(ended, self.state, training)
         if killed := max((f.get("oom_kills", 0) for f in failures if f["node"] == first["node"]), default=0):
             text += OOM_KILLED.format(count="a process" if killed == 1 else f"{killed} processes", node=first["node"])
