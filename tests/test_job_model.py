@@ -261,8 +261,10 @@ def test_a_rank_that_stopped_stepping_reads_a_falling_rate_and_the_job_with_it()
     state.ingest({"type": "sample", "wall": 125.0, "procs": [{"rank": r, "pid": 100 + r, "rss": 1 << 30} for r in (0, 1)]})
     assert state.totals().of(SAMPLES_PER_S) == pytest.approx(falling)
     assert state.totals().of(RSS) == 1 << 30
+    assert state.figure(SAMPLES_PER_S, [state.ranks[1]]) is None  # a node of that rank alone, as the rollup reads it
     state.ingest({"type": "exit", "wall": 126.0, "code": 0})
     assert state.totals().of(SAMPLES_PER_S) == pytest.approx(640.0)
+    assert state.figure(SAMPLES_PER_S, [state.ranks[1]]) == pytest.approx(320.0)
     assert state.totals().of(RSS) == 2 << 30
 
 

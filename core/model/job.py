@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
 from typing import Any
 
 from ddptop.core import wire
@@ -17,7 +18,7 @@ from ddptop.core.model import profiles, snapshot
 from ddptop.core.model.goodput import GOODPUT_TYPES, Goodput
 from ddptop.core.model.history import History, pack
 from ddptop.core.model.lag import Lag, lags
-from ddptop.core.model.metrics import COMM_MS, JOB_METRICS
+from ddptop.core.model.metrics import COMM_MS, JOB_METRICS, Metric
 from ddptop.core.model.rank import SAMPLED, GpuState, RankState, replicas_told
 from ddptop.core.model.stats import RollingWindow, StepPoint, bus_bandwidth, median
 from ddptop.core.model.totals import JobTotals
@@ -251,18 +252,21 @@ class JobState:
         and the nearest is only the one whose records came last (a killed rank's never come)."""
         return max((r.step + 1 for r in self.ranks.values() if r.step >= 0), default=None)
 
+    def figure(self, metric: Metric, ranks: Iterable[RankState]) -> float | None:
+        """A metric's figure over some of the job's ranks (all: the job's; a node's), as its row
+        takes it (Metric.job): while the job runs, of its running ranks alone where it is what
+        they make or hold now (Metric.running), each weighed by its share of the job's data
+        (Metric.data_parallel)."""
+        assert metric.job is not None
+        of = [r for r in ranks if not (metric.running and r.exited and self.exit is None)]
+        if metric.data_parallel:
+            return metric.job([x * r.data_share(self.world_size) for r in of if (x := metric.read(r)) is not None])
+        return metric.job([x for r in of if (x := metric.read(r)) is not None])
+
     def totals(self) -> JobTotals:
         """Job-wide figures: the metric table's job figures and the job's counts."""
         ranks = list(self.ranks.values())
-        running = [r for r in ranks if not r.exited] if self.exit is None else ranks
-        figures: dict[str, float | None] = {}
-        for metric in JOB_METRICS:
-            assert metric.job is not None
-            of = running if metric.running else ranks
-            if metric.data_parallel:
-                figures[metric.key] = metric.job([x * r.data_share(self.world_size) for r in of if (x := metric.read(r)) is not None])
-            else:
-                figures[metric.key] = metric.job([x for r in of if (x := metric.read(r)) is not None])
+        figures = {metric.key: self.figure(metric, ranks) for metric in JOB_METRICS}
         comm_ms = figures[COMM_MS.key]
         comm_bytes = [x for r in ranks if (x := r.sampled("comm_bytes")) is not None]
         busbw = None

@@ -94,7 +94,7 @@ class NodeTable(LineTable):
         for node, ranks in by_node.items():
             worst = worst_rank(ranks, lags, now, live, finished)
             steps = [r.step for r in ranks if r.step >= 0]
-            rates = [x for r in ranks if (x := SAMPLES_PER_S.read(r)) is not None]
+            rate = state.figure(SAMPLES_PER_S, ranks)
             p50s = [x for r in ranks if (x := STEP_MS_P50.read(r)) is not None]
             shares = [x for r in ranks if (x := COMM_SHARE.read(r)) is not None]
             rows[node] = [
@@ -103,7 +103,7 @@ class NodeTable(LineTable):
                 f"{sum(not r.exited for r in ranks)}/{len(ranks)}",
                 f"rank {worst.rank}: {worst.why}",
                 "-" if not steps else str(min(steps)) if min(steps) == max(steps) else f"{min(steps)}-{max(steps)}",
-                count(sum(rates)) if rates else "-",
+                "-" if rate is None else count(rate),
                 ms(max(p50s)) if p50s else "-",
                 f"{max(shares):.0%}" if shares else "-",
                 str(sum(r.alerts for r in ranks)),
