@@ -471,11 +471,9 @@ def test_a_rank_of_the_world_never_heard_from_is_named_in_the_stall():
     assert dog.liveness.unheard() == [1]
 
 
-def test_a_rank_that_ended_while_the_others_trained_on_is_named_in_the_stall():
-    """Rank 0 ran out of batches after step 29 and exited without error; rank 1, given more, waits
-    on NCCL in step 30's all-reduce that rank 0 never joins. The stall said nothing of rank 0:
-    gone ranks are not stuck ones. A rank that waits in its shutdown, or in a last barrier after
-    its loop, was not left by uneven inputs."""
+def stall_once_rank_0_ended(rank_1: dict) -> str:
+    """The stall's text where rank 0 of 2 exited without error after step 29 and rank 1 then sat
+    still in what its heartbeat (rank_1) tells."""
     dog, state, clock = make(world=2)
     stepping(2, 30, clock, dog, state)
     feed(dog, state, beat(0, 30, "exit"))
@@ -483,23 +481,22 @@ def test_a_rank_that_ended_while_the_others_trained_on_is_named_in_the_stall():
     verdicts = []
     for _ in range(int(STALL_MIN_S) + 2):
         clock.now += 1.0
-        feed(dog, state, beat(1, 30, "all-reduce", where="train.py:51 in train_step"))
+        feed(dog, state, rank_1)
         verdicts += [v for v in dog.tick() if v.kind == "stall"]
     [stall] = verdicts
-    assert stall.text.endswith(
+    return stall.text
+
+
+def test_a_rank_that_ended_while_the_others_trained_on_is_named_in_the_stall():
+    """Rank 0 ran out of batches after step 29 and exited without error; rank 1, given more, waits
+    on NCCL in step 30's all-reduce that rank 0 never joins. The stall said nothing of rank 0:
+    gone ranks are not stuck ones. A rank that waits in its shutdown, or in a last barrier after
+    its loop, was not left by uneven inputs."""
+    text = stall_once_rank_0_ended(beat(1, 30, "all-reduce", where="train.py:51 in train_step"))
+    assert text.endswith(
         "; rank 0 had exited without error after step 29 while the others trained on: "
         "the ranks ran unequal numbers of steps (uneven inputs: DDP's Join evens them out)"
-    ), stall.text
-
+    ), text
     for after_loop in (beat(1, 30, "exit"), beat(1, 30, "data", inside="barrier")):
-        dog, state, clock = make(world=2)
-        stepping(2, 30, clock, dog, state)
-        feed(dog, state, beat(0, 30, "exit"))
-        feed(dog, state, {"type": "rank_gone", "rank": 0, "wall": 0.0})
-        verdicts = []
-        for _ in range(int(STALL_MIN_S) + 2):
-            clock.now += 1.0
-            feed(dog, state, after_loop)
-            verdicts += [v for v in dog.tick() if v.kind == "stall"]
-        [stall] = verdicts
-        assert stall.text.endswith("; rank 0 had exited without error after step 29"), stall.text
+        text = stall_once_rank_0_ended(after_loop)
+        assert text.endswith("; rank 0 had exited without error after step 29"), text

@@ -331,17 +331,22 @@ async def test_quit_in_launch_can_leave_the_job_running(job):
     assert not job.feeder.done()  # the ranks still stream to the supervisor
 
 
+async def stop_chosen(app: DdptopApp, pilot: Pilot, job: LiveJob) -> None:
+    """At the quit question, s: the stop sent, and the dashboard still open, saying it stops."""
+    await at_the_quit_question(app, pilot)
+    await pilot.press("s")
+    await until(lambda: job.commands, "the stop command")
+    await until(lambda: any("stopping the job" in n.message for n in app._notifications), "the notice that it stops")
+    assert app.is_running and app.state.exit is None  # it waits for the job's end
+
+
 async def test_quit_in_launch_can_stop_the_job_and_closes_at_its_end(job):
     """The dashboard stays until the job has ended, so that `launch` returns once its ranks are
     gone (their GPUs free for the next job), with the job's exit status."""
     job.feed(world=2)
     app = dashboard(job, mode="launch")
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(lambda: table(app).row_count == 2, "rows")
-        await pilot.press("q", "s")
-        await until(lambda: job.commands, "the stop command")
-        await until(lambda: any("stopping the job" in n.message for n in app._notifications), "the notice that it stops")
-        assert app.is_running and app.state.exit is None
+        await stop_chosen(app, pilot, job)
         await job.finish(143)
         await until(lambda: not app.is_running, "the dashboard closed at the job's end")
     assert app.return_value == "stop" and job.commands == [{"type": "command", "action": "stop"}]
@@ -352,11 +357,8 @@ async def test_quit_asked_again_while_the_job_stops_closes_at_once(job):
     job.feed(world=2)
     app = dashboard(job, mode="launch")
     async with app.run_test(size=(160, 40)) as pilot:
-        await at_the_quit_question(app, pilot)
-        await pilot.press("s")
-        await until(lambda: job.commands, "the stop command")
-        assert app.is_running  # it waits for the job's end...
-        await pilot.press("q")  # ...unless asked again
+        await stop_chosen(app, pilot, job)
+        await pilot.press("q")  # asked again
         await until(lambda: not app.is_running, "the dashboard closed")
     assert app.return_value == "stop" and app.state.exit is None
 
