@@ -119,11 +119,12 @@ def test_a_module_in_eval_mode_called_after_a_step_is_an_evaluation_and_a_transf
     ]
 
 
-def test_a_rank_out_of_data_under_ddp_s_join_is_joined_not_waiting_for_its_data(gloo_world_of_one):
+def test_a_rank_out_of_data_under_ddp_s_join_is_joined_not_waiting_for_its_data():
     """A rank whose inputs ran out sits in Join's exit, shadowing the others' collectives, for as
     long as they train on: its state read "data". Here a real Join over a real group, sampled
     inside its exit (a joinable's post-hook, which Join's exit calls), as the sender samples it."""
     import torch
+    import torch.distributed as dist
     from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
     seen: list[where_module.Sample] = []
@@ -149,16 +150,19 @@ def test_a_rank_out_of_data_under_ddp_s_join_is_joined_not_waiting_for_its_data(
 
         @property
         def join_process_group(self) -> object:
-            import torch.distributed as dist
-
             return dist.group.WORLD
 
-    loop = Loop()
-    with Join([loop]):
-        outside = sampled_from_another_thread()
-        loop.sampling = True
-        Join.notify_join_context(loop)  # a training rank's every DDP forward: inside Join's code, not joined
-        loop.sampling = False
+    # A group of its own, gone with the test: another test of this module starts the default group too.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        loop = Loop()
+        with Join([loop]):
+            outside = sampled_from_another_thread()
+            loop.sampling = True
+            Join.notify_join_context(loop)  # a training rank's every DDP forward: inside Join's code, not joined
+            loop.sampling = False
+    finally:
+        dist.destroy_process_group()
     [joined], [training] = seen, notifying
     assert any("algorithms/join.py" in line for line in training.stack)
     assert joined.joined and not outside.joined and not training.joined
