@@ -116,7 +116,14 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
         lines = prometheus_lines(prometheus)
         assert 'ddptop_alerts_total{kind="desync"} 1.0' in lines and 'ddptop_alerts_total{kind="crash"} 1.0' in lines
         assert "ddptop_restarts_total 1.0" in lines and "ddptop_world_size 4.0" in lines
-        assert any(line.startswith("ddptop_rank_step_seconds{") and 'quantile="0.95"' in line for line in lines)
+        # A new attempt's step times are its own: they show from its first steps on.
+        wait_for(
+            lambda: any(
+                line.startswith("ddptop_rank_step_seconds{") and 'quantile="0.95"' in line for line in prometheus_lines(prometheus)
+            ),
+            30,
+            "the step time's quantiles of the attempt after the restart",
+        )
         print(f"prometheus: {len(lines)} lines, e.g. {up[0]}")
 
         # Of both nodes' supervisors, attach picks node 0's, which shows the whole job.
