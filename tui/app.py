@@ -88,6 +88,7 @@ class DdptopApp(App[str | None]):
         self.stopping = False
         """In `launch`, the user chose to stop the job: the dashboard closes when it has ended."""
         self.leaving = False
+        """Set as the app begins to leave: the job's end and a second q may both ask it to, once."""
 
         # The main screen's widgets, kept so that refreshing them works
         # whichever screen (detail, help, a dialog) is in front.
