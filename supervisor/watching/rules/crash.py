@@ -146,16 +146,14 @@ class CrashRule:
                 f" (MASTER_PORT is set at {self.started.port_set_at})" if self.started.port_set_at else ""
             )
         # The workers of a script that starts its own ranks are no ranks: only the cause is known.
-        others = sorted({f["rank"] for f in failures} - {rank}) if self.started.style != "spawn" else []
-        if others:
-            text += f" ({ranks_text(others)} failed after it)"
-        # A rank that ended first without error (no failure of its own) left this one in a collective.
-        failed = {f["rank"] for f in failures}
-        before = self.liveness.gone.get(rank, float("inf"))
-        ended = [r for r in self.liveness.ended(first["restart"], before) if r not in failed] if self.started.style != "spawn" else []
-        if ended:
-            training = (self.liveness.raised_in.get(rank) or (state.phase if state is not None else "exit")) in IN_STEP
-            text += "; " + ended_early(ended, self.state, training)
+        if self.started.style != "spawn":
+            failed = {f["rank"] for f in failures}
+            if others := sorted(failed - {rank}):
+                text += f" ({ranks_text(others)} failed after it)"
+            # A rank that ended first without error (no failure of its own) left this one in a collective.
+            if ended := [r for r in self.liveness.ended(first["restart"], self.liveness.gone.get(rank, float("inf"))) if r not in failed]:
+                training = (self.liveness.raised_in.get(rank) or (state.phase if state is not None else "exit")) in IN_STEP
+                text += "; " + ended_early(ended, self.state, training)
         if killed := max((f.get("oom_kills", 0) for f in failures if f["node"] == first["node"]), default=0):
             text += OOM_KILLED.format(count="a process" if killed == 1 else f"{killed} processes", node=first["node"])
         crash = Verdict(
