@@ -3,12 +3,13 @@
 What a run's supervisor wrote into meta.json when the job ended (exit
 status, steps done, and for a failed run the verdict that explains it) is
 read back; a run whose supervisor died before it could say is judged from
-its event log's last record (rundir.RunDir.state), and its steps and how
-long it ran are what a replay shows: the state its supervisor last saved
-and the records logged after it, folded (model/snapshot.py replayed). A
-running job's steps are its replay's too: the state its supervisor saves
-every 30 s or more would show none for a job's first half minute, and
-steps that long behind after it.
+its event log's last record (rundir.RunDir.state), and its steps, how
+long it ran and its goodput are what a replay shows: the state its
+supervisor last saved and the records logged after it, folded
+(model/snapshot.py replayed). A running job's steps and goodput so far are
+its replay's too, as its dashboard's header shows them: the state its
+supervisor saves every 30 s or more would show none for a job's first half
+minute, and steps that long behind after it.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ def row(run: rundir.RunDir, now: float) -> dict[str, Any]:
     if ended is None:  # running, or its supervisor died before saying: as the replay shows it
         folded = replay(run)
         if folded is not None:
-            meta = {**meta, "steps": folded.totals().steps_done}
             if state != "running":
                 ended = folded.last_wall
+            meta = {**meta, "steps": folded.totals().steps_done, "goodput": folded.goodput.split(ended if ended is not None else now)}
     style = meta.get("launch_style", "torchrun")
     return {
         "id": run.id,
@@ -82,13 +83,16 @@ def list_runs(argv: list[str]) -> int:
     if not rows:
         print(f"no {'running ' if opts.running else ''}runs under {rundir.runs_root()}")
         return 0
-    print(f"{'ID':<40} {'STATE':<9} {'RANKS':>5}  {'STARTED':<19} {'TOOK':>8} {'STEPS':>7} {'EXIT':>4}  SCRIPT")
+    print(f"{'ID':<40} {'STATE':<9} {'RANKS':>5}  {'STARTED':<19} {'TOOK':>8} {'STEPS':>7} {'EXIT':>4} {'GOODPUT':>7}  SCRIPT")
     for r in rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"] or 0))
         took = "-" if r["duration_s"] is None else duration(r["duration_s"])
         steps = "-" if r["steps"] is None else str(r["steps"])
         code = "-" if r["exit_code"] is None else str(r["exit_code"])
-        print(f"{r['id']:<40} {r['state']:<9} {r['ranks'] or '?'!s:>5}  {started:<19} {took:>8} {steps:>7} {code:>4}  {r['script']}")
+        good = "-" if r["goodput"] is None else f"{r['goodput']['goodput']:.0%}"
+        print(
+            f"{r['id']:<40} {r['state']:<9} {r['ranks'] or '?'!s:>5}  {started:<19} {took:>8} {steps:>7} {code:>4} {good:>7}  {r['script']}"
+        )
         if r["why"]:
             print(f"{'':<40} why: {r['why']}")
     return 0

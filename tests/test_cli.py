@@ -6,7 +6,9 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 
+import builders
 import psutil
 import pytest
 from conftest import DDPTOP, EXAMPLE, bound_unix, run_ddptop
@@ -115,6 +117,29 @@ def test_ls_gives_a_running_jobs_steps_as_logged_not_as_last_saved(ddptop_home, 
     (row,) = json.loads(run_ddptop("ls", "--json").stdout)
     assert (row["state"], row["steps"], row["ended"]) == ("running", 40, None)
     assert run_ddptop("ls").stdout.splitlines()[1].split()[6] == "40"
+
+
+@pytest.mark.parametrize("supervisor", ["live", "gone"])
+def test_ls_gives_the_goodput_of_a_running_job_and_of_one_whose_supervisor_died(ddptop_home, tmp_path, supervisor):
+    """A job that ended in order has its goodput in meta.json; one still running, or whose
+    supervisor died before it could say, has it from its log, as its dashboard's header shows it:
+    here 2 s of start-up, then 40 steps of 1 s (40 of 42 s, 95%), up to now or to its last record."""
+    run = _fake_run(tmp_path, "running", os.getpid() if supervisor == "live" else 2**22 + 7)
+    start = time.time() - 42.0
+    log = EventLog(run.events_path)
+    log.append(builders.build("run", wall=start, id=run.id, script="job.py"))
+    log.append(builders.hello(0, 2))
+    for n in range(40):
+        log.append(builders.step(0, n, wall=start + 3.0 + n, step_ms=1000.0))
+    log.close()
+    (row,) = json.loads(run_ddptop("ls", "--json").stdout)
+    assert row["state"] == ("running" if supervisor == "live" else "failed")
+    assert row["goodput"]["productive_s"] == 40.0 and row["goodput"]["startup_s"] == 2.0, row["goodput"]
+    if supervisor == "live":  # so far: the time since the last step is not yet lost
+        assert 42.0 <= row["goodput"]["wall_s"] < 60.0 and row["goodput"]["other_s"] >= 0.0
+    else:  # up to its last record
+        assert row["goodput"]["wall_s"] == 42.0 and row["goodput"]["goodput"] == 0.9524
+    assert run_ddptop("ls").stdout.splitlines()[1].split()[8] == f"{row['goodput']['goodput']:.0%}"
 
 
 def test_a_run_directory_used_again_is_one_run(ddptop_home, tmp_path):

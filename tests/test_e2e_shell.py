@@ -95,7 +95,8 @@ def test_kill_restart_logs_and_stop_from_the_shell_then_ls_tells_the_outcome(ddp
     assert split["failures"] == 2 and split["restarts_s"] > 0 and split["recomputed_s"] >= 0 and 0 < split["goodput"] < 1
     assert "checkpoint_every_s" in split  # failures and checkpoint writes: Young/Daly's interval
     listed = run_ddptop("ls").stdout.splitlines()
-    assert re.match(rf"{run.id}\s+stopped\s+2\s+\S+ \S+\s+\S+\s+\d+\s+143\s+{re.escape(str(EXAMPLE))}$", listed[1]), listed
+    shown = f"{split['goodput']:.0%}"
+    assert re.match(rf"{run.id}\s+stopped\s+2\s+\S+ \S+\s+\S+\s+\d+\s+143\s+{shown}\s+{re.escape(str(EXAMPLE))}$", listed[1]), listed
     assert run_ddptop("ls", "--running").stdout.startswith("no running runs")
 
 
