@@ -22,6 +22,16 @@ def ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def bandwidth(value: float | None) -> str:
+    """Bytes a second in decimal units, as nccl-tests reports its bus bandwidth ("12.3 GB/s")."""
+    if value is None:
+        return "-"
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B/s"
+
+
 def significant(digits: int) -> Callable[[float | None], str]:
     """A number to `digits` significant digits, trailing zeros kept, so rows line up in
     precision (2.200 beside 2.205, not 2.2): a loss or a norm, whatever its magnitude."""

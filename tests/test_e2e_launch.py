@@ -86,6 +86,8 @@ def test_four_ranks_report_every_step_and_survive_bad_frames(ddptop_home, tmp_pa
     assert "[rank0]:step 0 loss" in out and "[rank0]:final-params-sha256" in out
     summaries = [line for line in out.splitlines() if line.startswith("ddptop ") and "samples/s" in line]
     assert summaries and "steps 80/80" in summaries[-1] and "ranks 4/4" in summaries[-1]
+    assert re.search(r" \| busbw [\d.]+ [kMG]?B/s \| ", summaries[-1]), summaries[-1]  # DDP's sampled bytes and time, over 4 ranks
+    assert any((r["metrics"].get("busbw") or 0) > 0 for r in records if r["type"] == "summary")
     logs = sorted(p.parent.name for p in run_path.glob("logs/*/attempt_0/*/stdout.log"))
     assert logs == ["0", "1", "2", "3"]
     assert "step 0 loss" in next(run_path.glob("logs/*/attempt_0/0/stdout.log")).read_text()

@@ -6,9 +6,9 @@ import builders
 import pytest
 from test_history import restored
 
-from ddptop.core.model import snapshot
+from ddptop.core.model import snapshot, summary
 from ddptop.core.model.job import JobState
-from ddptop.core.model.metrics import COMM_MS, COMM_SHARE, DATA_MS, GPU_USED, GPU_UTIL, RSS, SAMPLES_PER_S, TOKENS_PER_S
+from ddptop.core.model.metrics import BUS_BANDWIDTH, COMM_MS, COMM_SHARE, DATA_MS, GPU_USED, GPU_UTIL, RSS, SAMPLES_PER_S, TOKENS_PER_S
 from ddptop.core.model.stats import WINDOW, StepPoint
 from ddptop.core.wire.records import WINDOWED
 
@@ -94,6 +94,23 @@ def test_comm_figures_stand_until_the_next_sampled_iteration_once_the_window_has
     assert (COMM_MS.read(rank), COMM_SHARE.read(rank)) == (4.0, 0.5)
     state.ingest(builders.step(0, 2 * WINDOW, wall=200.0, comm_ms=8.0, compute_ms=8.0, comm_overlap_ms=0.0, comm_bytes=1024))
     assert (COMM_MS.read(rank), COMM_SHARE.read(rank)) == (8.0, 0.5)
+
+
+def test_the_all_reduce_s_bus_bandwidth_is_nccl_tests_of_ddp_s_sampled_bytes_and_time_and_reads_in_the_summary():
+    """2 ranks all-reduce 1 MiB in 10 ms: algbw 104.9 MB/s, and busbw the same, 2(n-1)/n being 1.
+    A rank alone all-reduces with nobody: no figure, and no part of the line."""
+    for world, shown in ((2, "busbw 104.9 MB/s"), (1, None)):
+        state = JobState()
+        for rank in range(world):
+            state.ingest(builders.hello(rank, world))
+            state.ingest(builders.step(rank, 0, wall=1.0, comm_ms=10.0, compute_ms=20.0, comm_bytes=1 << 20))
+        parts = summary.line(state.totals(), 5.0).split(" | ")
+        assert "comm 10.0 ms (33%)" in parts
+        if shown is None:
+            assert BUS_BANDWIDTH.read(state.ranks[0]) is None and not any(p.startswith("busbw") for p in parts), parts
+        else:
+            assert state.totals().of(BUS_BANDWIDTH) == pytest.approx((1 << 20) / 0.010)
+            assert parts[parts.index("comm 10.0 ms (33%)") + 1] == shown, parts
 
 
 def test_a_step_value_of_the_wire_s_table_is_kept_as_the_table_says():
@@ -227,9 +244,12 @@ def test_a_pipeline_s_samples_are_counted_once_though_every_stage_s_ranks_see_th
     assert totals.of(SAMPLES_PER_S) == pytest.approx(2 * 320.0)
     assert totals.of(TOKENS_PER_S) == pytest.approx(2 * 320.0 * 64)
     assert SAMPLES_PER_S.read(state.ranks[3]) == pytest.approx(320.0)
-    assert totals.busbw == pytest.approx(before.busbw * (2 * 1 / 2) / (2 * 3 / 4))
+    # 1 MiB in 10 ms: algbw 104.9 MB/s, times 2(n-1)/n: 3/2 over the job's 4 ranks, 1 over a stage's 2.
+    assert before.of(BUS_BANDWIDTH) == pytest.approx(1.5 * (1 << 20) / 0.010)
+    assert totals.of(BUS_BANDWIDTH) == pytest.approx((1 << 20) / 0.010)
     late = restored(list(snapshot.frames(state)))  # a dashboard that attaches now
     assert late.totals().of(SAMPLES_PER_S) == pytest.approx(2 * 320.0)
+    assert late.totals().of(BUS_BANDWIDTH) == totals.of(BUS_BANDWIDTH)
     assert late.lags() == state.lags() and set(state.lags()) == {0, 1, 2, 3}
 
 

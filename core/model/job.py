@@ -18,9 +18,9 @@ from ddptop.core.model import profiles, snapshot
 from ddptop.core.model.goodput import GOODPUT_TYPES, Goodput
 from ddptop.core.model.history import History, pack
 from ddptop.core.model.lag import Lag, lags
-from ddptop.core.model.metrics import COMM_MS, JOB_METRICS, Metric
+from ddptop.core.model.metrics import JOB_METRICS, Metric
 from ddptop.core.model.rank import SAMPLED, GpuState, RankState, replicas_told
-from ddptop.core.model.stats import RollingWindow, StepPoint, bus_bandwidth, median
+from ddptop.core.model.stats import RollingWindow, StepPoint, median
 from ddptop.core.model.totals import JobTotals
 from ddptop.core.wire.records import LATEST, WINDOWED
 
@@ -84,7 +84,7 @@ class JobState:
             # over the restart's gap (a job that resumed at full speed read a tenth of it).
             state.window = RollingWindow()
             state.last_sampled = {}
-        for key in ("local_rank", "node", "host", "pid", "restart"):
+        for key in ("local_rank", "node", "host", "pid", "restart", "world_size"):
             setattr(state, key, record[key])
         state.phase = "startup"
         state.step = -1
@@ -267,19 +267,11 @@ class JobState:
         """Job-wide figures: the metric table's job figures and the job's counts."""
         ranks = list(self.ranks.values())
         figures = {metric.key: self.figure(metric, ranks) for metric in JOB_METRICS}
-        comm_ms = figures[COMM_MS.key]
-        comm_bytes = [x for r in ranks if (x := r.sampled("comm_bytes")) is not None]
-        busbw = None
-        if comm_ms and comm_bytes:
-            # DDP's all-reduce runs over each rank's replicas: the whole job, or a stage's group.
-            over = min((len(r.replicas) for r in ranks if r.replicas), default=self.world_size)
-            busbw = bus_bandwidth(median(comm_bytes) or 0.0, comm_ms / 1000.0, over)
         return JobTotals(
             ranks_seen=len(ranks),
             world_size=self.world_size,
             steps_done=self.steps_done(),
             total_steps=self.total_steps,
-            busbw=busbw,
             dropped=sum(r.dropped for r in ranks),
             alerts=self.alerts,
             nan_skips=max((r.nan_skips for r in ranks), default=0),

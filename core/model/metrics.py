@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ddptop.core.format import count, ms, nbytes, significant
+from ddptop.core.format import bandwidth, count, ms, nbytes, significant
 from ddptop.core.model.rank import RankState
 from ddptop.core.model.stats import median
 
@@ -201,6 +201,18 @@ COMM_SHARE = Metric(
     ),
     summary=COMM_SUMMARY,
 )
+BUS_BANDWIDTH = Metric(
+    "busbw",
+    "bytes/s",
+    RankState.bus_bandwidth,
+    bandwidth,
+    job=middle,
+    prometheus=Prometheus(
+        "bus_bandwidth_bytes_per_second",
+        "gradient all-reduce bus bandwidth as nccl-tests defines it, over DDP's comm time (which counts the backward it overlaps: a floor)",
+    ),
+    summary="busbw {}",
+)
 DATA_MS = Metric(
     "data_ms",
     "ms",
@@ -292,6 +304,7 @@ METRICS: tuple[Metric, ...] = (
     STEP_MS_P95,
     COMM_MS,
     COMM_SHARE,
+    BUS_BANDWIDTH,
     DATA_MS,
     LOSS,
     GRAD_NORM,

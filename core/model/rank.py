@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddptop.core.model.stats import RollingWindow, median
+from ddptop.core.model.stats import RollingWindow, bus_bandwidth, median
 
 SAMPLED = ("comm_ms", "comm_overlap_ms", "comm_bytes", "compute_ms")
 """The step values that come from DDP's sampled iterations (wire/records.py), kept together."""
@@ -66,6 +66,8 @@ class RankState:
     gpu_mem: int | None = None
     gpu_uuid: str | None = None
     """Its GPU's UUID as it told (records.Heartbeat): how its GPU memory is found in a container."""
+    world_size: int = 0
+    """The ranks of the job, as its hello told."""
     replicas: tuple[int, ...] | None = None
     """The ranks this rank is data-parallel with, where that is part of the job
     (records.Heartbeat replicas): a pipeline stage's or a tensor-parallel shard's. They do its
@@ -143,6 +145,21 @@ class RankState:
         # was another model's, a GAN's discriminator in its generator's step): never over 100%.
         spent = max(compute + comm - (figures("comm_overlap_ms") or 0.0), comm)
         return comm / spent if spent > 0 else None
+
+    def bus_bandwidth(self) -> float | None:
+        """Its gradient all-reduce's bus bandwidth as nccl-tests defines it, over the iterations DDP
+        sampled: the bytes of its buckets over DDP's comm time, times 2(n-1)/n for the n ranks it
+        all-reduces with (its replicas, or the job). DDP's comm time runs from the first bucket's
+        all-reduce to the last's end, through the backward it overlaps and any wait for a late
+        rank, so this is a floor on what the links carry: near it where the all-reduce is
+        exposed, well under it where the backward hides it. None for a rank that all-reduces
+        with no other."""
+        figures = self._sampled_figures()
+        comm_ms, nbytes = figures("comm_ms"), figures("comm_bytes")
+        over = len(self.replicas) if self.replicas else self.world_size
+        if not comm_ms or not nbytes or over < 2:
+            return None
+        return bus_bandwidth(nbytes, comm_ms / 1000.0, over)
 
     def add_compute(self, compute_ms: float, comm_step: int | None) -> None:
         """One of DDP's sampled compute times, unless its warm-up's (a record without the

@@ -21,8 +21,6 @@ class JobTotals:
     steps_done: int | None = None
     """Steps every rank has finished: the slowest rank's count."""
     total_steps: int | None = None
-    busbw: float | None = None
-    """All-reduce bus bandwidth, bytes/s, as nccl-tests defines it."""
     dropped: int = 0
     alerts: int = 0
     nan_skips: int = 0

@@ -523,6 +523,8 @@ class Summary(TypedDict):
     ranks_seen: int
     world_size: int
     busbw: NotRequired[float]
+    """The all-reduce's bus bandwidth as ddptop wrote it before it was a row of the metric table
+    (now metrics["busbw"]): read in the event logs of those runs, written no more."""
     dropped: int
     alerts: int
     nan_skips: int

@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from ddptop.core.format import count, duration, ms
 from ddptop.core.model.job import JobState
-from ddptop.core.model.metrics import COMM_MS, LOSS, SAMPLES_PER_S, STEP_MS_P50, STEP_MS_P95, TOKENS_PER_S
+from ddptop.core.model.metrics import BUS_BANDWIDTH, COMM_MS, LOSS, SAMPLES_PER_S, STEP_MS_P50, STEP_MS_P95, TOKENS_PER_S
 from ddptop.core.model.summary import guard_parts
 from ddptop.core.model.totals import JobTotals
 
@@ -109,6 +109,8 @@ class JobHeader(Static):
             second.append(plain(0, f"loss {LOSS.text(loss)}"))
         second.append(plain(3, f"step {ms(totals.of(STEP_MS_P50))}/{ms(totals.of(STEP_MS_P95))} ms"))
         second.append(plain(1, f"comm {ms(totals.of(COMM_MS))} ms"))
+        if (busbw := totals.of(BUS_BANDWIDTH)) is not None:
+            second.append(plain(3, f"busbw {BUS_BANDWIDTH.text(busbw)}"))
         second += [plain(1, part) for part in guard_parts(totals)]
         width = self.content_size.width
         text = fit(first, width) + "\n" + fit(second, width)
