@@ -148,6 +148,11 @@ async def test_sort_and_reverse(job):
         await until(lambda: column(app, "rank")[-1] == "2", "the slow rank sorted last")
         await pilot.press("S")
         await until(lambda: column(app, "rank")[0] == "2", "the slow rank first once reversed")
+        await pilot.press("comma")  # nvitop's keys: the column before (TOKENS/S is not shown: no tokens), then back
+        await until(lambda: table(app).sort_key == "samples_per_s", "sorted by the column before")
+        await pilot.press("full_stop")
+        await until(lambda: table(app).sort_key == "step_ms_p50", "sorted by the step time again")
+        await until(lambda: column(app, "rank")[0] == "2", "the slow rank still first")
 
 
 @pytest.mark.slow  # waits for the dashboard's real-time windows: seconds

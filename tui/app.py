@@ -65,6 +65,8 @@ class DdptopApp(App[str | None]):
         Binding("question_mark", "help", "help"),
         Binding("s", "sort", "sort"),
         Binding("S", "reverse_sort", "reverse", show=False),
+        Binding("full_stop", "sort(1)", "next column", show=False),  # nvitop's keys for the sort column
+        Binding("comma", "sort(-1)", "previous column", show=False),
         Binding("slash", "filter", "filter"),
         Binding("escape", "clear_filter", "clear filter", show=False),
         Binding("p", "pause", "pause"),
@@ -247,9 +249,9 @@ class DdptopApp(App[str | None]):
     def action_alerts(self) -> None:
         self.push_screen(AlertsScreen(self.state))
 
-    def action_sort(self) -> None:
-        key = self.table.cycle_sort()
-        self.notify(f"sorted by {key}", timeout=2)
+    def action_sort(self, step: int = 1) -> None:
+        header = self.table.cycle_sort(step)
+        self.notify(f"sorted by {header}", timeout=2)
         self.refresh_view(force=True)
 
     def action_reverse_sort(self) -> None:

@@ -12,7 +12,7 @@ KEYS = [
     ("enter", "rank detail: its step and comm time over the run, its stack, its own log tail; on a node, its ranks"),
     ("← / →", "scroll a table wider than the terminal a column at a time (its node and rank stay)"),
     ("n", "node rollup (one line per node, worst rank named) / every rank"),
-    ("s / S", "sort by the next column / reverse the order"),
+    ("s / S", "sort by the next column / reverse the order (. and , as in nvitop: the next / the previous column)"),
     ("/", "filter ranks (words match node, rank, host, state); esc clears, or goes back to the nodes"),
     ("p", "pause the display (data keeps arriving)"),
     ("w", "charts: the last ten minutes / the whole run (alerts red, restarts yellow on the time axis)"),

@@ -72,6 +72,7 @@ HIGHLIGHTED = ("rank", "state")
 _KEYS = [c.key for c in COLUMNS]
 _INDEX = {key: i for i, key in enumerate(_KEYS)}
 _SORT = {c.key: c.sort_of for c in COLUMNS}
+_HEADERS = {c.key: c.header for c in COLUMNS}
 
 
 class RankTable(LineTable):
@@ -165,9 +166,14 @@ class RankTable(LineTable):
         """Character spans of the highlighted columns in a line."""
         return [(start, start + width) for key, start, width in zip(_KEYS, self._starts(), self._widths) if width and key in HIGHLIGHTED]
 
-    def cycle_sort(self) -> str:
-        self.sort_key = SORTABLE[(SORTABLE.index(self.sort_key) + 1) % len(SORTABLE)]
-        return self.sort_key
+    def cycle_sort(self, step: int = 1) -> str:
+        """Sort by the shown column step places on (1: the next; -1: the one before), round the
+        end; its header, to say so. A column left out (tokens/s of a job without tokens, a CPU
+        job's GPU figures) is passed over: a sort by it would order by nothing on screen."""
+        shown = [key for key in SORTABLE if self._widths[_INDEX[key]]]
+        at = shown.index(self.sort_key) if self.sort_key in shown else 0
+        self.sort_key = shown[(at + step) % len(shown)]
+        return _HEADERS[self.sort_key]
 
     def reverse_sort(self) -> None:
         self.sort_reverse = not self.sort_reverse
