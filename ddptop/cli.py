@@ -35,7 +35,7 @@ SOCKET_WAIT_S = 30.0
 
 USAGE = """\
 usage: ddptop launch [options] SCRIPT [script args]   run a DDP job under torchrun and supervise it
-       ddptop attach [RUN | HOST:PORT[,...]]          the dashboard on a running job (default: newest)
+       ddptop attach [RUN | HOST:PORT[,...]] [--readonly]   the dashboard on a running job (default: newest)
        ddptop replay RUN                              the dashboard over a run's recorded events
        ddptop ls [--running] [--json]                 list runs, newest last, and how each ended
        ddptop export RUN                              print a run's event log as JSON lines
@@ -97,7 +97,7 @@ def _attachable(spec: str | None) -> rundir.RunDir:
     return live.run
 
 
-def _dashboard(run: rundir.RunDir, mode: str) -> DdptopApp:
+def _dashboard(run: rundir.RunDir, mode: str, readonly: bool = False) -> DdptopApp:
     """The dashboard on a run: live for launch and attach, from its log for replay.
 
     Textual is imported only here, where a dashboard opens: headless stays light.
@@ -106,7 +106,7 @@ def _dashboard(run: rundir.RunDir, mode: str) -> DdptopApp:
     from ddptop.tui.source import LiveSource, ReplaySource
 
     source = ReplaySource(run) if mode == "replay" else LiveSource(run.socket_path)
-    return DdptopApp(source, mode, run.path)
+    return DdptopApp(source, mode, run.path, readonly)
 
 
 def _run_argument(prog: str, argv: list[str]) -> str:
@@ -126,9 +126,10 @@ def attach(argv: list[str]) -> int:
         "or HOST:PORT[,HOST:PORT...] of supervisors that listen on TCP",
     )
     parser.add_argument("--token-file", type=Path, help=f"the run's token for TCP (default: ${endpoints.TOKEN_ENV}, or your own run's)")
+    parser.add_argument("--readonly", action="store_true", help="watch only: no restart, kill or profile capture is offered (as nvitop's)")
     opts = parser.parse_args(argv)
     if opts.target is None or not remote.is_address_list(opts.target):
-        _dashboard(_attachable(opts.target), "attach").run()
+        _dashboard(_attachable(opts.target), "attach", opts.readonly).run()
         return 0
     target, notice = remote.choose(opts.target, opts.token_file)
     if notice is not None:
@@ -136,7 +137,7 @@ def attach(argv: list[str]) -> int:
     from ddptop.tui.app import DdptopApp
     from ddptop.tui.source import LiveSource
 
-    DdptopApp(LiveSource(tcp=(target.host, target.port), token=target.token), "attach").run()
+    DdptopApp(LiveSource(tcp=(target.host, target.port), token=target.token), "attach", readonly=opts.readonly).run()
     return 0
 
 

@@ -318,6 +318,25 @@ async def test_the_footer_offers_restart_kill_and_profile_only_while_the_job_run
         assert not ON_THE_JOB & footer_actions(replay)
 
 
+async def test_a_dashboard_attached_read_only_asks_nothing_of_the_job(job):
+    """`ddptop attach --readonly`, as nvitop's: the running job is shown, and no key restarts,
+    kills or profiles it."""
+    job.feed(world=2)
+    app = DdptopApp(LiveSource(job.hub.run.socket_path), "attach", job.hub.run.path, readonly=True)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(lambda: table(app).row_count == 2 and "help" in footer_actions(app), "rows and the footer")
+        assert "running read-only" in str(app.query_one("#header").render())
+        assert not ON_THE_JOB & footer_actions(app)
+        await pilot.press("R", "down", "K")
+        assert not isinstance(app.screen, ConfirmScreen)
+        await pilot.press("enter")
+        await until(lambda: "app.pop_screen" in footer_actions(app), "the rank's detail")
+        assert "profile" not in footer_actions(app)
+        await pilot.press("P")
+        assert str(app.screen.query_one("#profile").render()) == "no capture of this rank in this run"
+    assert {c["action"] for c in job.commands} <= {"log_tail"}  # the detail reads the rank's log tail, and nothing more
+
+
 async def at_the_quit_question(app: DdptopApp, pilot: Pilot) -> None:
     """Two ranks' rows drawn, then q: launch's dashboard asks what becomes of the job."""
     await until(lambda: table(app).row_count == 2, "rows")

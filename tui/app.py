@@ -51,7 +51,8 @@ CHART_ROWS = 9
 GONE = "the supervisor is gone (its job has ended): nothing was sent"
 ON_THE_JOB = frozenset({"restart_group", "kill_rank"})
 """Actions on the running job, which the footer offers only while there is one: not in a
-replay, nor once the job has ended (a rank's detail offers its profile capture alike)."""
+replay, nor once the job has ended, nor in a dashboard attached read-only (a rank's detail
+offers its profile capture alike)."""
 
 
 class DdptopApp(App[str | None]):
@@ -79,11 +80,14 @@ class DdptopApp(App[str | None]):
         Binding("K", "kill_rank", "kill rank"),
     ]
 
-    def __init__(self, source: Source, mode: str, run_dir: Path | None = None) -> None:
+    def __init__(self, source: Source, mode: str, run_dir: Path | None = None, readonly: bool = False) -> None:
         super().__init__()
         self.source = source
         self.mode = mode
         self.run_dir = run_dir
+        self.readonly = readonly
+        """Attached to watch only (`ddptop attach --readonly`, nvitop's flag): the job is neither
+        restarted, killed nor profiled from here; its ranks' log tails are still read."""
         self.state = JobState()
         self.paused = False
         self.stream_ended = False
@@ -101,7 +105,7 @@ class DdptopApp(App[str | None]):
         self.chart_turn = 0
         self.arranged: tuple[int, int, int, bool, int] | None = None
         """The charts' rows, the width, the charts' height when fixed, heatmap or lines, the table's rows."""
-        self.offered_job_actions = self.job_running()
+        self.offered_job_actions = self.may_act()
         """Whether the footer offers ON_THE_JOB: redrawn when the job stops running."""
         self.table = RankTable(id="ranks")
         self.nodes = NodeTable(id="nodes")
@@ -166,7 +170,7 @@ class DdptopApp(App[str | None]):
             return f"[{'green' if code == 0 else 'red'}]ended, exit {code}[/]"
         if self.stream_ended:
             return "[yellow]supervisor gone[/]" if self.source.live else "[yellow]replay (no end recorded)[/]"
-        return "[green]running[/]" + (" [yellow]paused[/]" if self.paused else "")
+        return "[green]running[/]" + (" [yellow]paused[/]" if self.paused else "") + (" read-only" if self.readonly else "")
 
     def showing_nodes(self) -> bool:
         if self.view != "auto":
@@ -177,7 +181,7 @@ class DdptopApp(App[str | None]):
         return len(nodes) > 1 and len(self.state.ranks) > fits
 
     def refresh_view(self, force: bool = False) -> None:
-        if self.offered_job_actions != self.job_running():
+        if self.offered_job_actions != self.may_act():
             self.offered_job_actions = not self.offered_job_actions
             self.refresh_bindings()
         if self.paused and not force:
@@ -238,6 +242,10 @@ class DdptopApp(App[str | None]):
 
     def job_running(self) -> bool:
         return self.source.live and not self.stream_ended and self.state.exit is None
+
+    def may_act(self) -> bool:
+        """Whether the dashboard may act on the job: restart, kill, a profile capture."""
+        return self.job_running() and not self.readonly
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Restart and kill are left out of the footer, and their keys do nothing, where no job runs."""
@@ -313,7 +321,7 @@ class DdptopApp(App[str | None]):
 
     async def ask_profile(self, rank: int) -> bool:
         """Ask the supervisor for a capture of the rank's next steps (the supervisor says how many)."""
-        if not self.job_running():
+        if not self.may_act():
             return False
         return await self.source.command("profile", rank)
 
@@ -340,7 +348,7 @@ class DdptopApp(App[str | None]):
             self.notify(GONE, severity="warning")
 
     def action_restart_group(self) -> None:
-        if not self.job_running():
+        if not self.may_act():
             self.notify("no running job to restart", severity="warning")
             return
 
@@ -352,7 +360,7 @@ class DdptopApp(App[str | None]):
 
     def action_kill_rank(self) -> None:
         rank = self.table.selected_rank()
-        if not self.job_running() or rank is None:
+        if not self.may_act() or rank is None:
             self.notify("no running rank to kill", severity="warning")
             return
 
