@@ -254,6 +254,13 @@ async def test_a_rank_s_detail_at_80x24_keeps_its_title_and_a_log_in_view(job):
         title, log = screen.query_one("#detail-title"), screen.query_one("#log")
         assert title.region.y == 0 and "rank 1" in str(title.render()), title.region
         assert log.region.height >= 3 and log.region.bottom <= 23, log.region  # above the footer's row
+        assert "GPU" not in str(title.render())  # a CPU rank
+        gpu = {"index": 1, "name": "H100", "util": 97.0, "mem_used": 60 << 30, "mem_total": 80 << 30, "temperature": 87.0, "power_w": 312.0}
+        job.hub.record({"type": "sample", "wall": time.time(), "procs": [{"rank": 1, "pid": 11, "gpu": 1}], "gpus": [gpu]})
+        want = "GPU 1 H100  util 97%  memory 60.0 GiB/80.0 GiB  87 °C  312 W"
+        await until(lambda: str(title.render()).endswith(want), "its GPU, temperature and power on the title's second line")
+        await pilot.pause()
+        assert title.region.height == 2 and log.region.height >= 3 and log.region.bottom <= 23, (title.region, log.region)
 
 
 @pytest.mark.slow  # waits for the dashboard's real-time windows: seconds

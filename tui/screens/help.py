@@ -9,7 +9,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 KEYS = [
-    ("enter", "rank detail: its step and comm time over the run, its stack, its own log tail; on a node, its ranks"),
+    (
+        "enter",
+        "rank detail: its GPU's temperature and power, its step and comm time over the run, its stack, its own log tail; on a node, its ranks",
+    ),
     ("← / →", "scroll a table wider than the terminal a column at a time (its node and rank stay)"),
     ("n", "node rollup (one line per node, worst rank named) / every rank"),
     ("s / S", "sort by the next column / reverse the order (. and , as in nvitop: the next / the previous column)"),

@@ -13,6 +13,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
+from ddptop.core.format import nbytes
 from ddptop.core.model import profiles
 from ddptop.core.model.job import JobState
 from ddptop.core.model.rank import RankState
@@ -43,6 +44,25 @@ def live_stack(lines: list[str], inside: str | None, exited: bool = False) -> Te
         text.append(f"{line}\n", style="bold" if is_script_line(line) else "dim")
     text.rstrip()
     return text
+
+
+def gpu_line(rank: RankState) -> str:
+    """Its GPU as NVML last read it: what the rank table's GPU columns leave out too, its
+    temperature and power, where a GPU that throttles hot or capped shows first. Empty for a
+    CPU rank; a figure the driver lacks is left out."""
+    gpu = rank.gpu_reading
+    if gpu is None:
+        return ""
+    parts = [f"GPU {gpu.index}" + (f" {gpu.name}" if gpu.name else "")]
+    if gpu.util is not None:
+        parts.append(f"util {gpu.util:.0f}%")
+    if gpu.mem_used is not None and gpu.mem_total:
+        parts.append(f"memory {nbytes(gpu.mem_used)}/{nbytes(gpu.mem_total)}")
+    if gpu.temperature is not None:
+        parts.append(f"{gpu.temperature:.0f} °C")
+    if gpu.power_w is not None:
+        parts.append(f"{gpu.power_w:.0f} W")
+    return "  ".join(parts)
 
 
 def log_tail(run_dir: Path | None, meta: dict, rank: RankState, lines: int = LOG_LINES) -> list[str]:
@@ -143,9 +163,11 @@ class RankDetailScreen(Screen[None]):
         if rank is None:
             return
         self.asked = await self.ask_log(rank.rank)
+        gpu = gpu_line(rank)
         self.query_one("#detail-title", Static).update(
             f"[b]rank {rank.rank}[/b]  node {rank.node} ({rank.host})  local rank {rank.local_rank}  "
             f"pid {rank.pid}  restart {rank.restart}  step {rank.step}  phase {rank.phase}  dropped {rank.dropped}"
+            + (f"\n{gpu}" if gpu else "")
         )
         win = window(self.state.history, self.whole, self.state.started, self.clock())
         self.query_one("#rank-step", Chart).draw(step_drawing(win, rank.rank))
