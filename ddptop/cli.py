@@ -126,7 +126,9 @@ def attach(argv: list[str]) -> int:
         "or HOST:PORT[,HOST:PORT...] of supervisors that listen on TCP",
     )
     parser.add_argument("--token-file", type=Path, help=f"the run's token for TCP (default: ${endpoints.TOKEN_ENV}, or your own run's)")
-    parser.add_argument("--readonly", action="store_true", help="watch only: no restart, kill or profile capture is offered (as nvitop's)")
+    parser.add_argument(
+        "--readonly", action="store_true", help="watch only: no restart, kill, profile capture or stack dump is offered (as nvitop's)"
+    )
     opts = parser.parse_args(argv)
     if opts.target is None or not remote.is_address_list(opts.target):
         _dashboard(_attachable(opts.target), "attach", opts.readonly).run()

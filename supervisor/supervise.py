@@ -120,10 +120,8 @@ class Supervisor:
         """
         action = command["action"]
         source = f"from the shell (ddptop {action.replace('_rank', '')})" if command.get("origin") == "shell" else self.role.commander
-        if action == "stacks":
-            ours = self.torchrun.descendants()
-            for rank in command.get("ranks") or []:
-                self._in_background(self._collect_stack(rank, ours))
+        if action == "stacks":  # a dashboard's, of one rank; node 0's aggregator's, of this node's ranks
+            self._in_background(self._stacks(command.get("ranks") or ([command["rank"]] if command.get("rank") is not None else [])))
             return
         if action == "log_tail":
             self._log_tail(command.get("rank"))
@@ -273,9 +271,7 @@ class Supervisor:
         if verdict.action == "stop" or (verdict.kind == "crash" and self._why is None):
             self._why = f"{verdict.kind}: {verdict.text}"
         if verdict.stacks:
-            ours = self.torchrun.descendants()
-            await asyncio.gather(*(self._collect_stack(rank, ours) for rank in verdict.stacks))
-            await self._remote_stacks(verdict.stacks)
+            await self._stacks(verdict.stacks)
         if verdict.action == "restart":
             self._note(None, f"restarting the worker group after the {verdict.kind} alert")
             self.hub.stopping_for({"ordered": verdict.kind})
@@ -284,6 +280,12 @@ class Supervisor:
             self._note(None, f"stopping the job after the {verdict.kind} alert")
             self._stop_code = verdict.details.get("exit_status", WATCHDOG_STOP_EXIT)
             self._request_stop(signal.SIGTERM)
+
+    async def _stacks(self, ranks: list[int]) -> None:
+        """The ranks' stacks now: this node's dumped here, the other nodes' asked of their supervisors."""
+        ours = self.torchrun.descendants()
+        await asyncio.gather(*(self._collect_stack(rank, ours) for rank in ranks))
+        await self._remote_stacks(ranks)
 
     async def _remote_stacks(self, ranks: list[int]) -> None:
         """Ask other nodes' supervisors for their ranks' stacks; wait (bounded) for them to arrive."""

@@ -111,6 +111,13 @@ def test_launch_dashboard_leave_running_then_attach(tmux, ddptop_home, run_path)
     attached = tmux.wait_screen("attach", "world 2", "running")
     wait_for(lambda: _rank_rows(tmux.screen("attach")) == 2, 30, "both rank rows in the attached dashboard")
     assert "up 00:00" not in attached  # attached late, it shows the run's history, not an empty start
+    tmux("send-keys", "-t", "attach", "Enter")  # rank 0's detail: its stacks, dumped now
+    tmux.wait_screen("attach", "rank 0  node 0", "main thread now", "D stacks now")
+    tmux("send-keys", "-t", "attach", "D")
+    wait_for(lambda: re.search(r"last stack dump, \d\d:\d\d:\d\d by (py-spy|faulthandler)", tmux.screen("attach")), 30, "rank 0's stacks")
+    assert re.search(r"[Tt]hread (\d+|0x[0-9a-f]+) ", tmux.screen("attach")), tmux.screen("attach")  # py-spy's, or faulthandler's
+    tmux("send-keys", "-t", "attach", "Escape")
+    tmux.wait_screen("attach", "NODE  RANK")
     tmux("send-keys", "-t", "attach", "q")
     tmux.wait_screen("attach", "ATTACH-EXITED 0")
     assert run.state() == "running"

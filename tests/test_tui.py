@@ -295,7 +295,7 @@ def footer_actions(app: DdptopApp) -> set[str]:
     return {key.action for key in app.screen.query(FooterKey)}
 
 
-ON_THE_JOB = {"restart_group", "kill_rank", "profile"}
+ON_THE_JOB = {"restart_group", "kill_rank", "profile", "dump_stacks"}
 
 
 async def test_the_footer_offers_restart_kill_and_profile_only_while_the_job_runs(job):
@@ -308,9 +308,18 @@ async def test_the_footer_offers_restart_kill_and_profile_only_while_the_job_run
         await until(lambda: table(app).row_count == 2, "rows")
         await until(lambda: {"restart_group", "kill_rank"} <= footer_actions(app), "restart and kill offered")
         await pilot.press("down", "enter")
-        await until(lambda: "profile" in footer_actions(app), "the rank's profile offered")
+        await until(lambda: {"profile", "dump_stacks"} <= footer_actions(app), "the rank's profile and stack dump offered")
         profile = app.screen.query_one("#profile")
         assert "P captures its next steps" in str(profile.render())
+        dump = app.screen.query_one("#stack")
+        assert str(dump.render()) == "last stack dump\nno stack dump recorded for this rank"
+        await pilot.press("D")
+        await until(lambda: {"type": "command", "action": "stacks", "rank": 1} in job.commands, "the stacks asked for")
+        wall = time.time()
+        stack = "Thread 7 (idle): MainThread\n    train (job.py:42)"
+        job.hub.record({"type": "stack", "rank": 1, "wall": wall, "source": "py-spy --native", "text": stack})
+        heading = f"last stack dump, {time.strftime('%H:%M:%S', time.localtime(wall))} by py-spy --native"
+        await until(lambda: str(dump.render()).startswith(heading + "\nThread 7"), "the dump, when and by what")
         await job.finish(0)
         await until(lambda: app.stream_ended, "the end of the stream")
         await until(lambda: "app.pop_screen" in (offered := footer_actions(app)) and not ON_THE_JOB & offered, "no profile offered")
@@ -338,8 +347,8 @@ async def test_a_dashboard_attached_read_only_asks_nothing_of_the_job(job):
         assert not isinstance(app.screen, ConfirmScreen)
         await pilot.press("enter")
         await until(lambda: "app.pop_screen" in footer_actions(app), "the rank's detail")
-        assert "profile" not in footer_actions(app)
-        await pilot.press("P")
+        assert not {"profile", "dump_stacks"} & footer_actions(app)
+        await pilot.press("P", "D")
         assert str(app.screen.query_one("#profile").render()) == "no capture of this rank in this run"
     assert {c["action"] for c in job.commands} <= {"log_tail"}  # the detail reads the rank's log tail, and nothing more
 

@@ -52,7 +52,7 @@ GONE = "the supervisor is gone (its job has ended): nothing was sent"
 ON_THE_JOB = frozenset({"restart_group", "kill_rank"})
 """Actions on the running job, which the footer offers only while there is one: not in a
 replay, nor once the job has ended, nor in a dashboard attached read-only (a rank's detail
-offers its profile capture alike)."""
+offers its profile capture and its stack dump alike)."""
 
 
 class DdptopApp(App[str | None]):
@@ -87,7 +87,8 @@ class DdptopApp(App[str | None]):
         self.run_dir = run_dir
         self.readonly = readonly
         """Attached to watch only (`ddptop attach --readonly`, nvitop's flag): the job is neither
-        restarted, killed nor profiled from here; its ranks' log tails are still read."""
+        restarted, killed, profiled nor held still for a stack dump from here; its ranks' log
+        tails are still read."""
         self.state = JobState()
         self.paused = False
         self.stream_ended = False
@@ -308,6 +309,7 @@ class DdptopApp(App[str | None]):
                     self.charts.whole,
                     self.ask_log,
                     self.ask_profile,
+                    self.ask_stacks,
                     lambda: self.offered_job_actions,
                     focus_log=logs,
                 )
@@ -324,6 +326,12 @@ class DdptopApp(App[str | None]):
         if not self.may_act():
             return False
         return await self.source.command("profile", rank)
+
+    async def ask_stacks(self, rank: int) -> bool:
+        """Ask the supervisor to dump the rank's stacks now (py-spy, else faulthandler), on its node."""
+        if not self.may_act():
+            return False
+        return await self.source.command("stacks", rank)
 
     def action_detail(self) -> None:
         if self.showing_nodes():

@@ -190,7 +190,8 @@ class JobState:
         self.rank(record["rank"]).exited = True
 
     def _on_stack(self, record: wire.Frame) -> None:
-        self.rank(record["rank"]).stack = record.get("text")
+        rank = self.rank(record["rank"])
+        rank.stack, rank.stack_source, rank.stack_wall = record.get("text"), record["source"], record["wall"]
 
     def _on_capture(self, record: wire.Frame) -> None:
         self.latest_capture = profiles.fold(self.captures, record)

@@ -89,6 +89,11 @@ class RankState:
     """Frames refused from this rank, and records that contradict its earlier ones."""
     exited: bool = False
     stack: str | None = None
+    """Its last stack dump's text (a stall's, or one a dashboard asked for)."""
+    stack_source: str = ""
+    """What dumped it: "py-spy --native", "faulthandler"..."""
+    stack_wall: float = 0.0
+    """When."""
     log_tail: list[str] | None = None
     """The end of its own log, as its node last sent it (at a dashboard's asking)."""
     window: RollingWindow = field(default_factory=RollingWindow)

@@ -298,8 +298,8 @@ class ViewerHello(TypedDict):
 
 CommandAction = Literal["stop", "restart", "kill_rank", "stacks", "log_tail", "profile"]
 """What a viewer may ask of a supervisor: stop the job, restart the group, kill one rank,
-profile ranks; and what the aggregator asks of a node's supervisor: collect stacks, read a
-rank's log's end, start a capture on its ranks."""
+profile ranks, dump a rank's stacks now; and what the aggregator asks of a node's supervisor:
+collect stacks, read a rank's log's end, start a capture on its ranks."""
 
 
 class Command(TypedDict):
@@ -414,7 +414,7 @@ class Sample(TypedDict):
 
 
 class Stack(TypedDict):
-    """A stuck rank's stacks, as `source` (py-spy, faulthandler) dumped them."""
+    """A rank's stacks, as `source` (py-spy, faulthandler) dumped them: a stuck rank's, or one a dashboard asked for."""
 
     type: Literal["stack"]
     rank: int

@@ -3,6 +3,7 @@ its log tail."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -87,7 +88,19 @@ def log_tail(run_dir: Path | None, meta: dict, rank: RankState, lines: int = LOG
 
 
 Asker = Callable[[int], Awaitable[bool]]
-"""Asks the supervisor for a rank's log tail (its node reads it); False when no job is running to ask."""
+"""Asks the supervisor for something of a rank (its log tail, a capture, its stacks now); False when no job is running to ask."""
+ON_THE_RANK = frozenset({"profile", "dump_stacks"})
+"""The detail's actions on the running job, offered only while it runs (and not read-only)."""
+
+
+def stack_dump(rank: RankState) -> Text:
+    """Its last stack dump, saying when and by what it was taken: a stall's, or one asked for with D."""
+    if rank.stack is None:
+        return Text.from_markup("[b]last stack dump[/b]\nno stack dump recorded for this rank")
+    when = time.strftime("%H:%M:%S", time.localtime(rank.stack_wall))
+    text = Text.from_markup(f"[b]last stack dump[/b], {when} by {rank.stack_source}\n")
+    text.append(rank.stack)
+    return text
 
 
 def capture_lines(state: JobState, rank: int, running: bool) -> Text:
@@ -116,6 +129,7 @@ class RankDetailScreen(Screen[None]):
         Binding("l", "focus_log", "log"),
         Binding("w", "toggle_window", "window"),
         Binding("P", "profile", "profile"),
+        Binding("D", "dump_stacks", "stacks now"),
     ]
 
     def __init__(
@@ -127,19 +141,21 @@ class RankDetailScreen(Screen[None]):
         whole: bool,
         ask_log: Asker,
         ask_profile: Asker,
+        ask_stacks: Asker,
         running: Callable[[], bool],
         focus_log: bool = False,
     ) -> None:
         super().__init__()
         self.state, self.rank, self.run_dir, self.start_on_log = state, rank, run_dir, focus_log
         self.clock, self.whole, self.ask_log, self.ask_profile = clock, whole, ask_log, ask_profile
+        self.ask_stacks = ask_stacks
         self.running = running
         """Whether a job runs that can take a capture: the app redraws the footer when it stops."""
         self.asked = False
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """The profile capture is left out of the footer, and its key does nothing, where no job runs."""
-        return action != "profile" or self.running()
+        """The profile capture and the stack dump are left out of the footer, and their keys do nothing, where no job runs."""
+        return action not in ON_THE_RANK or self.running()
 
     def compose(self) -> ComposeResult:
         yield Static(id="detail-title")
@@ -173,9 +189,7 @@ class RankDetailScreen(Screen[None]):
         self.query_one("#rank-step", Chart).draw(step_drawing(win, rank.rank))
         self.query_one("#rank-comm", Chart).draw(comm_drawing(win, rank.rank))
         self.query_one("#live-stack", Static).update(live_stack(rank.live_stack, rank.inside, rank.exited))
-        dump = Text.from_markup("[b]last stack dump[/b]\n")
-        dump.append(rank.stack or "no stack dump recorded for this rank")
-        self.query_one("#stack", Static).update(dump)
+        self.query_one("#stack", Static).update(stack_dump(rank))
         self.query_one("#profile", Static).update(capture_lines(self.state, rank.rank, self.running()))
         log = self.query_one(Log)
         log.clear()
@@ -197,6 +211,12 @@ class RankDetailScreen(Screen[None]):
             return
         self.notify(f"capture of rank {self.rank} asked for: its summary shows here when its trace is written")
         self.query_one("#profile", Static).update(capture_lines(self.state, self.rank, self.running()))
+
+    async def action_dump_stacks(self) -> None:
+        if not await self.ask_stacks(self.rank):
+            self.notify("no running job to dump: a replay or an ended job has no stacks to take", severity="warning")
+            return
+        self.notify(f"stacks of rank {self.rank} asked for (py-spy holds the rank still while it reads them): they show below")
 
     def action_focus_log(self) -> None:
         self.query_one(Log).focus()
