@@ -1,4 +1,4 @@
-"""The `ddptop` command: launch, attach, replay, ls, export, stop, restart, kill, logs.
+"""The `ddptop` command: launch, attach, replay, ls, export, stop, restart, kill, logs, profile, stacks.
 
 This is where the parts meet: `launch` is the supervisor's
 (ddptop.supervisor.launch), and the dashboard it opens, like `attach` and
@@ -44,6 +44,7 @@ usage: ddptop launch [options] SCRIPT [script args]   run a DDP job under torchr
        ddptop kill [RUN] --rank R                     kill one rank (torchrun restarts the group)
        ddptop logs [RUN] [--rank R] [--attempt N | --all] [-f]   the ranks' output, across restarts
        ddptop profile [RUN] [--rank R | --ranks 0,3 | --all] [--steps N]   capture N steps of ranks with torch.profiler
+       ddptop stacks [RUN] [--rank R | --ranks 0,3 | --all]   every thread of ranks, now (py-spy, native frames)
 
 launch options (anywhere before --; the rest goes to the script):
 """
@@ -184,6 +185,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "kill": lambda argv: _command("ddptop.control", "kill", argv),
     "logs": lambda argv: _command("ddptop.logs", "logs", argv),
     "profile": lambda argv: _command("ddptop.profile", "profile", argv),
+    "stacks": lambda argv: _command("ddptop.stacks", "stacks", argv),
 }
 
 

@@ -32,11 +32,12 @@ CONNECT_S = 5.0
 
 
 class Connection:
-    """A viewer's connection to one supervisor, without the history: only what happens next."""
+    """A viewer's connection to one supervisor, without the history: only what happens next
+    (with snapshot, the job's state first, as a dashboard gets it: model/snapshot.py)."""
 
-    def __init__(self, sock: socket.socket, name: str) -> None:
+    def __init__(self, sock: socket.socket, name: str, snapshot: bool = False) -> None:
         self.sock, self.name = sock, name
-        sock.sendall(wire.encode({"type": "viewer_hello", "history": False}))
+        sock.sendall(wire.encode({"type": "viewer_hello", "history": False, "snapshot": snapshot}))
 
     def send(self, action: str, rank: int | None = None) -> None:
         frame: wire.Frame = {"type": "command", "action": action, "origin": "shell"}
@@ -85,14 +86,14 @@ def live_run(spec: str | None, what: str) -> LiveRun:
         raise RunDirError(f"run {run.id} does not answer on its socket ({exc.strerror}); its supervisor is gone") from None
 
 
-def open_connection(spec: str | None, token_file: Path | None, what: str) -> Connection:
+def open_connection(spec: str | None, token_file: Path | None, what: str, snapshot: bool = False) -> Connection:
     if spec is not None and remote.is_address_list(spec):
         target, _ = remote.choose(spec, token_file)
         sock = socket.create_connection((target.host, target.port), timeout=CONNECT_S)
         sock.sendall(wire.encode({"type": "auth", "token": target.token}))
-        return Connection(sock, f"{target.host}:{target.port}")
+        return Connection(sock, f"{target.host}:{target.port}", snapshot)
     live = live_run(spec, what)
-    return Connection(live.sock, live.run.id)
+    return Connection(live.sock, live.run.id, snapshot)
 
 
 def parser_for(prog: str, what: str) -> argparse.ArgumentParser:
@@ -105,6 +106,17 @@ def parser_for(prog: str, what: str) -> argparse.ArgumentParser:
         "--token-file", type=Path, help=f"the run's token for HOST:PORT (default: ${endpoints.TOKEN_ENV}, or your own run's)"
     )
     return parser
+
+
+def rank_list(text: str) -> list[int]:
+    """--ranks 0,3 as a list of ranks."""
+    try:
+        ranks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: ranks as 0,3") from None
+    if not ranks or min(ranks) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: ranks as 0,3")
+    return ranks
 
 
 def stop(argv: list[str]) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ddptop.control import open_connection, parser_for
+from ddptop.control import open_connection, parser_for, rank_list
 from ddptop.core import wire
 from ddptop.core.model import profiles
 from ddptop.core.rundir import RunDirError
@@ -32,21 +32,11 @@ def _steps(text: str) -> int:
     return value
 
 
-def _ranks(text: str) -> list[int]:
-    try:
-        ranks = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: ranks as 0,3") from None
-    if not ranks or min(ranks) < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: ranks as 0,3")
-    return ranks
-
-
 def profile(argv: list[str]) -> int:
     parser = parser_for("ddptop profile", "profile")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--rank", type=int, help="the rank to capture (default: every rank)")
-    which.add_argument("--ranks", type=_ranks, help="ranks to capture in the same steps, as 0,3: what differs between them is said")
+    which.add_argument("--ranks", type=rank_list, help="ranks to capture in the same steps, as 0,3: what differs between them is said")
     which.add_argument("--all", action="store_true", help="every rank (the default)")
     parser.add_argument(
         "--steps", type=_steps, default=10, help=f"steps to capture, from the next one on (default 10, at most {MAX_STEPS})"

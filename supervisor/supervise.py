@@ -308,7 +308,7 @@ class Supervisor:
             return
         got = await stacks.dump(self.run.raw_stacks_path, rank, state.pid)
         if got is None:
-            self._note(rank, f"rank {rank} gave no stack dump: {stacks.why_none(state.pid)}")
+            self._note(rank, f"rank {rank} {stacks.NO_DUMP}: {stacks.why_none(state.pid)}")
             return
         source, text = got
         self.outlets.write("the stack files", stacks.keep, self.run.stacks_path, rank, state.pid, source, text)

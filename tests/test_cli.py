@@ -45,6 +45,9 @@ def assert_one_line_error(result, fragment: str) -> None:
         (["launch", "--restart-backoff", "nan", str(EXAMPLE)], "--restart-backoff"),
         (["launch", "--crash-loop", "0", str(EXAMPLE)], "--crash-loop"),
         (["launch", "--crash-loop-window", "0", str(EXAMPLE)], "--crash-loop-window"),
+        (["stacks"], "no running job of yours to dump the stacks of"),
+        (["stacks", "--ranks", "0,x"], "'0,x': ranks as 0,3"),
+        (["stacks", "--rank", "0", "--all"], "not allowed with argument --rank"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(ddptop_home, args, fragment):

@@ -63,6 +63,15 @@ def test_kill_restart_logs_and_stop_from_the_shell_then_ls_tells_the_outcome(ddp
         )
         wait_for(lambda: attempt_steps(run, 2) > 5, 120, "the group stepping again after the restart")
 
+        dumped = run_ddptop("stacks", run.id)  # every rank, where it is now
+        assert dumped.returncode == 0, dumped.stdout + dumped.stderr
+        heads = re.findall(r"^==> rank (\d) \((py-spy --native|py-spy --nonblocking|faulthandler)\) <==$", dumped.stdout, re.M)
+        assert sorted(rank for rank, _ in heads) == ["0", "1"], dumped.stdout
+        assert "train.py" in dumped.stdout and re.search(r"[Tt]hread (\d+|0x[0-9a-f]+)", dumped.stdout), dumped.stdout
+        assert {p.name.split(".")[0] for p in (run.path / "stacks").glob("rank*.txt")} == {"rank0", "rank1"}  # kept in the run
+        unknown = run_ddptop("stacks", run.id, "--rank", "2")
+        assert unknown.returncode == 2 and unknown.stderr == f"ddptop: error: run {run.id} has ranks 0-1: no rank 2\n", unknown.stderr
+
         job = psutil.Process(supervisor.pid).children(recursive=True)
         stopped = run_ddptop("stop", run.id[:15])
         assert stopped.returncode == 0 and stopped.stdout == f"ddptop: stopped run {run.id} (exit 143)\n", stopped.stdout + stopped.stderr

@@ -1,0 +1,73 @@
+"""`ddptop stacks [RUN] [--rank R | --ranks 0,3 | --all]`: where each rank is, now.
+
+What a stall's alert takes, asked for at any time, as torch.distributed's debug
+server and Ray's dashboard give it: every thread of each rank with its native
+frames (py-spy, which holds the rank still while it reads; faulthandler where
+py-spy cannot), read on the rank's own node and kept in the run's stacks/.
+Connects to the run's supervisor as `ddptop profile` does, with the job's state
+first, which says how many ranks it has; then prints each rank's dump as it
+arrives, ranks in the order they answer. A rank nobody could read is named with
+the reason, and the exit status is then 1.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ddptop.control import Connection, open_connection, parser_for, rank_list
+from ddptop.core import wire
+from ddptop.core.rundir import RunDirError
+from ddptop.supervisor.watching.stacks import DUMP_WAIT_S, NO_DUMP, PY_SPY_TIMEOUT_S
+
+WAIT_S = 2 * PY_SPY_TIMEOUT_S + DUMP_WAIT_S + 15.0
+"""py-spy with native frames, then without, then faulthandler, on the rank's node, and the way back."""
+
+
+def stacks(argv: list[str]) -> int:
+    parser = parser_for("ddptop stacks", "dump the stacks of")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, help="the rank to dump (default: every rank)")
+    which.add_argument("--ranks", type=rank_list, help="ranks to dump, as 0,3")
+    which.add_argument("--all", action="store_true", help="every rank (the default)")
+    opts = parser.parse_args(argv)
+    job = open_connection(opts.run, opts.token_file, "dump the stacks of", snapshot=True)
+    world = _world_size(job)
+    asked = [opts.rank] if opts.rank is not None else opts.ranks or list(range(world))
+    if unknown := [rank for rank in asked if not 0 <= rank < world]:
+        raise RunDirError(f"run {job.name} has ranks 0-{world - 1}: no rank {','.join(map(str, unknown))}")
+    job.sock.sendall(wire.encode({"type": "command", "action": "stacks", "ranks": asked, "origin": "shell"}))
+    return _print_dumps(job, set(asked))
+
+
+def _world_size(job: Connection) -> int:
+    """The job's ranks, from the first frame of its state."""
+    first = job.until(lambda record: record["type"] == "snapshot", WAIT_S)
+    world = int(first["job"].get("world_size") or 0) if first is not None else 0
+    if world < 1:
+        raise RunDirError(f"run {job.name}: no rank has started yet, so none has a stack to dump")
+    return world
+
+
+def _print_dumps(job: Connection, waiting: set[int]) -> int:
+    """Each rank's dump or why there is none, as they come; 1 if any rank had none."""
+    failed = False
+    deadline = time.monotonic() + WAIT_S
+    while waiting:
+        record = job.until(lambda r: r.get("rank") in waiting and _answers(r), deadline - time.monotonic())
+        if record is None:
+            break
+        rank = record["rank"]
+        waiting.discard(rank)
+        if record["type"] == "stack":
+            print(f"==> rank {rank} ({record['source']}) <==\n{record['text'].rstrip()}\n", flush=True)
+        else:
+            failed = True
+            print(f"ddptop: {record['text']}", flush=True)
+    if waiting:
+        print(f"ddptop: no answer from rank {','.join(map(str, sorted(waiting)))} within {WAIT_S:.0f} s (it exited, or its node is gone)")
+    return 1 if failed or waiting else 0
+
+
+def _answers(record: wire.Frame) -> bool:
+    """A record that answers for a rank: its stacks, or the supervisor's word that it has none."""
+    return record["type"] == "stack" or (record["type"] == "action" and NO_DUMP in record.get("text", ""))
