@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import DDPTOP, EXAMPLE, until, wait_for
+from conftest import DDPTOP, EXAMPLE, run_ddptop, until, wait_for
 from test_tui import column, table
 
 from ddptop.core import rundir
@@ -126,6 +126,11 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
         )
         print(f"prometheus: {len(lines)} lines, e.g. {up[0]}")
 
+        # Every rank's stacks from the shell, through node 0's supervisor: node 1's dumped on node 1.
+        dumped = run_ddptop("stacks", f"127.0.0.1:{rdzv + 1}")
+        assert dumped.returncode == 0, dumped.stdout + dumped.stderr
+        assert sorted(re.findall(r"^==> rank (\d) \(", dumped.stdout, re.M)) == ["0", "1", "2", "3"], dumped.stdout
+
         # Of both nodes' supervisors, attach picks node 0's, which shows the whole job.
         node1_address = json.loads((tmp_path / "node1" / "meta.json").read_text())["listen"]
         target, notice = remote.choose(f"{node1_address},127.0.0.1:{rdzv + 1}", None)
@@ -142,10 +147,16 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
                 timeout=20,
             )
             # Rank 3's log is read on its own node (node 1, local rank 1), which node 0 asks for it.
-            app.push_screen(RankDetailScreen(app.state, 3, None, app.now, False, app.ask_log, app.ask_profile, app.job_running))
+            app.push_screen(
+                RankDetailScreen(app.state, 3, None, app.now, False, app.ask_log, app.ask_profile, app.ask_stacks, app.job_running)
+            )
             await until(lambda: app.state.ranks[3].log_tail is not None, "rank 3's log tail, from node 1", timeout=20)
             attempt = app.state.ranks[3].restart
             assert app.state.ranks[3].log_tail == rundir.own_log_tail(tmp_path / "node1", "torchrun", 1, attempt, 200)
+            # Its stacks too, dumped on node 1 (D in the detail).
+            assert await app.ask_stacks(3)
+            await until(lambda: app.state.ranks[3].stack is not None, "rank 3's stacks, from node 1", timeout=20)
+            assert list((tmp_path / "node1" / "stacks").glob("rank3.*.txt")), "kept on the rank's own node"
     finally:
         outs = [proc.communicate(timeout=180) for proc in (node0, node1)]
     assert (node0.returncode, node1.returncode) == (0, 0), outs
