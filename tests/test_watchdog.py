@@ -540,6 +540,8 @@ def test_straggler_needs_a_sustained_ratio():
     [v] = dog.tick()
     assert v.kind == "straggler" and v.ranks == [1] and v.details["ratio"] == 5.0
     assert "(50.0 ms vs 10.0 ms)" in v.text, "in tenths, as the table has them: a fast job's median read '0 ms'"
+    # Its forward and backward set it apart, not its data: a slower GPU, or more work, not its loader.
+    assert v.details["cause"] == "compute" and "slow in its compute: 50.0 ms a step of forward and backward, against 10.0;" in v.text
     assert seconds(dog, clock, 5) == []  # told once
 
 
@@ -566,7 +568,11 @@ def test_a_pipeline_stage_is_set_against_its_own_replicas_not_the_other_stages()
     clock.now += 1.0
     [v] = dog.tick()
     assert v.kind == "straggler" and v.ranks == [11] and v.details["ratio"] == pytest.approx(2.5)
-    assert "the median of its data-parallel ranks 3,7,11 (100.0 ms vs 40.0 ms); they wait for it in the all-reduce" in v.text
+    assert v.details["cause"] == "input", v.text
+    assert (
+        "the median of its data-parallel ranks 3,7,11 (100.0 ms vs 40.0 ms), slow in its input: it waits 100.0 ms a step "
+        "for its data, against 40.0; they wait for it in the all-reduce"
+    ) in v.text
 
 
 def test_last_error_line_falls_back_to_the_last_words():

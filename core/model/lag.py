@@ -35,6 +35,10 @@ class Lag:
     median_ms: float
     step_ms: float
     """The job's median step: what the lag costs every other rank is a share of it."""
+    data_ms: float = 0.0
+    """Of own_ms, its wait for data; the rest is its compute."""
+    median_data_ms: float = 0.0
+    """The median of its peers' data waits."""
 
     @property
     def ratio(self) -> float:
@@ -47,6 +51,21 @@ class Lag:
 
     def over(self, ratio: float, share: float) -> bool:
         return self.ratio >= ratio and self.share >= share
+
+    @property
+    def compute_ms(self) -> float:
+        return self.own_ms - self.data_ms
+
+    @property
+    def median_compute_ms(self) -> float:
+        return self.median_ms - self.median_data_ms
+
+    @property
+    def cause(self) -> str:
+        """Which part of its own work sets it apart, as TraceML classes a straggler: "input" (its
+        data wait) or "compute", whichever is further over its peers' median."""
+        over_input = self.data_ms - self.median_data_ms
+        return "input" if over_input >= self.compute_ms - self.median_compute_ms else "compute"
 
 
 DATA_ALONE = "the data wait alone, until DDP has timed every rank's compute 3 times"
@@ -83,16 +102,19 @@ def lags(ranks: Iterable[RankState]) -> dict[int, Lag]:
     live = [r for r in ranks if not r.exited and r.window.points]
     counted = counts_compute(live)
     own: dict[int, float] = {}
+    waits: dict[int, float] = {}
     for rank in live:
         data = rank.window.data_ms(50)
         compute = rank.compute_ms() if counted else None
         if data is not None or compute is not None:
             own[rank.rank] = (data or 0.0) + (compute or 0.0)
+            waits[rank.rank] = data or 0.0
     step = median([x for r in live if (x := r.window.step_ms(50)) is not None]) or 0.0
     out: dict[int, Lag] = {}
     for members in peer_groups(live):
         measured = [r for r in members if r in own]
         middle = median([own[r] for r in measured])
         if middle:
-            out.update({r: Lag(own[r], middle, step) for r in measured})
+            middle_wait = median([waits[r] for r in measured]) or 0.0
+            out.update({r: Lag(own[r], middle, step, waits[r], middle_wait) for r in measured})
     return out

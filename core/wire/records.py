@@ -505,6 +505,8 @@ class Alert(TypedDict):
     step: NotRequired[int]
     checksums: NotRequired[dict[str, Any]]
     ratio: NotRequired[float]
+    cause: NotRequired[str]
+    """straggler: "input" (its data wait) or "compute", whichever sets it apart (model/lag.py)."""
     window_s: NotRequired[float]
     """stall: the window no step came in, seconds (rules/stall.py)."""
     exitcode: NotRequired[int]

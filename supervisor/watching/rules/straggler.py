@@ -27,6 +27,13 @@ STRAGGLER_MIN_SHARE = 0.25
 whose data takes 2 ms where the others' take 1 is no straggler, whatever the ratio."""
 
 
+CAUSE = {
+    "input": "slow in its input: it waits {lag.data_ms:.1f} ms a step for its data, against {lag.median_data_ms:.1f}",
+    "compute": "slow in its compute: {lag.compute_ms:.1f} ms a step of forward and backward, against {lag.median_compute_ms:.1f}",
+}
+"""What sets a straggler apart, in words (Lag.cause)."""
+
+
 class StragglerRule:
     observes: frozenset[str] = frozenset()
 
@@ -66,10 +73,11 @@ class StragglerRule:
                     Verdict(
                         "straggler",
                         f"rank {rank} is a straggler: its own work per step is {lag.ratio:.1f}x {against} "
-                        f"({ms(lag.own_ms)} ms vs {ms(lag.median_ms)} ms); {waiting} for it in the all-reduce",
+                        f"({ms(lag.own_ms)} ms vs {ms(lag.median_ms)} ms), {CAUSE[lag.cause].format(lag=lag)}; "
+                        f"{waiting} for it in the all-reduce",
                         ranks=[rank],
                         step=state.step,
-                        details={"ratio": round(lag.ratio, 2)},
+                        details={"ratio": round(lag.ratio, 2), "cause": lag.cause},
                     )
                 )
         return verdicts
