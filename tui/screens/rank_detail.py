@@ -98,7 +98,8 @@ def stack_dump(rank: RankState) -> Text:
     if rank.stack is None:
         return Text.from_markup("[b]last stack dump[/b]\nno stack dump recorded for this rank")
     when = time.strftime("%H:%M:%S", time.localtime(rank.stack_wall))
-    text = Text.from_markup(f"[b]last stack dump[/b], {when} by {rank.stack_source}\n")
+    told = f", {when} by {rank.stack_source}" if rank.stack_source else ""  # a state saved by an earlier ddptop says neither
+    text = Text.from_markup(f"[b]last stack dump[/b]{told}\n")
     text.append(rank.stack)
     return text
 
