@@ -245,11 +245,12 @@ class DdptopApp(App[str | None]):
         return self.source.live and not self.stream_ended and self.state.exit is None
 
     def may_act(self) -> bool:
-        """Whether the dashboard may act on the job: restart, kill, a profile capture."""
+        """Whether the dashboard may act on the job: restart, kill, a profile capture, a stack dump."""
         return self.job_running() and not self.readonly
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Restart and kill are left out of the footer, and their keys do nothing, where no job runs."""
+        """Restart and kill are left out of the footer, and their keys do nothing, where no job runs
+        or the dashboard is read-only."""
         return action not in ON_THE_JOB or self.offered_job_actions
 
     def action_help(self) -> None:
