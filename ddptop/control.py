@@ -108,7 +108,15 @@ def parser_for(prog: str, what: str) -> argparse.ArgumentParser:
     return parser
 
 
-def rank_list(text: str) -> list[int]:
+def rank_options(parser: argparse.ArgumentParser, one: str, several: str) -> None:
+    """--rank R | --ranks 0,3 | --all (the default): the ranks a command on a running job asks of."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, help=one)
+    which.add_argument("--ranks", type=_rank_list, help=several)
+    which.add_argument("--all", action="store_true", help="every rank (the default)")
+
+
+def _rank_list(text: str) -> list[int]:
     """--ranks 0,3 as a list of ranks."""
     try:
         ranks = [int(part) for part in text.split(",") if part.strip()]

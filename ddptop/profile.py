@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ddptop.control import open_connection, parser_for, rank_list
+from ddptop.control import open_connection, parser_for, rank_options
 from ddptop.core import wire
 from ddptop.core.model import profiles
 from ddptop.core.rundir import RunDirError
@@ -34,10 +34,9 @@ def _steps(text: str) -> int:
 
 def profile(argv: list[str]) -> int:
     parser = parser_for("ddptop profile", "profile")
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--rank", type=int, help="the rank to capture (default: every rank)")
-    which.add_argument("--ranks", type=rank_list, help="ranks to capture in the same steps, as 0,3: what differs between them is said")
-    which.add_argument("--all", action="store_true", help="every rank (the default)")
+    rank_options(
+        parser, "the rank to capture (default: every rank)", "ranks to capture in the same steps, as 0,3: what differs between them is said"
+    )
     parser.add_argument(
         "--steps", type=_steps, default=10, help=f"steps to capture, from the next one on (default 10, at most {MAX_STEPS})"
     )

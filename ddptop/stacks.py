@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from ddptop.control import Connection, open_connection, parser_for, rank_list
+from ddptop.control import Connection, open_connection, parser_for, rank_options
 from ddptop.core import wire
 from ddptop.core.rundir import RunDirError
 from ddptop.supervisor.watching.stacks import DUMP_WAIT_S, NO_DUMP, PY_SPY_TIMEOUT_S
@@ -25,10 +25,7 @@ WAIT_S = 2 * PY_SPY_TIMEOUT_S + DUMP_WAIT_S + 15.0
 
 def stacks(argv: list[str]) -> int:
     parser = parser_for("ddptop stacks", "dump the stacks of")
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--rank", type=int, help="the rank to dump (default: every rank)")
-    which.add_argument("--ranks", type=rank_list, help="ranks to dump, as 0,3")
-    which.add_argument("--all", action="store_true", help="every rank (the default)")
+    rank_options(parser, "the rank to dump (default: every rank)", "ranks to dump, as 0,3")
     opts = parser.parse_args(argv)
     job = open_connection(opts.run, opts.token_file, "dump the stacks of", snapshot=True)
     world = _world_size(job)
