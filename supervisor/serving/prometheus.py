@@ -10,6 +10,7 @@ rank, node and host on rank series, node and gpu on GPU series.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.core import Metric as Family
 
+from ddptop.core.model.goodput import PARTS
 from ddptop.core.model.job import JobState
 from ddptop.core.model.metrics import SAMPLES_PER_S, grouped
 from ddptop.core.model.rank import RankState
@@ -45,6 +47,19 @@ GPU_GAUGES: list[tuple[str, str, str]] = [
     ("temperature_celsius", "GPU temperature (NVML)", "temperature"),
     ("power_watts", "GPU power draw (NVML)", "power_w"),
 ]
+
+
+def goodput_families(state: JobState, now: float) -> list[Family]:
+    """The run's goodput so far, as its dashboard's header and `ddptop ls` give it: the share,
+    and its wall time by part (a stacked chart of where the time went); none before it starts."""
+    split = state.goodput.split(now)
+    if split is None:
+        return []
+    ratio = GaugeMetricFamily("ddptop_goodput_ratio", "productive steps' share of the run's wall time so far", value=split["goodput"])
+    seconds = GaugeMetricFamily("ddptop_goodput_seconds", "the run's wall time so far, by where it went", labels=["part"])
+    for part in PARTS:
+        seconds.add_metric([part], split[f"{part}_s"])
+    return [ratio, seconds]
 
 
 class PrometheusExporter:
@@ -111,4 +126,5 @@ class PrometheusExporter:
         families.append(GaugeMetricFamily("ddptop_world_size", "ranks in the job", value=float(self.state.world_size)))
         if (rate := self.state.totals().of(SAMPLES_PER_S)) is not None:
             families.append(GaugeMetricFamily("ddptop_samples_per_second", "samples per second of the whole job", value=rate))
+        families += goodput_families(self.state, time.time())
         self._families = families
