@@ -21,6 +21,8 @@ from ddptop.supervisor.watching.stacks import DUMP_WAIT_S, NO_DUMP, PY_SPY_TIMEO
 
 WAIT_S = 2 * PY_SPY_TIMEOUT_S + DUMP_WAIT_S + 15.0
 """py-spy with native frames, then without, then faulthandler, on the rank's node, and the way back."""
+STATE_WAIT_S = 5.0
+"""For the job's state, which the supervisor sends first; a live frame follows within a second."""
 
 
 def stacks(argv: list[str]) -> int:
@@ -28,21 +30,40 @@ def stacks(argv: list[str]) -> int:
     rank_options(parser, "the rank to dump (default: every rank)", "ranks to dump, as 0,3")
     opts = parser.parse_args(argv)
     job = open_connection(opts.run, opts.token_file, "dump the stacks of", snapshot=True)
-    world = _world_size(job)
-    asked = [opts.rank] if opts.rank is not None else opts.ranks or list(range(world))
-    if unknown := [rank for rank in asked if not 0 <= rank < world]:
+    return dump(job, opts.rank, opts.ranks)
+
+
+def dump(job: Connection, rank: int | None = None, ranks: list[int] | None = None) -> int:
+    """Ask for the ranks' stacks (every rank's by default) and print them as they come."""
+    world, exited = _job_ranks(job)
+    asked = [rank] if rank is not None else ranks or list(range(world))
+    if unknown := [r for r in asked if not 0 <= r < world]:
         raise RunDirError(f"run {job.name} has ranks 0-{world - 1}: no rank {','.join(map(str, unknown))}")
-    job.sock.sendall(wire.encode({"type": "command", "action": "stacks", "ranks": asked, "origin": "shell"}))
-    return _print_dumps(job, set(asked))
+    if gone := [r for r in asked if r in exited]:  # no process to read: said now, not after the wait
+        print(f"ddptop: rank {','.join(map(str, gone))} has exited: no stacks to dump")
+    live = [r for r in asked if r not in exited]
+    if live:
+        job.sock.sendall(wire.encode({"type": "command", "action": "stacks", "ranks": live, "origin": "shell"}))
+    return max(_print_dumps(job, set(live)), 1 if gone else 0)
 
 
-def _world_size(job: Connection) -> int:
-    """The job's ranks, from the first frame of its state."""
-    first = job.until(lambda record: record["type"] == "snapshot", WAIT_S)
-    world = int(first["job"].get("world_size") or 0) if first is not None else 0
+def _job_ranks(job: Connection) -> tuple[int, set[int]]:
+    """The job's world size and the ranks whose process has ended, from its state's first
+    frames: the job's, then its ranks' (model/snapshot.py), up to the first frame after them."""
+    world, exited = 0, set[int]()
+
+    def read(record: wire.Frame) -> bool:
+        nonlocal world
+        if record["type"] == "snapshot":
+            world = int(record["job"].get("world_size") or 0)
+        elif record["type"] == "snapshot_ranks":
+            exited.update(r["rank"] for r in record["ranks"] if r.get("exited"))
+        return record["type"] not in ("snapshot", "snapshot_ranks")
+
+    job.until(read, STATE_WAIT_S)
     if world < 1:
         raise RunDirError(f"run {job.name}: no rank has started yet, so none has a stack to dump")
-    return world
+    return world, exited
 
 
 def _print_dumps(job: Connection, waiting: set[int]) -> int:

@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 
 import builders
@@ -13,9 +14,14 @@ import psutil
 import pytest
 from conftest import DDPTOP, EXAMPLE, bound_unix, run_ddptop
 
-from ddptop.core import rundir
+from ddptop import stacks
+from ddptop.control import Connection
+from ddptop.core import rundir, wire
 from ddptop.core.eventlog import EventLog
+from ddptop.core.model import snapshot
 from ddptop.core.model.history import pack
+from ddptop.core.model.job import JobState
+from ddptop.core.wire.frames import FrameDecoder
 
 
 def assert_one_line_error(result, fragment: str) -> None:
@@ -333,3 +339,34 @@ def test_a_ranks_log_tail_shows_a_progress_bar_as_a_terminal_leaves_it(tmp_path)
     long_bar = "".join(f"\r{n} it" for n in range(20_000))  # over rundir.TAIL_BYTES, with no newline yet
     (folder / "stdout.log").write_bytes(f"started\n{long_bar}".encode())
     assert rundir.rank_log_tail(tmp_path, 0, 0, 10, streams=("stdout",)) == ["19999 it"]
+
+
+def test_stacks_says_at_once_which_ranks_have_exited_and_dumps_the_others(capsys):
+    """`ddptop stacks` reads the job's state first, as a dashboard does: rank 1's process has
+    ended (between a crash and torchrun's restart), so it is named at once and not asked for,
+    rather than waited for until the command's bound. The supervisor's end of the socket here
+    sends what a supervisor sends: the state's frames, then the dump of what was asked."""
+    state = JobState()
+    for rank in (0, 1):
+        state.ingest(builders.hello(rank, 2))
+    state.ingest(builders.build("rank_gone", rank=1, wall=1.0))
+    ours, theirs = socket.socketpair()
+    heard: list[dict] = []
+
+    def supervisor() -> None:
+        decoder = FrameDecoder()
+        while not heard:  # the viewer's hello
+            heard.extend(decoder.feed(theirs.recv(65536)))
+        theirs.sendall(b"".join(wire.encode(frame) for frame in snapshot.frames(state)))
+        theirs.sendall(wire.encode(builders.build("heartbeat", rank=0, wall=2.0, phase="data", step=3)))
+        while heard[-1]["type"] != "command":
+            heard.extend(decoder.feed(theirs.recv(65536)))
+        theirs.sendall(wire.encode(builders.build("stack", rank=0, wall=3.0, source="py-spy --native", text="Thread 1: MainThread\n")))
+
+    answering = threading.Thread(target=supervisor, daemon=True)
+    answering.start()
+    assert stacks.dump(Connection(ours, "r")) == 1  # a rank had no stacks to dump
+    answering.join(5)
+    assert heard[-1] == {"type": "command", "action": "stacks", "ranks": [0], "origin": "shell"}
+    out = capsys.readouterr().out
+    assert out == "ddptop: rank 1 has exited: no stacks to dump\n==> rank 0 (py-spy --native) <==\nThread 1: MainThread\n\n", out
