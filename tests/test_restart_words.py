@@ -44,3 +44,18 @@ def test_a_restart_for_a_verdict_names_the_alert_and_keeps_its_backoff(tmp_path)
         restart_text(seen[-1])
         == "torchrun asks to restart the worker group (restart 2, 1 left) after ddptop stopped it for the hang alert, in 1 s"
     )
+
+
+def test_a_restart_asked_before_the_new_attempt_s_first_hello_marks_the_next_restart(tmp_path):
+    """`ddptop restart` right after torchrun restarted the group: the new attempt's processes run
+    (the supervisor kills them) but none has said hello. Its hello, read after the request, is of
+    the attempt being stopped, not of the one after it; the restart that follows is the user's."""
+    hub = Hub(rundir.create(Path("train.py"), tmp_path / "run"), lambda command: None)
+    seen: list[dict] = []
+    hub.observer = seen.append
+    hub.record(hello(0, restart=0))
+    hub.record(restart(0, 1))
+    hub.stopping_for({"asked": "restart of the group requested from the shell (ddptop restart)"})
+    hub.record(hello(0, restart=1))  # sent before the kill, read after the request
+    hub.record(restart(0, 2))
+    assert seen[-1].get("asked") == "restart of the group requested from the shell (ddptop restart)", seen[-1]

@@ -60,12 +60,16 @@ class Hub:
         self._next_snapshot = clock() + SNAPSHOT_EVERY_S
         self._stopping_for: tuple[int, dict[str, str]] | None = None
         """The attempt the supervisor is stopping itself, and why (stopping_for)."""
+        self._attempt = 0
+        """The latest attempt torchrun started: its group_restart comes before any of its hellos."""
         self.taps: list[Callable[[wire.Frame, bytes], None]] = []
         """Also given every record and its encoding: a node's uplink to the aggregator."""
 
     def record(self, frame: wire.Frame) -> None:
-        if frame["type"] == "group_restart" and self._stopping_for is not None:
-            frame = {**frame, **self._stopping_for[1]}
+        if frame["type"] == "group_restart":
+            self._attempt = max(self._attempt, frame["restart"])
+            if self._stopping_for is not None:
+                frame = {**frame, **self._stopping_for[1]}
         elif frame["type"] == "rank_hello" and self._stopping_for is not None and frame["restart"] > self._stopping_for[0]:
             self._stopping_for = None  # the restarted group is up
         data = wire.encode(frame)
@@ -82,8 +86,9 @@ class Hub:
         """The supervisor stops the current attempt's group itself: {"ordered": a verdict's kind}
         or {"asked": the user's request in words}. Every node's torchrun record of the restart is
         marked with it until the next attempt says hello, since the rank such a record names is
-        only one ddptop killed."""
-        self._stopping_for = (self.state.restarts, why)
+        only one ddptop killed. The attempt stopped is the latest torchrun started, which may have
+        said no hello yet (a restart asked right after another)."""
+        self._stopping_for = (max(self.state.restarts, self._attempt), why)
 
     def snapshot_frames(self) -> list[bytes]:
         """The job's state as encoded frames, for a dashboard attaching now."""
