@@ -192,3 +192,17 @@ def accumulating_step(model: Any, optimizer: Any, x: Any, micro_batches: int = 3
 def run_ddptop(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the installed `ddptop` command as a user would."""
     return subprocess.run([DDPTOP, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def free_port(pair: bool = False) -> int:
+    """A free loopback port (and, with pair, the next one free too: node 0's supervisor takes it)."""
+    while True:
+        with socket.create_server(("127.0.0.1", 0)) as sock:
+            port = sock.getsockname()[1]
+        if not pair or port >= 65535:
+            return port
+        try:
+            socket.create_server(("127.0.0.1", port + 1)).close()
+            return port
+        except OSError:
+            continue

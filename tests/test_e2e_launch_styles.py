@@ -13,7 +13,7 @@ import sys
 
 import psutil
 import pytest
-from conftest import DDPTOP, SCRIPTS, run_ddptop, wait_for
+from conftest import DDPTOP, SCRIPTS, free_port, run_ddptop, wait_for
 
 from ddptop.core import rundir
 from ddptop.supervisor.watching.rules import nan as nan_rule
@@ -22,12 +22,6 @@ pytestmark = pytest.mark.slow
 
 SPAWN = SCRIPTS / "spawn_tutorial.py"
 NAN_AT = 5
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def events(run: rundir.RunDir) -> list[dict]:

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import DDPTOP, EXAMPLE, run_ddptop, until, wait_for
+from conftest import DDPTOP, EXAMPLE, free_port, run_ddptop, until, wait_for
 from test_tui import column, table
 
 from ddptop.core import rundir
@@ -29,20 +29,6 @@ from ddptop.tui.source import LiveSource
 pytestmark = pytest.mark.slow
 
 TOKEN = "the-job-token"
-
-
-def free_port(pair: bool = False) -> int:
-    """A free loopback port (and, with pair, the next one free too: node 0's supervisor takes it)."""
-    while True:
-        with socket.create_server(("127.0.0.1", 0)) as sock:
-            port = sock.getsockname()[1]
-        if not pair or port >= 65535:
-            return port
-        try:
-            socket.create_server(("127.0.0.1", port + 1)).close()
-            return port
-        except OSError:
-            continue
 
 
 def records(run: Path) -> list[dict]:
