@@ -11,7 +11,7 @@ import sys
 
 import psutil
 import pytest
-from conftest import DDPTOP, EXAMPLE, SCRIPTS, run_ddptop, wait_for
+from conftest import DDPTOP, EXAMPLE, SCRIPTS, free_port, run_ddptop, wait_for
 
 from ddptop.core import rundir
 
@@ -44,6 +44,8 @@ def test_kill_restart_logs_and_stop_from_the_shell_then_ls_tells_the_outcome(ddp
         str(ckpt),
         "--checkpoint-every",
         "30",
+        "--prometheus",  # whose server's shutdown, at the job's end, comes before meta.json says it ended
+        f"127.0.0.1:{free_port()}",
     ]
     supervisor = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     follower = None
@@ -75,6 +77,7 @@ def test_kill_restart_logs_and_stop_from_the_shell_then_ls_tells_the_outcome(ddp
         job = psutil.Process(supervisor.pid).children(recursive=True)
         stopped = run_ddptop("stop", run.id[:15])
         assert stopped.returncode == 0 and stopped.stdout == f"ddptop: stopped run {run.id} (exit 143)\n", stopped.stdout + stopped.stderr
+        assert run.state() == "stopped"  # as soon as stop has said so: `ddptop stop RUN && ddptop ls` agrees
         assert supervisor.wait(timeout=60) == 143
         wait_for(lambda: not [p for p in job if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 30, "no process left")
         followed, _ = follower.communicate(timeout=30)  # -f ends with the job
