@@ -105,10 +105,11 @@ class RunDir:
     def state(self) -> str:
         """running, finished, stopped (by the user: Ctrl-C, SIGTERM, `ddptop stop`) or failed, as the job truly ended.
 
-        meta.json says so once the supervisor is done. A supervisor that died
-        (or could not write meta.json) before saying so leaves it "running":
-        the event log's last record tells, an `exit` record written when the
-        job ended; without one, the job was lost with its supervisor: failed.
+        meta.json says so once the job has ended, before the exit record goes
+        out. A supervisor that died (or could not write meta.json) before
+        saying so leaves it "running": the event log's last record tells, an
+        `exit` record written when the job ended; without one, the job was
+        lost with its supervisor: failed.
         """
         try:
             meta = self.read_meta()

@@ -29,17 +29,14 @@ STOP_WAIT_S = 60.0
 ACT_WAIT_S = 60.0
 """A restart includes torchrun's backoff and every rank starting anew."""
 CONNECT_S = 5.0
-SETTLE_S = 10.0
-POLL_S = 0.02
 
 
 class Connection:
     """A viewer's connection to one supervisor, without the history: only what happens next
     (with snapshot, the job's state first, as a dashboard gets it: model/snapshot.py)."""
 
-    def __init__(self, sock: socket.socket, name: str, snapshot: bool = False, run: rundir.RunDir | None = None) -> None:
-        self.sock, self.name, self.run = sock, name, run
-        """run: the run's directory, where it is on this machine (not for HOST:PORT)."""
+    def __init__(self, sock: socket.socket, name: str, snapshot: bool = False) -> None:
+        self.sock, self.name = sock, name
         sock.sendall(wire.encode({"type": "viewer_hello", "history": False, "snapshot": snapshot}))
 
     def send(self, action: str, rank: int | None = None) -> None:
@@ -96,7 +93,7 @@ def open_connection(spec: str | None, token_file: Path | None, what: str, snapsh
         sock.sendall(wire.encode({"type": "auth", "token": target.token}))
         return Connection(sock, f"{target.host}:{target.port}", snapshot)
     live = live_run(spec, what)
-    return Connection(live.sock, live.run.id, snapshot, live.run)
+    return Connection(live.sock, live.run.id, snapshot)
 
 
 def parser_for(prog: str, what: str) -> argparse.ArgumentParser:
@@ -138,19 +135,8 @@ def stop(argv: list[str]) -> int:
     if end is None:
         print(f"ddptop: asked run {job.name} to stop; its supervisor closed the connection before the job's end was seen")
         return 0
-    if job.run is not None:
-        _settled(job.run)
     print(f"ddptop: stopped run {job.name} (exit {end['code']})")
     return 0
-
-
-def _settled(run: rundir.RunDir) -> None:
-    """Return once the run's own files say it has ended (meta.json, which its supervisor writes
-    just after the exit record), so that a `ddptop ls` right after `ddptop stop` says so too;
-    at most SETTLE_S."""
-    deadline = time.monotonic() + SETTLE_S
-    while run.state() == "running" and time.monotonic() < deadline:
-        time.sleep(POLL_S)
 
 
 def restart(argv: list[str]) -> int:

@@ -361,23 +361,27 @@ class Supervisor:
         elif self._stop_signal is not None:
             code = 128 + self._stop_signal
         self.role.close()
-        await self.hub.finish(code, None if self._stop_code is not None else self._stop_signal)
-        if self.exporter is not None:
-            self.exporter.stop()
-        await self._print_summary()
-        split = self.state.goodput.split()
-        if split is not None:
-            self.outlets.line(self.out, f"ddptop: {goodput.text(split)}")
+        # meta.json first, then the exit record: whoever is told the job ended (`ddptop stop`, a
+        # dashboard) finds its run ended too. The record closes the log, the viewers, the
+        # Prometheus server and the state's snapshot after it, which take seconds.
+        ended = time.time()
+        split = self.state.goodput.split(ended)
         stopped = self._stop_signal is not None and self._stop_code is None
         state = "finished" if code == 0 else "stopped" if stopped else "failed"
         self._update_meta(
             state=state,
-            ended=time.time(),
+            ended=ended,
             exit_code=code,
             steps=self.state.totals().steps_done,
             why=self._failed_why(code) if state == "failed" else None,
             goodput=split,
         )
+        await self.hub.finish(code, None if self._stop_code is not None else self._stop_signal, ended)
+        if self.exporter is not None:
+            self.exporter.stop()
+        await self._print_summary()
+        if split is not None:
+            self.outlets.line(self.out, f"ddptop: {goodput.text(split)}")
         self.outlets.line(self.out, f"ddptop: job {state} (exit {code}); run directory {self.run.path}")
         return code
 

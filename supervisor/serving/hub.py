@@ -120,11 +120,12 @@ class Hub:
         """The per-second job summary that dashboards plot."""
         self.record(self.state.summary(time.time()))
 
-    async def finish(self, code: int, stopped_by_signal: int | None = None) -> None:
-        """The job is over: last summary and exit record, then close every connection."""
+    async def finish(self, code: int, stopped_by_signal: int | None = None, now: float | None = None) -> None:
+        """The job is over: last summary and exit record (at now: when the job ended), then close
+        every connection."""
         await self.collector.ranks_done()
         self.record_totals()
-        now = time.time()
+        now = time.time() if now is None else now
         self.record(
             {"type": "exit", "wall": now, "code": code, "stopped_by_signal": stopped_by_signal, "goodput": self.state.goodput.split(now)}
         )
