@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ddptop.core import wire
 from ddptop.core.model.job import JobState
+from ddptop.core.wire.records import asked_ranks
 from ddptop.supervisor.watching.verdict import ranks_text
 from ddptop.trainer.profiling import MAX_S, MAX_STEPS
 
@@ -71,7 +72,7 @@ class Captures:
         capture_id = f"{time.strftime('%H%M%S')}-{next(self._numbers)}"
         steps = command.get("steps", DEFAULT_STEPS)
         live = sorted(rank for rank, r in state.ranks.items() if not r.exited)
-        asked = command.get("ranks") or ([command["rank"]] if command.get("rank") is not None else live)
+        asked = asked_ranks(command, live)
         missing = sorted(set(asked) - set(live))
         if self.flying is not None:
             why = f"a capture of {ranks_text(self.flying.ranks)} is under way (profile {self.flying.id}): one at a time"

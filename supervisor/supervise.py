@@ -26,6 +26,7 @@ from ddptop.core import wire
 from ddptop.core.model import goodput, summary
 from ddptop.core.model.events import restart_text
 from ddptop.core.rundir import RunDir, own_log_tail, rank_log_tail
+from ddptop.core.wire.records import asked_ranks
 from ddptop.supervisor import duties, heap
 from ddptop.supervisor.captures import Captures
 from ddptop.supervisor.cluster import endpoints
@@ -121,7 +122,7 @@ class Supervisor:
         action = command["action"]
         source = f"from the shell (ddptop {action.replace('_rank', '')})" if command.get("origin") == "shell" else self.role.commander
         if action == "stacks":  # a dashboard's, of one rank; node 0's aggregator's, of this node's ranks
-            self._in_background(self._stacks(command.get("ranks") or ([command["rank"]] if command.get("rank") is not None else [])))
+            self._in_background(self._stacks(asked_ranks(command, [])))
             return
         if action == "log_tail":
             self._log_tail(command.get("rank"))

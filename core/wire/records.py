@@ -318,6 +318,14 @@ class Command(TypedDict):
     """profile, from the aggregator to a node: the step the capture starts at."""
 
 
+def asked_ranks(command: Any, default: list[int]) -> list[int]:
+    """The ranks a command names: its ranks, else its one rank, else default (a command of
+    every rank, or of none)."""
+    if command.get("ranks"):
+        return list(command["ranks"])
+    return [command["rank"]] if command.get("rank") is not None else default
+
+
 class RankCommand(TypedDict):
     """The supervisor to one rank, over the rank's own connection (trainer/sender.py reads it)."""
 
