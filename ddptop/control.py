@@ -20,7 +20,7 @@ from pathlib import Path
 from ddptop.core import rundir, wire
 from ddptop.core.rundir import RunDirError
 from ddptop.core.usage import OneLineParser
-from ddptop.core.wire.stream import socket_frames
+from ddptop.core.wire.stream import SocketFrames
 from ddptop.supervisor.cluster import endpoints, remote
 from ddptop.trainer.sender import connect
 
@@ -37,6 +37,9 @@ class Connection:
 
     def __init__(self, sock: socket.socket, name: str, snapshot: bool = False) -> None:
         self.sock, self.name = sock, name
+        self._frames = SocketFrames(sock)
+        """What the supervisor sent, one reader for every call of until: several records often
+        come in one read, and a reader per call would drop those after the one it returned."""
         sock.sendall(wire.encode({"type": "viewer_hello", "history": False, "snapshot": snapshot}))
 
     def send(self, action: str, rank: int | None = None) -> None:
@@ -47,7 +50,7 @@ class Connection:
 
     def until(self, seen: Callable[[wire.Frame], bool], timeout: float) -> wire.Frame | None:
         """The first record seen accepts, or None when the supervisor closed or the time ran out."""
-        for frame in socket_frames(self.sock, time.monotonic() + timeout):
+        for frame in self._frames.until(time.monotonic() + timeout):
             if seen(frame):
                 return frame
         return None

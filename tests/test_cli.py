@@ -345,10 +345,11 @@ def test_stacks_says_at_once_which_ranks_have_exited_and_dumps_the_others(capsys
     """`ddptop stacks` reads the job's state first, as a dashboard does: rank 1's process has
     ended (between a crash and torchrun's restart), so it is named at once and not asked for,
     rather than waited for until the command's bound. The supervisor's end of the socket here
-    sends what a supervisor sends: the state's frames, then the dump of what was asked."""
+    sends what a supervisor sends: the state's frames, then the dumps of what was asked, both
+    in one write, as a supervisor's ranks dumped at once arrive (the second was lost once)."""
     state = JobState()
-    for rank in (0, 1):
-        state.ingest(builders.hello(rank, 2))
+    for rank in (0, 1, 2):
+        state.ingest(builders.hello(rank, 3))
     state.ingest(builders.build("rank_gone", rank=1, wall=1.0))
     ours, theirs = socket.socketpair()
     heard: list[dict] = []
@@ -361,12 +362,17 @@ def test_stacks_says_at_once_which_ranks_have_exited_and_dumps_the_others(capsys
         theirs.sendall(wire.encode(builders.build("heartbeat", rank=0, wall=2.0, phase="data", step=3)))
         while heard[-1]["type"] != "command":
             heard.extend(decoder.feed(theirs.recv(65536)))
-        theirs.sendall(wire.encode(builders.build("stack", rank=0, wall=3.0, source="py-spy --native", text="Thread 1: MainThread\n")))
+        dumps = [builders.build("stack", rank=r, wall=3.0, source="py-spy --native", text=f"Thread {r}: MainThread\n") for r in (0, 2)]
+        theirs.sendall(b"".join(map(wire.encode, dumps)))
 
     answering = threading.Thread(target=supervisor, daemon=True)
     answering.start()
     assert stacks.dump(Connection(ours, "r")) == 1  # a rank had no stacks to dump
     answering.join(5)
-    assert heard[-1] == {"type": "command", "action": "stacks", "ranks": [0], "origin": "shell"}
+    assert heard[-1] == {"type": "command", "action": "stacks", "ranks": [0, 2], "origin": "shell"}
     out = capsys.readouterr().out
-    assert out == "ddptop: rank 1 has exited: no stacks to dump\n==> rank 0 (py-spy --native) <==\nThread 1: MainThread\n\n", out
+    assert out == (
+        "ddptop: rank 1 has exited: no stacks to dump\n"
+        "==> rank 0 (py-spy --native) <==\nThread 0: MainThread\n\n"
+        "==> rank 2 (py-spy --native) <==\nThread 2: MainThread\n\n"
+    ), out
