@@ -173,3 +173,18 @@ def test_a_slow_first_step_does_not_set_the_pace_of_the_next_hundred():
     goodput.observe({"type": "step", "rank": 0, "step": 10, "step_ms": 40_000.0, "wall": end + 40.0})
     split = goodput.split(end + 40.0)
     assert split is not None and split["stalled_s"] == pytest.approx(40.0 - 15.0)
+
+
+def test_a_second_pause_notice_read_before_the_step_that_held_the_pause_leaves_it_paused():
+    """Rank 0 writes a checkpoint for 40 s: the watchdog tells of the pause 15 s in. Rank 1 then
+    ends, and the watchdog tells of rank 0 working alone, in a notice its record reaches the
+    supervisor before the step that held the pause, though that step ended first (seen in CI).
+    The step is still the pause's: its time was moved to stalled."""
+    goodput = Goodput()
+    goodput.observe({"type": "run", "wall": 0.0})
+    end = job(goodput, 0, range(30), start=0.0, step_s=0.1, ranks=1)
+    goodput.observe({"type": "notice", "kind": "pause", "wall": end + 15.0, "text": "rank 1 waits for rank 0, checkpointing"})
+    goodput.observe({"type": "notice", "kind": "pause", "wall": end + 40.05, "text": "rank 0 works between steps, checkpointing"})
+    goodput.observe({"type": "step", "rank": 0, "step": 30, "step_ms": 40_000.0, "wall": end + 40.0})
+    split = goodput.split(end + 40.1)
+    assert split is not None and (split["paused_s"], split["stalled_s"]) == (pytest.approx(39.9), 0.0)

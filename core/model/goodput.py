@@ -86,7 +86,9 @@ class Goodput:
     stuck_at: float | None = None
     """When the last stall or hang verdict came that no step has ended after."""
     paused_at: float | None = None
-    """When the last pause notice came that no step has ended after.
+    """When the first pause notice came that no step has ended after: a later one (rank 0 still
+    working once the others ended) can be read before the step that held the pause, and must not
+    move the pause past that step's end.
 
     Both are times, not flags a step clears: a rank sends a step's record once its next
     step begins, so the record of the step before an evaluation or a hang comes after
@@ -111,7 +113,7 @@ class Goodput:
             self.write_ms.append(record["write_ms"])
         elif kind == "exit":
             self.ended = record["wall"]
-        elif kind == "notice" and record.get("kind") == "pause":
+        elif kind == "notice" and record.get("kind") == "pause" and self.paused_at is None:
             self.paused_at = record["wall"]
         elif kind == "alert" and record.get("kind") in STUCK_KINDS:
             self.stuck_at = record["wall"]
