@@ -5,17 +5,18 @@
 #     device run: bash bench/gpu.sh            # carry [".gpu"], timeout_s 600
 #
 # A session is lent a GPU for 15 minutes at most, starts included, so this runs what #44 asks
-# for in one go: the CUDA tests, both in-rank benches (nanoGPT's loop, the example's), the cost
-# of each op the guard launches, the example under gradient_as_bucket_view (the guard's norm a
-# bucket at a time) beside the floor's norm as one CUDA graph (inrank.py --graph-floor: under
-# bucket views the gradients do not move, so it should replay at every step, where 096e540's
-# lease saw it replay a third of the steps in DDP's default layout), and the example's whole
-# job at both widths. The parts run most needed first; one that might not end within BUDGET_S
-# of the call's start is left out (the second width, most likely), for a second call to run
-# (ONLY names its parts). Each job's host time by op (inrank.py --torch-profile, about 40 s a
-# loop) is left to a second call: the lease of 464cd8e ran it, docs/benchmarks.md has it.
-# ../shared/gpu/check.sh runs the tests and the example's benches alone, and a second tree
-# beside this one; this adds the nanoGPT loop and the op costs, and leaves the second tree out.
+# for in one go: the CUDA tests, the whole nanoGPT job under plain torchrun and under ddptop, the
+# example's in-rank bench and its whole job at both widths, then nanoGPT's loop in one process,
+# the cost of each op the guard launches, and the example under gradient_as_bucket_view (the
+# guard's norm a bucket at a time) beside the floor's norm as one CUDA graph (inrank.py
+# --graph-floor: under bucket views the gradients do not move, so it should replay at every
+# step, where 096e540's lease saw it replay a third of the steps in DDP's default layout). The
+# parts run most needed first; one that might not end within BUDGET_S of the call's start is
+# left out (the last ones, most likely), for a second call to run (ONLY names its parts). Each
+# job's host time by op (inrank.py --torch-profile, about 40 s a loop) is left to a second call:
+# the lease of 464cd8e ran it, docs/benchmarks.md has it. ../shared/gpu/check.sh runs the tests
+# and the example's benches alone, and a second tree beside this one; this adds the nanoGPT job,
+# its loop and the op costs, and leaves the second tree out.
 #
 # It installs .gpu/whl into the image's Python and runs every part from /tmp, the wheel and not
 # the checkout being what imports (inside the checkout, `ddptop` would be its folder). Each part
@@ -70,9 +71,10 @@ EOF
 pack
 cd /tmp
 part 140 pytest-cuda python3 -m pytest -m cuda "$root/tests" --rootdir "$root" -c "$root/pyproject.toml" -p no:cacheprovider -rA -q
-part 115 inrank-gpt python3 "$root/bench/inrank.py" --model gpt --floor --blocks 100 --lines
+part 150 nanogpt python3 "$root/bench/nanogpt.py" --ranks 1 --rounds 3 --iters 300
 part 45 inrank-mlp python3 "$root/bench/inrank.py" --floor --blocks 200 --lines
+part 110 overhead-256 python3 "$root/bench/overhead.py" --ranks 1 --steps 1500 --rounds 2
+part 85 overhead-4096 python3 "$root/bench/overhead.py" --ranks 1 --steps 600 --rounds 2 --width 4096 --batch-size 512
+part 115 inrank-gpt python3 "$root/bench/inrank.py" --model gpt --floor --blocks 100 --lines
 part 30 opcost python3 "$root/bench/opcost.py" --calls 10000
 part 60 inrank-mlp-bucket-view python3 "$root/bench/inrank.py" --floor --graph-floor --bucket-view --blocks 150 --lines
-part 150 overhead-256 python3 "$root/bench/overhead.py" --ranks 1 --steps 1500 --rounds 3
-part 85 overhead-4096 python3 "$root/bench/overhead.py" --ranks 1 --steps 600 --rounds 2 --width 4096 --batch-size 512
