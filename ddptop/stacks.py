@@ -17,7 +17,8 @@ import time
 from ddptop.control import Connection, open_connection, parser_for, rank_options
 from ddptop.core import wire
 from ddptop.core.rundir import RunDirError
-from ddptop.supervisor.watching.stacks import DUMP_WAIT_S, NO_DUMP, PY_SPY_TIMEOUT_S
+from ddptop.core.wire import records
+from ddptop.supervisor.watching.stacks import DUMP_WAIT_S, PY_SPY_TIMEOUT_S
 
 WAIT_S = 2 * PY_SPY_TIMEOUT_S + DUMP_WAIT_S + 15.0
 """py-spy with native frames, then without, then faulthandler, on the rank's node, and the way back."""
@@ -88,4 +89,4 @@ def _print_dumps(job: Connection, waiting: set[int]) -> int:
 
 def _answers(record: wire.Frame) -> bool:
     """A record that answers for a rank: its stacks, or the supervisor's word that it has none."""
-    return record["type"] == "stack" or (record["type"] == "action" and NO_DUMP in record.get("text", ""))
+    return record["type"] == "stack" or (record["type"] == "action" and record.get("kind") == records.NO_STACKS)

@@ -26,7 +26,7 @@ from ddptop.core import wire
 from ddptop.core.model import goodput, summary
 from ddptop.core.model.events import restart_text
 from ddptop.core.rundir import RunDir, own_log_tail, rank_log_tail
-from ddptop.core.wire.records import asked_ranks
+from ddptop.core.wire.records import NO_STACKS, asked_ranks
 from ddptop.supervisor import duties, heap
 from ddptop.supervisor.captures import Captures
 from ddptop.supervisor.cluster import endpoints
@@ -309,14 +309,14 @@ class Supervisor:
             return
         got = await stacks.dump(self.run.raw_stacks_path, rank, state.pid)
         if got is None:
-            self._note(rank, f"rank {rank} {stacks.NO_DUMP}: {stacks.why_none(state.pid)}")
+            self._note(rank, f"rank {rank} gave no stack dump: {stacks.why_none(state.pid)}", kind=NO_STACKS)
             return
         source, text = got
         self.outlets.write("the stack files", stacks.keep, self.run.stacks_path, rank, state.pid, source, text)
         self.record({"type": "stack", "rank": rank, "wall": time.time(), "source": source, "text": text})
 
-    def _note(self, rank: int | None, text: str) -> None:
-        self.record({"type": "action", "wall": time.time(), "rank": rank, "text": text})
+    def _note(self, rank: int | None, text: str, kind: str | None = None) -> None:
+        self.record({"type": "action", "wall": time.time(), "rank": rank, "text": text} | ({"kind": kind} if kind else {}))
         self.say(text)
 
     async def main(self, meta: dict[str, Any]) -> int:

@@ -21,6 +21,7 @@ from ddptop.core.eventlog import EventLog
 from ddptop.core.model import snapshot
 from ddptop.core.model.history import pack
 from ddptop.core.model.job import JobState
+from ddptop.core.wire import records
 from ddptop.core.wire.frames import FrameDecoder
 
 
@@ -343,16 +344,10 @@ def test_a_ranks_log_tail_shows_a_progress_bar_as_a_terminal_leaves_it(tmp_path)
     assert rundir.rank_log_tail(tmp_path, 0, 0, 10, streams=("stdout",)) == ["19999 it"]
 
 
-def test_stacks_says_at_once_which_ranks_have_exited_and_dumps_the_others(capsys):
-    """`ddptop stacks` reads the job's state first, as a dashboard does: rank 1's process has
-    ended (between a crash and torchrun's restart), so it is named at once and not asked for,
-    rather than waited for until the command's bound. The supervisor's end of the socket here
-    sends what a supervisor sends: the state's frames, then the dumps of what was asked, both
-    in one write, as a supervisor's ranks dumped at once arrive (the second was lost once)."""
-    state = JobState()
-    for rank in (0, 1, 2):
-        state.ingest(builders.hello(rank, 3))
-    state.ingest(builders.build("rank_gone", rank=1, wall=1.0))
+def _stacks_answered(state: JobState, answers: list[dict]) -> tuple[int, list[dict]]:
+    """`ddptop stacks` against a socket whose other end sends what a supervisor sends: the
+    state's frames, then, once asked, its answers in one write, as a supervisor's ranks dumped
+    at once arrive (the second was lost once). Its exit status and what it sent."""
     ours, theirs = socket.socketpair()
     heard: list[dict] = []
 
@@ -364,13 +359,29 @@ def test_stacks_says_at_once_which_ranks_have_exited_and_dumps_the_others(capsys
         theirs.sendall(wire.encode(builders.build("heartbeat", rank=0, wall=2.0, phase="data", step=3)))
         while heard[-1]["type"] != "command":
             heard.extend(decoder.feed(theirs.recv(65536)))
-        dumps = [builders.build("stack", rank=r, wall=3.0, source="py-spy --native", text=f"Thread {r}: MainThread\n") for r in (0, 2)]
-        theirs.sendall(b"".join(map(wire.encode, dumps)))
+        theirs.sendall(b"".join(map(wire.encode, answers)))
 
     answering = threading.Thread(target=supervisor, daemon=True)
     answering.start()
-    assert stacks.dump(Connection(ours, "r")) == 1  # a rank had no stacks to dump
+    status = stacks.dump(Connection(ours, "r"))
     answering.join(5)
+    return status, heard
+
+
+def _dump(rank: int) -> dict:
+    return builders.build("stack", rank=rank, wall=3.0, source="py-spy --native", text=f"Thread {rank}: MainThread\n")
+
+
+def test_stacks_says_at_once_which_ranks_have_exited_and_dumps_the_others(capsys):
+    """`ddptop stacks` reads the job's state first, as a dashboard does: rank 1's process has
+    ended (between a crash and torchrun's restart), so it is named at once and not asked for,
+    rather than waited for until the command's bound."""
+    state = JobState()
+    for rank in (0, 1, 2):
+        state.ingest(builders.hello(rank, 3))
+    state.ingest(builders.build("rank_gone", rank=1, wall=1.0))
+    status, heard = _stacks_answered(state, [_dump(0), _dump(2)])
+    assert status == 1  # a rank had no stacks to dump
     assert heard[-1] == {"type": "command", "action": "stacks", "ranks": [0, 2], "origin": "shell"}
     out = capsys.readouterr().out
     assert out == (
@@ -378,3 +389,18 @@ def test_stacks_says_at_once_which_ranks_have_exited_and_dumps_the_others(capsys
         "==> rank 0 (py-spy --native) <==\nThread 0: MainThread\n\n"
         "==> rank 2 (py-spy --native) <==\nThread 2: MainThread\n\n"
     ), out
+
+
+def test_stacks_takes_the_supervisors_word_that_a_rank_gave_none_by_its_kind_not_its_words(capsys):
+    """A rank whose stacks nobody could read is answered for by the supervisor's action of
+    kind NO_STACKS, whatever its words say: `ddptop stacks` prints them and ends at once,
+    rather than waiting out its bound for a dump that will not come."""
+    state = JobState()
+    for rank in (0, 1):
+        state.ingest(builders.hello(rank, 2))
+    none = wire.validate({"type": "action", "wall": 3.0, "rank": 1, "text": "rank 1: py-spy could not read it", "kind": records.NO_STACKS})
+    started = time.monotonic()
+    status, _ = _stacks_answered(state, [_dump(0), none])
+    assert status == 1
+    assert time.monotonic() - started < stacks.WAIT_S
+    assert capsys.readouterr().out == "==> rank 0 (py-spy --native) <==\nThread 0: MainThread\n\nddptop: rank 1: py-spy could not read it\n"

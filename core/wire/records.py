@@ -449,6 +449,8 @@ class Action(TypedDict):
     text: str
     rank: NotRequired[int]
     node: NotRequired[int]
+    kind: NotRequired[str]
+    """What a reader acts on, where one does: NO_STACKS."""
 
 
 class Notice(TypedDict):
@@ -559,6 +561,9 @@ class Exit(TypedDict):
     stopped_by_signal: NotRequired[int]
     goodput: NotRequired[dict[str, Any]]
 
+
+NO_STACKS = "no-stacks"
+"""An action's kind where a rank gave no stack dump: `ddptop stacks` takes it as that rank's answer."""
 
 DEFAULT_GROUP = "0"
 """The flight recorder's id of a process's first group, the default one, which every rank is in:

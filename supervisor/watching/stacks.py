@@ -30,8 +30,6 @@ from pathlib import Path
 from ddptop.core.places import is_ddptop, is_template
 from ddptop.trainer.policy import STACK_SIGNAL
 
-NO_DUMP = "gave no stack dump"
-"""What the supervisor's note says of a rank whose stacks nobody could read (`ddptop stacks` waits for it)."""
 DUMP_WAIT_S = 2.0
 POLL_S = 0.05
 PY_SPY_TIMEOUT_S = 5.0
