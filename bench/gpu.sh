@@ -53,7 +53,10 @@ part() {  # seconds, the log's name, then the command
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .gpu/whl/*.whl > "$logs/install.txt" 2>&1 \
     || { cat "$logs/install.txt"; exit 1; }
-{ nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"; lscpu | grep 'Model name'; } \
+# The host's topology too: whole jobs vary between processes by more than ddptop costs them
+# (docs/benchmarks.md), and a rank's training and autograd threads on two threads of one core
+# would be one cause, which `taskset` round the bench can rule out on the next lease.
+{ nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"; lscpu | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node)'; } \
     | tee "$logs/env.txt"
 # Whether this torch's NCCL flight recorder records without the variable ddptop sets: if it does,
 # plain torchrun pays for it too, and the recorder is no part of ddptop's cost here.
