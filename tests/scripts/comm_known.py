@@ -1,7 +1,7 @@
 """All-reduces of a known size, timed two ways: by DDP (what ddptop reports) and by the script.
 
 One Linear layer of 2048 x 2048 floats (16 MiB, one parameter, so one bucket)
-trains for --seconds, DDP timing every iteration (its runtime logging sample
+trains for --seconds (by rank 0's clock), DDP timing every iteration (its runtime logging sample
 rate set to 1) so that ddptop's once-a-second reading has a fresh sample
 each time. Then the script times dist.all_reduce of a tensor of the same
 size itself and prints the median: `allreduce-ms X`.
@@ -27,10 +27,15 @@ model._set_ddp_runtime_logging_sample_rate(1)
 optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
 x = torch.randn(4, 2048)
 end = time.monotonic() + args.seconds
-while time.monotonic() < end:
+going = torch.ones(1)
+while going.item():
     optimizer.zero_grad()
     model(x).pow(2).mean().backward()
     optimizer.step()
+    # Rank 0's clock ends the loop for every rank: by each rank's own, one rank could train a
+    # step more, and its DDP all-reduce would pair with the other's first timed one below.
+    going.fill_(time.monotonic() < end)
+    dist.broadcast(going, 0)
 buffer = torch.randn(2048 * 2048)
 took = []
 for _ in range(15):
