@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ddptop.core import rundir, wire
 from ddptop.core.rundir import RunDirError
@@ -42,10 +43,14 @@ class Connection:
         come in one read, and a reader per call would drop those after the one it returned."""
         sock.sendall(wire.encode({"type": "viewer_hello", "history": False, "snapshot": snapshot}))
 
-    def send(self, action: str, rank: int | None = None) -> None:
-        frame: wire.Frame = {"type": "command", "action": action, "origin": "shell"}
+    def send(self, action: str, rank: int | None = None, ranks: list[int] | None = None, **fields: Any) -> None:
+        """A command from the shell: of one rank, of several, or of the job (neither); fields are
+        the action's own (a capture's steps)."""
+        frame: wire.Frame = {"type": "command", "action": action, "origin": "shell", **fields}
         if rank is not None:
             frame["rank"] = rank
+        elif ranks:
+            frame["ranks"] = ranks
         self.sock.sendall(wire.encode(frame))
 
     def until(self, seen: Callable[[wire.Frame], bool], timeout: float) -> wire.Frame | None:

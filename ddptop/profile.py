@@ -15,7 +15,6 @@ import argparse
 import time
 
 from ddptop.control import open_connection, parser_for, rank_options
-from ddptop.core import wire
 from ddptop.core.model import profiles
 from ddptop.core.rundir import RunDirError
 from ddptop.core.wire.stream import socket_frames
@@ -42,12 +41,7 @@ def profile(argv: list[str]) -> int:
     )
     opts = parser.parse_args(argv)
     job = open_connection(opts.run, opts.token_file, "profile")
-    ask: wire.Frame = {"type": "command", "action": "profile", "origin": "shell", "steps": opts.steps}
-    if opts.rank is not None:
-        ask["rank"] = opts.rank
-    elif opts.ranks:
-        ask["ranks"] = opts.ranks
-    job.sock.sendall(wire.encode(ask))
+    job.send("profile", opts.rank, opts.ranks, steps=opts.steps)
     capture = wait(job.sock, job.name)
     lines = profiles.summary_lines(capture)
     print("\n".join(lines) if lines else f"ddptop: no rank answered: {capture.text}")

@@ -44,7 +44,7 @@ def dump(job: Connection, rank: int | None = None, ranks: list[int] | None = Non
         print(f"ddptop: rank {','.join(map(str, gone))} has exited: no stacks to dump")
     live = [r for r in asked if r not in exited]
     if live:
-        job.sock.sendall(wire.encode({"type": "command", "action": "stacks", "ranks": live, "origin": "shell"}))
+        job.send("stacks", ranks=live)
     return max(_print_dumps(job, set(live)), 1 if gone else 0)
 
 

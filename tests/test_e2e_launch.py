@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DDPTOP, EXAMPLE, SCRIPTS, bound_unix, received, recorded, run_ddptop, wait_for
+from conftest import DDPTOP, EXAMPLE, SCRIPTS, bound_unix, free_port, received, recorded, run_ddptop, wait_for
 
 from ddptop.core import rundir, wire
 from ddptop.supervisor.launching.torchrun import BOOTSTRAP_DIR
@@ -199,9 +199,7 @@ def rank_alone(script: Path, address: str, *args: str, timeout: float = 120) -> 
     """One rank (world size 1) as torchrun would start it, reporting to address. With one
     OpenMP thread, as torchrun sets it: two such ranks of two tests side by side (xdist), each
     with a thread a core, spun on each other's cores and took over 120 s for 16 s of steps."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {
         **os.environ,
         "PYTHONPATH": BOOTSTRAP_DIR,
