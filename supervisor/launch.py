@@ -54,7 +54,7 @@ def launch(argv: list[str], dashboard: Dashboard) -> int:
     outlets = Outlets()
     outlets.write("the token file", endpoints.write_token, run.token_path, place.token)
     plan, notices = plan_job(args, nvml, run, style)
-    notices += ([from_slurm] if from_slurm else []) + cluster_notices(place, run)
+    notices = ([args.notice] if args.notice else []) + notices + ([from_slurm] if from_slurm else []) + cluster_notices(place, run)
     for notice in notices:
         outlets.line(sys.stderr, f"ddptop: {notice}")
     me = psutil.Process()

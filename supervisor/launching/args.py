@@ -1,20 +1,23 @@
 """Splitting `ddptop launch` arguments into ddptop's, torchrun's and the script's.
 
-Users write `ddptop launch train.py --gpus 4 --lr 3e-4`: ddptop's own
-options (torchrun's spellings included) are recognised anywhere before a
-`--`; every other option after the script, and everything after `--`,
-belongs to the script. An option ddptop does not know *before* the script
-is a mistake, reported as one.
+Users write `ddptop launch train.py --gpus 4 --lr 3e-4`. Before the script
+every option is ddptop's (torchrun's spellings included), and one it does
+not know is a mistake. After the script an option is the script's whenever
+the script declares it (script_options.py reads its source): ddptop takes
+only its own options that the script does not declare, and says in one
+line what it left. Everything after `--` is the script's.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddptop.core.usage import OneLineParser, UsageError
+from ddptop.supervisor.launching.script_options import declared_by
 from ddptop.supervisor.launching.style import STYLES, StyleChoice
 from ddptop.supervisor.launching.torchrun import RESTART_BACKOFF_S
 from ddptop.supervisor.watching.policy import CRASH_LOOP, CRASH_LOOP_WINDOW_S, HANG_TIMEOUT_S, NO_PROGRESS
@@ -225,6 +228,8 @@ class LaunchArgs:
     script_args: list[str] = field(default_factory=list)
     module: bool = False
     no_python: bool = False
+    notice: str | None = None
+    """What of ddptop's options after the script went to the script, said once at launch."""
 
     @property
     def entry(self) -> str:
@@ -234,12 +239,19 @@ class LaunchArgs:
         return f"-m {self.script}" if self.module else str(self.script)
 
 
-def split(argv: list[str]) -> LaunchArgs:
+Declared = Callable[[str, bool], frozenset[str]]
+"""The options a script declares, from its name (a path, or a module's name where the flag says)."""
+
+
+def split(argv: list[str], declared: Declared = declared_by) -> LaunchArgs:
     """Split `ddptop launch` arguments; raise UsageError on bad input."""
     ours: list[str] = []
     entry: set[str] = set()
     script: str | None = None
     script_args: list[str] = []
+    theirs: frozenset[str] = frozenset()
+    took: list[str] = []
+    left: list[str] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -252,17 +264,24 @@ def split(argv: list[str]) -> LaunchArgs:
         name = arg.split("=", 1)[0]
         if script is None and arg in ENTRY_FLAGS:
             entry.add(ENTRY_FLAGS[arg])
+        elif name in _TAKES_VALUE and script is not None and name in theirs:
+            left.append(_said(argv, i))
+            script_args.append(arg)
         elif name in _TAKES_VALUE:
+            start = len(ours)
             ours.append(arg)
             if _TAKES_VALUE[name] and "=" not in arg:
                 if i + 1 >= len(argv):
                     raise UsageError(f"option {name} needs a value")
                 ours.append(argv[i + 1])
                 i += 1
+            if script is not None:
+                took.append(" ".join(ours[start:]))
         elif script is None and arg.startswith("-"):
             raise UsageError(f"unknown option {name} (options for the script go after it, or after --)")
         elif script is None:
             script = arg
+            theirs = declared(script, "module" in entry) if "no_python" not in entry else frozenset()
         else:
             script_args.append(arg)
         i += 1
@@ -273,4 +292,23 @@ def split(argv: list[str]) -> LaunchArgs:
         raise UsageError("give --gpus or --nproc-per-node, not both")
     if entry == {"module", "no_python"}:
         raise UsageError("give -m or --no-python, not both")
-    return LaunchArgs(options, Path(script), script_args, module="module" in entry, no_python="no_python" in entry)
+    name = Path(script).name if "module" not in entry else script
+    notice = _left_notice(name, left, took) if left else None
+    return LaunchArgs(options, Path(script), script_args, module="module" in entry, no_python="no_python" in entry, notice=notice)
+
+
+def _said(argv: list[str], i: int) -> str:
+    """An option as the user wrote it, with its value when one follows: "--clip-grad 1.0"."""
+    arg = argv[i]
+    if "=" in arg or i + 1 >= len(argv) or argv[i + 1].startswith("-") or not _TAKES_VALUE[arg]:
+        return arg
+    return f"{arg} {argv[i + 1]}"
+
+
+def _left_notice(script: str, left: list[str], took: list[str]) -> str:
+    """"--clip-grad 1.0 goes to train.py, which declares it; ddptop took --gpus 2 (ddptop's own go before the script)"."""
+    which = "which declares it" if len(left) == 1 else "which declares them"
+    text = f"{', '.join(left)} {'goes' if len(left) == 1 else 'go'} to {script}, {which}"
+    if took:
+        text += f"; ddptop took {', '.join(took)}"
+    return text + f" (ddptop's own go before the script: ddptop launch {' '.join(left)} {script} ...)"

@@ -19,6 +19,7 @@ from ddptop.core import rundir
 from ddptop.core.usage import UsageError
 from ddptop.supervisor.cluster.placement import Cluster
 from ddptop.supervisor.launching.args import LaunchArgs
+from ddptop.supervisor.launching.script_options import module_file
 from ddptop.supervisor.launching.style import TORCHRUN, Style
 from ddptop.supervisor.launching.torchrun import JobPlan
 from ddptop.supervisor.sampler import gpu_count
@@ -43,20 +44,6 @@ def check_script(script: Path) -> None:
         compile(script.read_bytes(), str(script), "exec")
     except (SyntaxError, ValueError) as exc:
         raise UsageError(f"{script} is not a Python script ({type(exc).__name__}: {exc})") from None
-
-
-def module_file(name: str) -> Path:
-    """The file `python -m name` would run, found as the ranks will find it (the working
-    directory first, then this Python's path), without importing anything."""
-    parts = name.split(".")
-    if not all(part.isidentifier() for part in parts):
-        raise UsageError(f"-m {name}: not a module name")
-    for base in (Path.cwd(), *(Path(p) for p in sys.path[1:] if p)):
-        where = base.joinpath(*parts)
-        for file in (where.with_suffix(".py"), where / "__main__.py"):
-            if file.is_file():
-                return file
-    raise UsageError(f"-m {name}: no such module in {Path.cwd()} or this Python's path")
 
 
 def check_entry(args: LaunchArgs) -> Path | None:
