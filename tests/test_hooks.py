@@ -18,6 +18,7 @@ import io
 import math
 import sys
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -71,7 +72,9 @@ def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     fsdp1 = importlib.import_module("torch.distributed.fsdp").FullyShardedDataParallel
     fsdp1_methods = {name: vars(fsdp1)[name] for name in ("__init__", "clip_grad_norm_")}
     skip_list = list(trace_rules.SKIP_DIRS)
-    before = {name: getattr(DistributedDataParallel, name) for name in ("__init__", "forward", "__setstate__", "register_comm_hook")}
+    before = {
+        name: getattr(DistributedDataParallel, name) for name in ("__init__", "_call_impl", "forward", "__setstate__", "register_comm_hook")
+    }
     originals = (
         torch.autograd.backward,
         torch.distributed.init_process_group,
@@ -919,6 +922,133 @@ def test_a_forward_between_steps_that_is_not_training_is_an_evaluation_s_phase(r
     first, evaluated, taught = builders.steps_made(tracker, records)
     assert "eval_ms" not in first and "eval_ms" not in taught
     assert 0 < evaluated["eval_ms"] <= evaluated["step_ms"] and evaluated["eval_ended"] <= evaluated["wall"]
+
+
+class Task(nn.Module):
+    """A task object holding the model DDP wraps, as Lightning's and timm's evaluators do."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+class Heavy(nn.Module):
+    """A model whose forward takes measurable time: an evaluation's span is its forwards'."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 2)
+        self.square = torch.randn(384, 384)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(4):
+            self.square @ self.square
+        return self.linear(x)
+
+
+def batches_of(model: nn.Module, batches: int) -> float:
+    """The model's forwards on `batches` batches; the ms they took in all."""
+    began = time.perf_counter()
+    for _ in range(batches):
+        model(torch.randn(4, 8))
+    return (time.perf_counter() - began) * 1000.0
+
+
+@pytest.mark.parametrize(
+    "through, batches, mode",
+    [
+        ("the wrapped module", 1, torch.no_grad),
+        ("the wrapped module", 3, torch.inference_mode),
+        ("an EMA copy", 3, torch.no_grad),
+        ("a task object", 1, torch.inference_mode),
+        ("DDP", 2, torch.no_grad),
+    ],
+)
+def test_an_evaluation_by_any_model_between_steps_is_eval_time_never_data_wait(records, through, batches, mode):
+    """A validation between epochs runs through DDP, the module it wraps, an EMA copy of it or a task
+    object holding it, under no_grad or inference_mode: its time is the next step's eval_ms, its
+    phase "eval", and the data wait is only what came before and after it."""
+    model = DistributedDataParallel(Heavy())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracker = records.tracker
+    evaluated = {
+        "the wrapped module": model.module,
+        "an EMA copy": copy.deepcopy(model.module),
+        "a task object": Task(model.module),
+        "DDP": model,
+    }[through]
+    backward(model)
+    optimizer.step()
+    evaluated.eval()
+    with mode():
+        took = batches_of(evaluated, batches)
+    assert tracker.phase == "eval"
+    evaluated.train()
+    backward(model)
+    optimizer.step()
+    assert tracker.phase == "data"
+    first, second = builders.steps_made(tracker, records)[:2]
+    assert "eval_ms" not in first
+    assert 0 < second["eval_ms"] <= took and second["eval_ended"] <= second["wall"]
+    assert second["data_ms"] < 0.5 * second["eval_ms"], (second, "the evaluation is not data wait")
+    assert second["data_ms"] + second["eval_ms"] <= second["step_ms"]
+
+
+def test_an_evaluation_lasts_as_long_as_the_script_s_function_that_runs_it(records):
+    """The heartbeat says "eval" while the script's validate() runs (between its batches too), and
+    where it runs; once it has returned (the script saving, or ending, after its last
+    validation) the rank is no longer evaluating, though no training forward came."""
+    from ddptop.trainer import where
+
+    model = ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracker, phase = records.tracker, where.Phase()
+    looks: list[tuple[str, str]] = []
+
+    def look() -> None:
+        seen: list[where.Sample] = []
+        asker = threading.Thread(target=lambda: seen.append(where.sample()))
+        asker.start()
+        asker.join()
+        looks.append((phase.of(seen[0], tracker.phase, tracker.step, tracker.eval_code), seen[0].where))
+
+    def validate() -> None:
+        model.module.eval()
+        with torch.no_grad():
+            for _ in range(2):
+                model.module(torch.randn(4, 8))
+                look()
+
+    backward(model)
+    optimizer.step()
+    validate()
+    look()
+    assert [said for said, _ in looks] == ["eval", "eval", "data"]
+    assert tracker.eval_code is not None and tracker.eval_code.co_name == "validate"
+
+
+def test_one_forward_of_another_model_before_the_training_forward_is_the_step_s_preparation(records):
+    """A frozen encoder (a diffusion model's VAE, a teacher) run once on each batch before the training
+    forward is part of getting the step going, not an evaluation; and the look for one costs the
+    training forward nothing: no hook is left on any module once it begins."""
+    model, encoder = ddp_model(), nn.Sequential(nn.Linear(8, 8)).eval()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hooked: list[bool] = []
+    model.module.register_forward_pre_hook(
+        lambda module, args: hooked.append(bool(torchapi.global_forward_pre_hooks or encoder._forward_hooks or module._forward_pre_hooks))
+    )
+    for _ in range(3):
+        with torch.no_grad():
+            x = encoder(torch.randn(4, 8))
+        model(x).pow(2).sum().backward()
+        optimizer.step()
+    steps = builders.steps_made(records.tracker, records)
+    assert [("eval_ms" in step) for step in steps] == [False, False, False]
+    assert records.tracker.phase == "forward"
+    assert hooked == [True, True, True], "the model's own pre-hook is its only one: nothing of ddptop's"
 
 
 def test_a_rank_data_parallel_with_part_of_the_job_over_two_models_is_so_with_the_ranks_both_share():

@@ -92,7 +92,9 @@ def test_a_dataclass_is_no_option_where_no_parser_makes_it_one(tmp_path):
 
 def test_a_parser_in_a_module_beside_the_script_counts(tmp_path):
     (tmp_path / "opts").mkdir()
-    script(tmp_path, "import argparse\ndef parse():\n    p = argparse.ArgumentParser()\n    p.add_argument('--clip-grad')\n", "opts/config.py")
+    script(
+        tmp_path, "import argparse\ndef parse():\n    p = argparse.ArgumentParser()\n    p.add_argument('--clip-grad')\n", "opts/config.py"
+    )
     (tmp_path / "opts" / "__init__.py").write_text("")
     assert "--clip-grad" in declared(script(tmp_path, "from opts.config import parse\nparse()\n"))
     assert "--clip-grad" in declared(script(tmp_path, "import opts.config\n", "other.py"))
@@ -104,7 +106,10 @@ def test_an_unreadable_script_declares_nothing(tmp_path):
 
 
 def test_the_script_s_own_option_reaches_it_and_ddptop_says_what_it_took_and_left(tmp_path):
-    path = script(tmp_path, "import argparse\np = argparse.ArgumentParser()\np.add_argument('--clip-grad', type=float)\np.add_argument('--headless', action='store_true')\n")
+    path = script(
+        tmp_path,
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--clip-grad', type=float)\np.add_argument('--headless', action='store_true')\n",
+    )
     args = split([str(path), "--gpus", "2", "--clip-grad", "1.0", "--headless", "--on-nan", "stop"])
     assert args.script_args == ["--clip-grad", "1.0", "--headless"]
     assert (args.options.gpus, args.options.clip_grad, args.options.headless, args.options.on_nan) == (2, None, False, "stop")

@@ -11,11 +11,13 @@ DDP keeps its own C++ all-reduce (ddptop registers no comm hook), so no
 Python runs per bucket; comm time comes from what DDP already measures
 (sampled.py, off the training thread). Per step:
 
-- DistributedDataParallel.forward is wrapped (step start, samples, tokens,
+- DistributedDataParallel's call is wrapped (step start, samples, tokens,
   phase), in the class rather than as module hooks: a module with hooks
   takes nn.Module's slow call path, which costs more than the wrapper (a
   model FSDP shards has hooks of FSDP's already: its outermost sharded
-  module gets two more, sharded_forward.py, fsdp1.py);
+  module gets two more, sharded_forward.py, fsdp1.py). It wraps nn.Module's
+  _call_impl, not forward, so that it disarms the look for an evaluation
+  between steps (between_steps.py) before the call looks for hooks;
 - torch.autograd.backward is wrapped: what it was called on is the step's
   loss (its tensor handed over, read with the guard's pack);
 - the global optimizer step pre/post hooks (optimizer_step.py) mark the
@@ -124,7 +126,7 @@ def _wrap_ddp(probe: Probe) -> None:
     copy is known anew."""
     original_init = DistributedDataParallel.__init__
     original_setstate = DistributedDataParallel.__setstate__
-    original_forward = DistributedDataParallel.forward
+    original_call = DistributedDataParallel._call_impl
 
     # --bucket-view: DDP's gradient_as_bucket_view, where the script did not say, by name or by
     # place (its place among the arguments after self: 9 in torch 2.3, 10 once init_sync came).
@@ -146,7 +148,7 @@ def _wrap_ddp(probe: Probe) -> None:
     # Patching the class is the point: every DDP model the script builds is measured.
     for name, new in (
         ("__init__", __init__),
-        ("forward", _measured_forward(original_forward, probe)),
+        ("_call_impl", _measured_forward(original_call, probe)),
         ("__setstate__", __setstate__),
     ):
         patches.replace(DistributedDataParallel, name, new)
@@ -197,6 +199,8 @@ def _wrap_grad_scaler(probe: Probe) -> None:
         result = original_step(self, optimizer, *args, **kwargs)
         if probe.tracker.step == before:
             probe.tracker.scaler_skip(optimizer_step.losses_only(probe))
+            if probe.models:
+                probe.between.arm()
         return result
 
     for name, new in (("scale", scale), ("unscale_", unscale_), ("step", step)):
@@ -323,7 +327,7 @@ def _wrap_data_parallel(probe: Probe) -> None:
 
 
 def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..., Any]:
-    """A model class's forward that counts every forward and begins (or adds to) a
+    """A model class's forward (or call) that counts every forward and begins (or adds to) a
     step at a training one: with grad, the wrapper or the model it wraps in train mode.
 
     The wrapped model's mode is what the forward runs in (dropout, batch norm), and
@@ -336,14 +340,19 @@ def _measured_forward(original: Callable[..., Any], probe: Probe) -> Callable[..
     the "data" a step's end left, so a rank validating is not shown waiting for data
     (and a crash in it is said to be in it), and its span is the next step's record's
     own, not its data wait (steps.py). One within a step (a frozen teacher's) is part
-    of that step's work."""
-    tracker, token_dtypes = probe.tracker, batch.TOKEN_DTYPES
+    of that step's work. Every forward here ends the look for an evaluation that
+    passes by DDP (between_steps.py): a C call, no hook."""
+    tracker, token_dtypes, between = probe.tracker, batch.TOKEN_DTYPES, probe.between
     grad_enabled, tensor_type = torch.is_grad_enabled, torch.Tensor  # looked up once, not at every forward
+    pre_hooks, key = between.hooks, between.key
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        pre_hooks.pop(key, None)
         tracker.forwards += 1
         if (self.training or self._modules["module"].training) and grad_enabled():
+            if between.watched is not None:
+                between.settle()
             if args and not kwargs and isinstance(first := args[0], tensor_type) and (shape := first.shape):  # model(x)
                 tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in token_dtypes else None
                 tracker.forward_begin(shape[0], tokens, id(self))

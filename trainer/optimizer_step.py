@@ -346,6 +346,9 @@ def end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> N
         probe.found_inf_set = None
     if probe.sampled.comm_due:  # once a second: the reducer is idle between steps (sampled.py)
         probe.sampled.read_comm(probe.tracker.step)
+    if probe.models:  # a DDP model's step: an evaluation that passes by DDP is looked for until the next
+        between = probe.between
+        between.hooks[between.key] = between.first
     groups = optimizer.param_groups
     if groups and type(lr := groups[0].get("lr")) is float:  # a tensor one (capturable schedules) would need a device read
         probe.tracker.optimizer_end({"lr": lr})

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ddptop.trainer import guard
+from ddptop.trainer.between_steps import BetweenSteps
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.profiling import Captures
 from ddptop.trainer.sampled import Sampled
@@ -102,6 +103,8 @@ class Probe:
         (fsdp1.py): held weakly, and checked to be the same tensor when looked up."""
         self.fsdp1_norm: Callable[[Any], torch.Tensor] = lambda root: torch.zeros(())
         """An FSDP1 root's global grad norm over its ranks (fsdp1.py), for --clip-grad."""
+        self.between = BetweenSteps(tracker, self.wrapped_modules)
+        """The look for an evaluation that passes by DDP, between a DDP step and the next."""
         self.notice: Callable[[str], None] = lambda text: None
         """Where a one-time notice goes (the supervisor's alert panel, through the tracker)."""
         self.noticed: set[str] = set()
@@ -118,6 +121,10 @@ class Probe:
 
     def ddp_models(self) -> list[Any]:
         return [model for ref in self.models if (model := ref()) is not None]
+
+    def wrapped_modules(self) -> list[Any]:
+        """The modules the DDP models wrap."""
+        return [model._modules["module"] for model in self.ddp_models()]
 
     def parameters(self) -> list[torch.Tensor]:
         return [p for ref in self.models if (model := ref()) is not None for p in model.module.parameters()]

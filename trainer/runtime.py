@@ -179,7 +179,7 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
         # the last place it was in stands.
         if tracker.phase != "exit":
             now = where.sample()
-            record["phase"] = phase.of(now, tracker.phase, tracker.step)
+            record["phase"] = phase.of(now, tracker.phase, tracker.step, tracker.eval_code)
             record["where"] = now.where
             if now.inside is not None:
                 record["inside"] = now.inside

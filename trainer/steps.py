@@ -51,10 +51,11 @@ import collections
 import threading
 import time
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 from ddptop.core import wire
-from ddptop.trainer import late
+from ddptop.trainer import late, where
 
 MAX_WAITING = 64
 """Records whose GPU values are not readable yet (a device that many steps behind the
@@ -199,6 +200,8 @@ class StepTracker:
         (evaluating, evaluated): journaled as the next training forward begins."""
         self._eval: tuple[float, float] | None = None
         """The evaluation read before the step in progress's first forward (EVAL)."""
+        self.eval_code: CodeType | None = None
+        """The script's function that ran the evaluation since the last step (where.Phase)."""
         self._spans: collections.deque[tuple[int, float, float, int]] = collections.deque(maxlen=STEPS_KEPT)
         """(step, start, end, micro) of the steps closed last, on the clock: where a sampled
         reading falls, and how many micro-batches that step's compute was."""
@@ -226,11 +229,13 @@ class StepTracker:
         self.journal.append((FORWARD, now, samples, tokens))
         self.phase = "forward"
 
-    def evaluating(self) -> None:
-        """A forward that is not training begins between two steps: an evaluation's."""
+    def evaluating(self, began: float | None = None) -> None:
+        """A forward that is not training begins between two steps: an evaluation's, which
+        began then (on the clock; None: now). Its first also says where the script runs it."""
         now = self._clock()
         if self._evaluated is None:
-            self._evaluated = [now, now]
+            self._evaluated = [now if began is None else began, now]
+            self.eval_code = where.script_caller()
         self.phase = "eval"
 
     def evaluated(self) -> None:

@@ -8,8 +8,9 @@ recorders (`_dump_fr_trace`, and NCCL's own `_dump_nccl_trace`), tell a
 backward run inside another (`_current_graph_task_id`), read a sparse
 gradient's values uncoalesced (`_values`), look up a device's current stream
 without building a Python object (`_cuda_getCurrentStream`), keep torch.compile out of its
-hooks (dynamo's `trace_rules`), and know a pipeline stage's step (`_PipelineStageBase`, and the
-run of its module that learns its shapes). Every such name is used through this module,
+hooks (dynamo's `trace_rules`), know a pipeline stage's step (`_PipelineStageBase`, and the
+run of its module that learns its shapes), wrap DDP's call before it looks for hooks (nn.Module's
+`_call_impl`) and arm one hook without making a handle each step (`_global_forward_pre_hooks`). Every such name is used through this module,
 and `missing()` says which of them the running torch lacks:
 tests/test_hooks.py runs it against the installed torch, and CI runs the
 fast set on the oldest torch the package declares.
@@ -35,6 +36,10 @@ sparse_values: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor._values
 """A sparse COO tensor's values as they are, coalesced or not (values() insists on coalesced)."""
 current_graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
 """The backward running on this thread, -1 outside one: a backward() called inside another."""
+global_forward_pre_hooks: dict[int, Callable[..., Any]] = torch.nn.modules.module._global_forward_pre_hooks
+"""The forward pre-hooks every module call runs, which register_module_forward_pre_hook adds to:
+one is armed and disarmed each step by a dictionary store and pop (between_steps.py), with no
+handle made each time."""
 
 
 def _built_without_cuda(device: int) -> tuple[int, int, int]:
@@ -165,6 +170,7 @@ def missing() -> list[str]:
     if torch.backends.cuda.is_built() and not hasattr(torch._C, "_cuda_getCurrentStream"):
         absent.append("torch._C._cuda_getCurrentStream")
     absent += [] if hasattr(torch.Tensor, "_values") else ["torch.Tensor._values"]
+    absent += [] if hasattr(torch.nn.Module, "_call_impl") else ["torch.nn.Module._call_impl"]
     absent += [f"DistributedDataParallel.{n}" for n in ("_get_ddp_logging_data",) if not hasattr(DistributedDataParallel, n)]
     trace_rules = importlib.import_module("torch._dynamo.trace_rules")  # imported here only: dynamo_skips never does
     absent += [f"torch._dynamo.trace_rules.{n}" for n in ("add", "SKIP_DIRS", "_recompile_re") if not hasattr(trace_rules, n)]

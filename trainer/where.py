@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 import threading
 from dataclasses import dataclass
-from types import FrameType
+from types import CodeType, FrameType
 
 from ddptop.core.places import is_script, is_template, stack_line
 
@@ -73,6 +73,10 @@ class Sample:
     checkpoint: bool = False
     model: bool = False
     joined: bool = False
+    codes: frozenset[CodeType] = frozenset()
+    """The code of every frame walked: whether a function is still running."""
+    caller: CodeType | None = None
+    """Where `model` is, the script's function that called the module."""
 
 
 NOWHERE = Sample(NATIVE, None, ())
@@ -81,27 +85,49 @@ NOWHERE = Sample(NATIVE, None, ())
 class Phase:
     """The phase heartbeats tell: the one the hooks tracked, unless the main thread's stack says
     more. Inside a checkpoint's save or load, "checkpoint"; calling a module in eval mode after a
-    step ended ("data": no training forward has begun the next), "eval", and "eval" until that
-    forward: an evaluation's own lines between its forwards (making the next batch, a metric)
-    call no module, and a look that lands on one must not call the rank back to loading data."""
+    step ended ("data": no training forward has begun the next), "eval". An evaluation lasts as
+    long as the script's function that ran its forwards (`validate`), not to the next training
+    forward: its own lines between its forwards (making the next batch, a metric) call no module,
+    and once that function has returned the rank is no longer evaluating (the script's end, a
+    save after its last validation)."""
 
     def __init__(self) -> None:
-        self._evaluating: int | None = None
-        """The step whose wait for its first forward an evaluation was seen in."""
+        self._evaluating: tuple[int, CodeType | None] | None = None
+        """The step whose wait for its first forward an evaluation was seen in, and the function running it."""
 
-    def of(self, sample: Sample, tracked: str, step: int) -> str:
+    def of(self, sample: Sample, tracked: str, step: int, evaluating_in: CodeType | None = None) -> str:
+        """evaluating_in: where the hooks saw the evaluation (tracked "eval") begin, as
+        StepTracker.eval_code has it."""
         if sample.checkpoint:
             self._evaluating = None
             return "checkpoint"
         if sample.joined:
             self._evaluating = None
             return "joined"
+        if tracked == "eval":
+            return "eval" if evaluating_in is None or evaluating_in in sample.codes else "data"
         if tracked != "data":
             self._evaluating = None
             return tracked
         if sample.model:
-            self._evaluating = step
-        return "eval" if self._evaluating == step else tracked
+            self._evaluating = (step, sample.caller)
+        seen = self._evaluating
+        if seen is not None and seen[0] == step and (seen[1] is None or seen[1] in sample.codes):
+            return "eval"
+        return tracked
+
+
+def script_caller() -> CodeType | None:
+    """The code of the innermost frame of the script's own code on the calling thread: in a
+    module's hook, the function that called the module."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(MAX_DEPTH):
+        if frame is None:
+            break
+        if is_script(frame.f_code.co_filename):
+            return frame.f_code
+        frame = frame.f_back
+    return None
 
 
 def sample() -> Sample:
@@ -120,6 +146,8 @@ def _walk() -> Sample:
     inside: str | None = None
     checkpoint = loading = joined = False
     called: FrameType | None = None  # the outermost frame of nn.Module's call: the module the script called
+    caller: CodeType | None = None  # the script's frame outside it
+    codes: set[CodeType] = set()
     stack: list[str] = []
     for _ in range(MAX_DEPTH):
         if frame is None:
@@ -129,12 +157,15 @@ def _walk() -> Sample:
         if is_template(path):
             break
         text = stack_line(path, frame.f_lineno, code.co_name)
+        codes.add(code)
+        if is_script(path) and caller is None and called is not None:
+            caller = code
         if script is None and is_script(path):
             script = text
         elif inside is None and path.endswith(COLLECTIVES_FILE):
             inside = code.co_name
         elif code.co_name in MODULE_CALLS and path.endswith(MODULE_FILE):
-            called = frame
+            called, caller = frame, None
         elif DATA_CODE in path:
             loading = True
         elif not checkpoint and any(part in path for part in CHECKPOINT_CODE):
@@ -147,4 +178,4 @@ def _walk() -> Sample:
     stack.reverse()
     # One look at one frame's locals a heartbeat: the module's mode, which model.eval() set.
     model = called is not None and not loading and getattr(called.f_locals.get("self"), "training", True) is False
-    return Sample(script or stack[-1], inside, tuple(stack), checkpoint, model, joined)
+    return Sample(script or stack[-1], inside, tuple(stack), checkpoint, model, joined, frozenset(codes), caller if model else None)
