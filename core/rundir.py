@@ -235,6 +235,16 @@ def own_log_tail(run_dir: Path, launch_style: str, local_rank: int, restart: int
     return rank_log_tail(run_dir, local_rank if launch_style == "torchrun" else 0, restart, lines)
 
 
+def rank_log_written(run_dir: Path, local_rank: int, restart: int, streams: tuple[str, ...] = ("stdout", "stderr")) -> float | None:
+    """When a rank last wrote to its output files of one attempt (their newest mtime), or None."""
+    times = []
+    for stream in streams:
+        for path in run_dir.glob(f"logs/*/attempt_{restart}/{local_rank}/{stream}.log"):
+            with contextlib.suppress(OSError):
+                times.append(path.stat().st_mtime)
+    return max(times, default=None)
+
+
 def rank_log_tail(run_dir: Path, local_rank: int, restart: int, lines: int, streams: tuple[str, ...] = ("stdout", "stderr")) -> list[str]:
     """The end of a rank's output as torchrun kept it (one attempt's files), the file written
     last at the end: a view that shows the end follows the rank's latest output, not the

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from ddptop.core import wire
 from ddptop.core.model import goodput, summary
 from ddptop.core.model.events import restart_text
-from ddptop.core.rundir import RunDir, own_log_tail, rank_log_tail
+from ddptop.core.rundir import RunDir, own_log_tail, rank_log_tail, rank_log_written
 from ddptop.core.wire.records import NO_STACKS, asked_ranks
 from ddptop.supervisor import duties, heap
 from ddptop.supervisor.captures import Captures
@@ -39,7 +39,7 @@ from ddptop.supervisor.sampler import Sampler
 from ddptop.supervisor.serving.hub import Hub
 from ddptop.supervisor.serving.prometheus import PrometheusExporter
 from ddptop.supervisor.watching import stacks
-from ddptop.supervisor.watching.failures import crash_excerpt
+from ddptop.supervisor.watching.failures import LogTail, crash_excerpt
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.verdict import Verdict
 from ddptop.supervisor.watching.watchdog import Watchdog
@@ -232,15 +232,16 @@ class Supervisor:
             self._restart_when_up = None
             self._kill_ranks()
 
-    def _crash_log(self, failure: wire.Frame) -> list[str]:
-        """A failed rank's stderr tail, from this node's logs of the attempt the
-        failure names: the rank's own hello of that attempt may not have been
+    def _crash_log(self, failure: wire.Frame) -> LogTail:
+        """A failed rank's stderr tail, and when it was written, from this node's logs of the
+        attempt the failure names: the rank's own hello of that attempt may not have been
         read yet, or ever (a rank that dies at once). Another node's rank: its
         exception record only."""
         if self.role.owner(failure["rank"]) is not None:
-            return []
-        tail = rank_log_tail(self.run.path, failure["local_rank"], failure["restart"], CRASH_READ_LINES, streams=("stderr",))
-        return crash_excerpt(tail, CRASH_LOG_LINES)
+            return LogTail([])
+        local_rank, restart = failure["local_rank"], failure["restart"]
+        tail = rank_log_tail(self.run.path, local_rank, restart, CRASH_READ_LINES, streams=("stderr",))
+        return LogTail(crash_excerpt(tail, CRASH_LOG_LINES), rank_log_written(self.run.path, local_rank, restart, streams=("stderr",)))
 
     async def _watch(self) -> None:
         self.captures.tick()

@@ -85,7 +85,7 @@ def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     hooks.install(StepTracker(0, emit=lambda record: None), GuardPolicy())
     changed = patches.applied()
     assert "torch.nn.utils.clip_grad.clip_grad_norm_" in changed
-    assert len(changed) == 14 + (with_norm is not None) + len(fsdp2) + len(fsdp1_methods), changed
+    assert len(changed) == 15 + (with_norm is not None) + len(fsdp2) + len(fsdp1_methods), changed
     assert fsdp2 and all(m.fully_shard is not original for m, original in zip(fsdp2, fully_shard))
     assert trace_rules.check_file(hooks.__file__).skipped, "torch.compile runs ddptop's hooks untraced"
     assert not any("comm_hook" in change for change in changed), "DDP keeps its own all-reduce"
@@ -1049,6 +1049,62 @@ def test_one_forward_of_another_model_before_the_training_forward_is_the_step_s_
     assert [("eval_ms" in step) for step in steps] == [False, False, False]
     assert records.tracker.phase == "forward"
     assert hooked == [True, True, True], "the model's own pre-hook is its only one: nothing of ddptop's"
+
+
+def warned_at(call: Any) -> list[tuple[str, int, str]]:
+    """Where each warning the call raised points: file, line, and its category's name."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [(w.filename, w.lineno, w.category.__name__) for w in caught]
+
+
+class ScalerKwargOptimizer(torch.optim.SGD):
+    """An optimizer whose step takes GradScaler's grad_scaler argument: GradScaler.step warns."""
+
+    _step_supports_amp_scaling = True
+
+    def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:  # type: ignore[override]
+        return super().step(closure)
+
+
+def test_a_warning_raised_through_ddptop_s_wrappers_names_the_script_s_line_as_without_ddptop(records):
+    """torch warns past its own frames to its caller's line: through DDP's constructor, GradScaler's
+    step and backward(), ddptop's wrapper is that caller, and must not be named: the warning names
+    the line it names with ddptop's patches put back, the script's."""
+    inner = nn.Linear(8, 2)
+    model = ddp_model()
+    optimizer = ScalerKwargOptimizer(model.parameters(), lr=0.1)
+    loss = model(torch.randn(4, 8)).pow(2).sum()
+
+    def build() -> None:
+        DistributedDataParallel(inner, broadcast_buffers=False)
+
+    def step() -> None:
+        scaler = torch.amp.GradScaler("cpu")
+        scaler.scale(model(torch.randn(4, 8)).pow(2).sum()).backward()
+        scaler.step(optimizer)
+
+    def backward_deprecated() -> None:
+        torch.autograd.backward(model(torch.randn(4, 8)).pow(2).sum(), grad_variables=torch.ones(()))
+
+    loss.backward()
+    for call, category in ((build, "FutureWarning"), (step, "FutureWarning"), (backward_deprecated, "FutureWarning")):
+        under_ddptop = warned_at(call)
+        with patches.suspended():
+            plain = warned_at(call)
+        assert under_ddptop == plain, call.__name__
+        assert (__file__, category) in {(path, name) for path, _, name in under_ddptop}, (call.__name__, under_ddptop)
+
+
+def test_a_warning_ddptop_raises_itself_or_one_no_wrapper_passes_is_left_as_it_is(records):
+    def own() -> None:
+        warnings.warn("the script's own", UserWarning, stacklevel=1)
+
+    [(path, line, name)] = warned_at(own)
+    assert (path, name) == (__file__, "UserWarning") and line == own.__code__.co_firstlineno + 1
+    with pytest.raises(TypeError):
+        warnings.warn("not a category", category=int, stacklevel=1)  # type: ignore[arg-type]
 
 
 def test_a_rank_data_parallel_with_part_of_the_job_over_two_models_is_so_with_the_ranks_both_share():

@@ -12,6 +12,7 @@ from conftest import wait_for
 from test_watchdog import Clock, feed, hello, make, seconds, step
 
 from ddptop.core.model.job import JobState
+from ddptop.supervisor.watching.failures import LogTail
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.stall import MOVING_S, STALL_MIN_S, STALL_PACE
 from ddptop.supervisor.watching.stuck import Standing, describe, in_collectives
@@ -453,7 +454,7 @@ def test_a_rank_of_the_world_never_heard_from_is_named_in_the_stall():
     """Rank 2 stopped (or held the GIL) before its first word reached the supervisor: its peers
     wait for it in the all-reduce, and only the world size its peers told says it exists."""
     state, clock = JobState(), Clock()
-    dog = Watchdog(WatchPolicy(), state, lambda failure: [], clock)
+    dog = Watchdog(WatchPolicy(), state, lambda failure: LogTail([]), clock)
     for rank in (0, 1):
         feed(dog, state, hello(rank, world=3))
     stepping(2, 30, clock, dog, state)

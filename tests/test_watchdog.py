@@ -6,7 +6,7 @@ import builders
 import pytest
 
 from ddptop.core.model.job import JobState
-from ddptop.supervisor.watching.failures import crash_excerpt, last_error_line, script_frame
+from ddptop.supervisor.watching.failures import LogTail, crash_excerpt, last_error_line, script_frame
 from ddptop.supervisor.watching.policy import Started, WatchPolicy
 from ddptop.supervisor.watching.rules import nan
 from ddptop.supervisor.watching.rules.crash import OOM_KILLED
@@ -46,9 +46,11 @@ def failure(rank: int, code: int, restart: int = 0, pid: int | None = None, loca
     }
 
 
-def make(policy: WatchPolicy | None = None, world: int = 4, log: list[str] | None = None) -> tuple[Watchdog, JobState, Clock]:
+def make(
+    policy: WatchPolicy | None = None, world: int = 4, log: list[str] | None = None, written: float | None = None
+) -> tuple[Watchdog, JobState, Clock]:
     state, clock = JobState(), Clock()
-    dog = Watchdog(policy or WatchPolicy(), state, lambda failure: log or [], clock)
+    dog = Watchdog(policy or WatchPolicy(), state, lambda failure: LogTail(log or [], written), clock)
     for rank in range(world):
         feed(dog, state, hello(rank, world=world))
     return dog, state, clock
@@ -250,6 +252,20 @@ def test_crash_picks_the_first_rank_to_go_and_ignores_deaths_we_caused():
     assert v.kind == "crash" and v.ranks == [2] and v.details["exitcode"] == -11
     assert "rank 2 was killed by SIGSEGV before its first step" in v.text
     assert 'Segmentation fault in File "train.py", line 9 in step' in v.text and "(rank 0 failed after it)" in v.text
+
+
+@pytest.mark.parametrize(
+    "written, said", [(-40.0, "its last output, 40 s before it died: "), (-2.0, "its log ends: "), (None, "its log ends: ")]
+)
+def test_a_killed_rank_s_last_output_is_quoted_with_its_age_when_it_is_old(written, said):
+    """A rank SIGKILLed at step 900 left no words of its own: its stderr ends with a warning from
+    its start-up, which is not why it died, and the verdict says how old it is."""
+    warning = "train.py:80: FutureWarning: `broadcast_buffers` is deprecated."
+    dog, state, clock = make(world=2, log=[warning, "  model = DDP(model, broadcast_buffers=False)"], written=written)
+    feed(dog, state, failure(1, -9))
+    clock.now += 0.5
+    [v] = dog.tick()
+    assert v.text.endswith(f"; {said}{warning}"), v.text
 
 
 def test_a_rank_killed_by_a_signal_is_the_cause_even_when_its_peers_seemed_to_go_first():
@@ -465,7 +481,7 @@ def test_a_crash_is_read_from_the_log_of_the_attempt_that_failed_before_its_hell
     attempt's log even while the rank's last hello read is the first's."""
     logs = {(0, 2): ["usage: train.py", "train.py: error: bad --inject"], (0, 0): ["started"]}
     state, clock = JobState(), Clock()
-    dog = Watchdog(WatchPolicy(), state, lambda failure: logs.get((failure["local_rank"], failure["restart"]), []), clock)
+    dog = Watchdog(WatchPolicy(), state, lambda failure: LogTail(logs.get((failure["local_rank"], failure["restart"]), [])), clock)
     feed(dog, state, hello(0, restart=0, world=1))
     feed(dog, state, failure(0, 2, restart=2, pid=300))
     clock.now += 0.5

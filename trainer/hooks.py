@@ -49,7 +49,19 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddptop.trainer import batch, fsdp1, importwatch, late, optimizer_step, patches, pipelining, sharded_forward, steps, torchapi
+from ddptop.trainer import (
+    batch,
+    fsdp1,
+    importwatch,
+    late,
+    optimizer_step,
+    patches,
+    pipelining,
+    sharded_forward,
+    steps,
+    torchapi,
+    warning_place,
+)
 from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.probe import SCALED_KEPT, Probe
 from ddptop.trainer.profiling import Captures
@@ -60,6 +72,7 @@ from ddptop.trainer.steps import StepTracker
 def install(tracker: StepTracker, policy: GuardPolicy, sampled: Sampled | None = None, captures: Captures | None = None) -> Probe:
     probe = Probe(tracker, policy, sampled, captures)
     probe.notice = lambda text: tracker.event({"type": "rank_note", "rank": tracker.rank, "wall": time.time(), "text": text})
+    warning_place.install()
     _mark_group_joined(tracker)
     _wrap_ddp(probe)
     _wrap_data_parallel(probe)

@@ -306,7 +306,7 @@ def _said(argv: list[str], i: int) -> str:
 
 
 def _left_notice(script: str, left: list[str], took: list[str]) -> str:
-    """"--clip-grad 1.0 goes to train.py, which declares it; ddptop took --gpus 2 (ddptop's own go before the script)"."""
+    """ "--clip-grad 1.0 goes to train.py, which declares it; ddptop took --gpus 2 (ddptop's own go before the script)"."""
     which = "which declares it" if len(left) == 1 else "which declares them"
     text = f"{', '.join(left)} {'goes' if len(left) == 1 else 'go'} to {script}, {which}"
     if took:

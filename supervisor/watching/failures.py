@@ -4,8 +4,29 @@ from __future__ import annotations
 
 import re
 import signal
+from typing import NamedTuple
 
 from ddptop.core.places import is_script, place
+
+
+class LogTail(NamedTuple):
+    """The end of a failed rank's stderr, and when the rank last wrote to it."""
+
+    lines: list[str]
+    written: float | None = None
+    """Unix seconds (the file's mtime); None where unknown (another node's rank)."""
+
+
+OLD_OUTPUT_S = 10.0
+"""A failed rank's last output this long before it died is said to be old: a warning at start-up
+is not why a rank killed at step 900 died."""
+
+
+def last_words(tail: LogTail, died: float) -> str:
+    """How a crash verdict introduces the rank's last output: its age, where that is telling."""
+    if tail.written is not None and died - tail.written >= OLD_OUTPUT_S:
+        return f"its last output, {died - tail.written:.0f} s before it died"
+    return "its log ends"
 
 
 def crash_excerpt(log: list[str], lines: int) -> list[str]:
@@ -31,6 +52,10 @@ def crash_excerpt(log: list[str], lines: int) -> list[str]:
     return kept[: 3 * lines]
 
 
+_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
+"""The first line Python prints of a warning ("train.py:80: FutureWarning: ..."); its source line follows, indented."""
+
+
 def last_error_line(log: list[str]) -> str | None:
     """The line of a rank's stderr that best says how it died.
 
@@ -46,6 +71,9 @@ def last_error_line(log: list[str]) -> str | None:
             current = next((i for i, f in enumerate(report) if f.startswith("Current thread")), 0)
             frame = next((f.strip() for f in report[current:] if f.strip().startswith("File ")), None)
             return line.strip() + (f" in {frame}" if frame else "")
+    said = [line for line in log if line.strip()]
+    if len(said) >= 2 and said[-1][0].isspace() and _WARNING.match(said[-2]):  # a warning, then its source line
+        return exception_line(log) or said[-2].strip()
     return exception_line(log) or next((line.strip() for line in reversed(log) if line.strip()), None)
 
 

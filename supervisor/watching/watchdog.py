@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ddptop.core import wire
 from ddptop.core.model.job import JobState
+from ddptop.supervisor.watching.failures import LogTail
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules import Rule
@@ -34,7 +35,7 @@ class Watchdog:
         self,
         policy: WatchPolicy,
         state: JobState,
-        log_tail: Callable[[wire.Frame], list[str]] = lambda failure: [],
+        log_tail: Callable[[wire.Frame], LogTail] = lambda failure: LogTail([]),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy

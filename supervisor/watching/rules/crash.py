@@ -21,7 +21,15 @@ from ddptop.core import wire
 from ddptop.core.model.events import exit_reason
 from ddptop.core.model.job import JobState
 from ddptop.core.rundir import single_node
-from ddptop.supervisor.watching.failures import exception_line, last_error_line, port_in_use, script_frame, spawned_failure
+from ddptop.supervisor.watching.failures import (
+    LogTail,
+    exception_line,
+    last_error_line,
+    last_words,
+    port_in_use,
+    script_frame,
+    spawned_failure,
+)
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.crash_loop import CrashLoop, alike, repeated_before_first_step, same_words
@@ -54,7 +62,7 @@ class CrashRule:
         policy: WatchPolicy,
         state: JobState,
         liveness: Liveness,
-        log_tail: Callable[[wire.Frame], list[str]],
+        log_tail: Callable[[wire.Frame], LogTail],
         clock: Callable[[], float],
     ) -> None:
         self.state = state
@@ -109,7 +117,8 @@ class CrashRule:
         failures, self._failures = self._failures, []
         failures.sort(key=self._cause_first)
         first = failures[0]
-        tail = self.log_tail(first)
+        logged = self.log_tail(first)
+        tail = logged.lines
         # A script that starts its own ranks: the worker that failed is their parent, whose spawn says which child failed, and how.
         spawned = spawned_failure(first.get("message") or "\n".join(tail)) if self.started.style == "spawn" else None
         rank = self._rank_of(first, spawned)
@@ -137,7 +146,7 @@ class CrashRule:
         frame = script_frame(traceback or "\n".join(tail))
         text = f"rank {rank} {'failed with ' if exitcode >= 0 else 'was '}{exit_reason(exitcode)}{where}"
         if error is not None:
-            text += f": {error}" if traceback else f"; its log ends: {error}"
+            text += f": {error}" if traceback else f"; {last_words(logged, first['wall'])}: {error}"
             if frame is not None and frame not in error:
                 text += f" at {frame}"
         port = port_in_use(traceback or "\n".join(tail))
@@ -215,7 +224,7 @@ class CrashRule:
         error = self.liveness.exceptions.get(failure["rank"]) or failure.get("message")
         if error and error.strip():
             return _quoted(error)
-        return last_error_line(self.log_tail(failure) if tail is None else tail)
+        return last_error_line(self.log_tail(failure).lines if tail is None else tail)
 
 
 def _quoted(traceback: str) -> str:
