@@ -253,18 +253,16 @@ def told(enqueued: int, completed: int, group: str = "0", op: str = "all_reduce"
 
 def test_the_collective_each_group_waits_in_and_the_rank_that_never_entered_it_are_named():
     reports = {r: [told(5512, 5511)] for r in (0, 1, 2)} | {3: [told(5511, 5511)]}
-    assert in_collectives(reports, [0, 1, 2, 3], {}) == [
+    assert in_collectives(reports) == [
         "default group: ranks 0,1,2 in all_reduce #5512 (25.0 MiB); rank 3 never entered it, its last: all_reduce #5511"
     ]
     everyone_done = {r: [told(9, 9)] for r in range(3)}
-    assert in_collectives(everyone_done, [0, 1, 2], {}) == [], "no one waits: nothing to say of the group"
+    assert in_collectives(everyone_done) == [], "no one waits: nothing to say of the group"
 
 
-def test_a_rank_that_tells_nothing_is_named_with_how_long_it_has_been_quiet():
+def test_a_rank_that_tells_nothing_of_its_collectives_is_left_to_the_rest_of_the_verdict():
     reports = {r: [told(40, 39)] for r in (0, 1)}
-    assert in_collectives(reports, [0, 1, 2], {2: 21.4}) == [
-        "default group: ranks 0,1 in all_reduce #40 (25.0 MiB); rank 2 told nothing of it (quiet for 21 s)"
-    ]
+    assert in_collectives(reports) == ["default group: ranks 0,1 in all_reduce #40 (25.0 MiB)"]
 
 
 def test_a_subgroup_that_hangs_is_named_and_the_default_group_that_is_fine_is_not():
@@ -273,11 +271,11 @@ def test_a_subgroup_that_hangs_is_named_and_the_default_group_that_is_fine_is_no
         1: [told(30, 30), told(7, 7, group="1", op="all_reduce", nbytes=0)],
         2: [told(30, 30)],
     }
-    assert in_collectives(reports, [0, 1, 2], {}) == [
+    assert in_collectives(reports) == [
         "group 1: rank 0 in broadcast #8 (4.0 KiB); rank 1 never entered it, its last: all_reduce #7"
     ]
     waiting = Standing(True, "broadcast", None, 9)
-    assert describe({0: waiting}, {}, {}, in_collectives(reports, [0, 1, 2], {})).endswith(
+    assert describe({0: waiting}, {}, {}, in_collectives(reports)).endswith(
         "; group 1: rank 0 in broadcast #8 (4.0 KiB); rank 1 never entered it, its last: all_reduce #7"
     )
 
@@ -319,7 +317,7 @@ def test_a_subgroup_is_matched_by_the_name_its_ranks_share_not_by_each_rank_s_co
 
     reports = {rank: flightrecorder.recorded(trace(str(1 + rank % 2), 36 if rank == 1 else 35)) for rank in range(4)}
     assert [(r[0]["group"], r[0]["name"]) for r in reports.values()] == [("1", "group 1"), ("2", "group 2")] * 2
-    assert in_collectives(reports, [0, 1, 2, 3], {}) == [
+    assert in_collectives(reports) == [
         "group 2: rank 1 in all_reduce #36 (84 B); rank 3 never entered it, its last: all_reduce #35"
     ]
 
@@ -470,6 +468,24 @@ def test_a_rank_of_the_world_never_heard_from_is_named_in_the_stall():
     assert dog.liveness.unheard() == []
     feed(dog, state, hello(0, restart=1, world=2))  # a smaller world in the next attempt
     assert dog.liveness.unheard() == [1]
+
+
+def test_a_rank_that_went_quiet_is_described_once_not_again_in_its_group_s_collective():
+    """Rank 2 stopped (SIGSTOP) in step 30's backward while ranks 0,1 wait in its all-reduce: the
+    stall says once where it was and for how long, and the collective's clause names those inside."""
+    dog, state, clock = make(world=3)
+    stepping(3, 30, clock, dog, state)
+    feed(dog, state, beat(2, 30, "backward", where="train.py:1318 in _backward"))
+    verdicts = []
+    for _ in range(int(STALL_MIN_S) + 2):
+        clock.now += 1.0
+        for rank in (0, 1):
+            feed(dog, state, beat(rank, 30, "all-reduce", where="train.py:51 in train_step"))
+        verdicts += [v for v in dog.tick() if v.kind == "stall"]
+    [stall] = verdicts
+    assert stall.text.endswith(
+        "rank 2 stuck 15 s in backward at train.py:1318 in _backward, after step 29; default group: ranks 0,1 in all_reduce #31 (25.0 MiB)"
+    ), stall.text
 
 
 def stall_once_rank_0_ended(rank_1: dict) -> str:

@@ -43,10 +43,9 @@ def named(ranks: list[int], state: JobState, seen: Liveness, now: float, silent_
     of the world never heard from (Liveness.unheard)."""
     silent = {r: now - seen.heard.get(r, 0.0) for r in ranks if now - seen.heard.get(r, 0.0) > silent_after}
     places = {r: standing(r, state, seen) for r in ranks if r not in silent}
-    quiet = {r: now - seen.heard.get(r, 0.0) for r in ranks}
     reports = {r: seen.collectives[r] for r in ranks if r in seen.collectives}
     said = {r: quiet_rank(state.ranks.get(r)) for r in silent}
-    text = describe(places, {r: seen.still(r, now) for r in places}, silent, in_collectives(reports, ranks, quiet), said)
+    text = describe(places, {r: seen.still(r, now) for r in places}, silent, in_collectives(reports), said)
     if unheard := seen.unheard():
         text += f"; {ranks_text(unheard)} never heard from in this attempt"
     # No rank failed (torchrun would have failed the group): one that ended left the rest behind.
@@ -141,13 +140,14 @@ def _order(place: Standing) -> tuple[bool, str, str, int]:
     return place.waiting, place.what, place.where or "", place.done
 
 
-def in_collectives(reports: dict[int, list[wire.Frame]], ranks: list[int], quiet: dict[int, float]) -> list[str]:
+def in_collectives(reports: dict[int, list[wire.Frame]]) -> list[str]:
     """Per process group that has ranks waiting in a collective: which collective, and who
     never entered it. "default group: ranks 0,1,2 in all_reduce #5512 (25 MB); rank 3 never
     entered it, its last: all_reduce #5511". Sequence numbers count a group's collectives
     the same on every rank, so a rank whose last is behind the others' never issued theirs.
-    Every rank is in the default group: one that told nothing of it (a stopped rank, one
-    holding the GIL in native code) is named with how long it has been quiet (quiet)."""
+    A rank that told nothing of its collectives (a stopped rank, one holding the GIL in native
+    code) is not named here: the verdict says once what it did tell, and for how long it has
+    said nothing."""
     groups: dict[str, dict[int, wire.Frame]] = {}
     for rank, entries in reports.items():
         for entry in entries:
@@ -169,8 +169,6 @@ def in_collectives(reports: dict[int, list[wire.Frame]], ranks: list[int], quiet
                 behind.setdefault(last, []).append(rank)
         for last, lagging in sorted(behind.items(), key=lambda item: min(item[1])):
             text += f"; {ranks_text(lagging)} never entered it, {'its' if len(lagging) == 1 else 'their'} last: {last}"
-        if group == DEFAULT_GROUP and (unknown := sorted(r for r in ranks if r not in told)):
-            text += f"; {ranks_text(unknown)} told nothing of it (quiet for {max(quiet.get(r, 0.0) for r in unknown):.0f} s)"
         parts.append(text)
     return parts
 
