@@ -18,7 +18,6 @@ from ddptop.core import wire
 from ddptop.core.format import nbytes
 from ddptop.core.model.job import JobState
 from ddptop.core.model.rank import RankState
-from ddptop.core.wire.records import DEFAULT_GROUP
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.stacks import process_state
 from ddptop.supervisor.watching.verdict import ranks_text
