@@ -71,7 +71,9 @@ def test_a_rank_that_skips_a_collective_is_named_as_never_entering_it(ddptop_hom
 def test_a_stopped_rank_is_named_as_the_one_the_collective_waits_for_and_its_stack_read(ddptop_home, tmp_path):
     stall, records, _ = stall_of(tmp_path, "sigstop")
     text = stall["text"]
-    assert re.search(r"rank 2 (sent nothing for \d+ s \(stopped by SIGSTOP, last at|stuck \d+ s in \w+ at) hang_at_collective\.py:\d+", text), text
+    assert re.search(
+        r"rank 2 (sent nothing for \d+ s \(stopped by SIGSTOP, last at|stuck \d+ s in \w+ at) hang_at_collective\.py:\d+", text
+    ), text
     assert re.search(r"default group: ranks 0,1 in all_reduce #\d+ \(4 B\)", text), text
     assert text.count("rank 2 ") == 1, "a rank that cannot answer is described once"
     [dump] = [r for r in records if r["type"] == "stack" and r["rank"] == 2]

@@ -143,7 +143,7 @@ def test_a_state_rebuilt_from_its_snapshot_frames_is_the_same_state():
         assert [(p.wall, p.span, p.job, list(p.ranks["step_ms"])) for p in ours_tl] == [
             (p.wall, p.span, p.job, list(p.ranks["step_ms"])) for p in theirs_tl
         ]
-    assert [m.kind for m in copy.history.marks] == ["alert", "restart"]
+    assert [m.kind for m in copy.history.marks] == ["compute", "alert", "restart"]
     ours_capture, their_capture = state.latest_capture, copy.latest_capture  # what a rank's detail shows
     assert ours_capture is not None and their_capture is not None and their_capture.results == ours_capture.results
     assert (their_capture.id, their_capture.state, their_capture.ranks, sorted(their_capture.results)) == (
@@ -291,6 +291,27 @@ def test_the_ranks_chart_says_own_work_is_the_data_wait_alone_until_every_rank_h
     assert early.lags()[1].own_ms == 2.0 and later.lags()[1].own_ms == 2.0 + 61.0
     drawn = rank_drawing(window(early.history, False, early.started, BASE + 20), 2, data_alone=True)
     assert DATA_ALONE in drawn.notes
+
+
+def test_the_ranks_chart_marks_where_own_work_starts_to_count_compute():
+    """Own work jumps from the data wait to data wait and compute once DDP has timed every rank's
+    compute: 10 ms to 290 ms on a real run, which read as a 30x slowdown. The summary says when
+    it counts compute, a dashboard folding it marks the time once, and the ranks' chart (alone)
+    draws that mark."""
+    from ddptop.tui.widgets.charts import Charts, job_drawing, rank_drawing
+    from ddptop.tui.widgets.time_axis import window
+
+    early, later = busy_state(ranks=2, steps=20), busy_state(ranks=2, steps=120)
+    assert early.summary(BASE + 20)["own_counts_compute"] is False
+    assert later.summary(BASE + 30)["own_counts_compute"] is True
+    dashboard = JobState()
+    for wall, state in ((BASE + 20, early), (BASE + 21, early), (BASE + 30, later), (BASE + 31, later)):
+        dashboard.ingest(state.summary(wall))
+    assert [(m.wall, m.kind) for m in dashboard.history.marks] == [(BASE + 30, "compute")]
+    win = window(dashboard.history, True, BASE, BASE + 31)
+    assert "compute" in rank_drawing(win, 2).marks
+    title, metrics = Charts.GROUPS[0]
+    assert "compute" not in job_drawing(title, metrics, win).marks
 
 
 def test_a_pipeline_s_later_stage_is_drawn_against_its_own_ranks_not_as_the_slowest():

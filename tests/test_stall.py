@@ -271,9 +271,7 @@ def test_a_subgroup_that_hangs_is_named_and_the_default_group_that_is_fine_is_no
         1: [told(30, 30), told(7, 7, group="1", op="all_reduce", nbytes=0)],
         2: [told(30, 30)],
     }
-    assert in_collectives(reports) == [
-        "group 1: rank 0 in broadcast #8 (4.0 KiB); rank 1 never entered it, its last: all_reduce #7"
-    ]
+    assert in_collectives(reports) == ["group 1: rank 0 in broadcast #8 (4.0 KiB); rank 1 never entered it, its last: all_reduce #7"]
     waiting = Standing(True, "broadcast", None, 9)
     assert describe({0: waiting}, {}, {}, in_collectives(reports)).endswith(
         "; group 1: rank 0 in broadcast #8 (4.0 KiB); rank 1 never entered it, its last: all_reduce #7"
@@ -317,9 +315,7 @@ def test_a_subgroup_is_matched_by_the_name_its_ranks_share_not_by_each_rank_s_co
 
     reports = {rank: flightrecorder.recorded(trace(str(1 + rank % 2), 36 if rank == 1 else 35)) for rank in range(4)}
     assert [(r[0]["group"], r[0]["name"]) for r in reports.values()] == [("1", "group 1"), ("2", "group 2")] * 2
-    assert in_collectives(reports) == [
-        "group 2: rank 1 in all_reduce #36 (84 B); rank 3 never entered it, its last: all_reduce #35"
-    ]
+    assert in_collectives(reports) == ["group 2: rank 1 in all_reduce #36 (84 B); rank 3 never entered it, its last: all_reduce #35"]
 
 
 RECORDED = """

@@ -53,13 +53,13 @@ async def test_w_switches_the_charts_between_the_last_minutes_and_the_whole_run(
         await replayed(app, pilot)
         drawing = chart(app, "throughput").drawing
         assert "whole run" in caption(app) and drawing is not None and drawing.window.first == BASE  # a replay shows it all
-        assert [m.kind for m in drawing.window.marks] == ["alert", "alert"]
+        assert [m.kind for m in drawing.window.marks if m.kind in drawing.marks] == ["alert", "alert"]
         await pilot.press("w")
         await pilot.pause()
         drawing = chart(app, "throughput").drawing
         assert "last 10 min" in caption(app) and drawing is not None
         assert drawing.window.first >= app.state.last_wall - 600 and min(drawing.lines[0].xs) >= drawing.window.first - BASE
-        assert [m.kind for m in drawing.window.marks] == ["alert"]  # the NaN at 333 s is before the window
+        assert [m.kind for m in drawing.window.marks if m.kind in drawing.marks] == ["alert"]  # the NaN at 333 s is before the window
         await pilot.press("w")
         await pilot.pause()
         assert "whole run" in caption(app)

@@ -148,11 +148,11 @@ class Timeline:
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """Something to mark on the time axis: an alert or a restart."""
+    """Something to mark on the time axis: an alert, a restart, a change in what a chart counts."""
 
     wall: float
     kind: str
-    """"alert" or "restart"."""
+    """"alert", "restart", or "compute": where the ranks' own work starts to count their compute."""
     text: str
 
 

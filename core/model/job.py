@@ -17,7 +17,7 @@ from ddptop.core import wire
 from ddptop.core.model import profiles, snapshot
 from ddptop.core.model.goodput import GOODPUT_TYPES, Goodput
 from ddptop.core.model.history import History, pack
-from ddptop.core.model.lag import Lag, lags
+from ddptop.core.model.lag import Lag, counts_compute, lags
 from ddptop.core.model.metrics import JOB_METRICS, Metric
 from ddptop.core.model.rank import SAMPLED, GpuState, RankState, replicas_told
 from ddptop.core.model.stats import RollingWindow, StepPoint, median
@@ -51,6 +51,8 @@ class JobState:
         self.latest_capture: profiles.Capture | None = None
         self.snapshot_unreadable = False
         """Whether the snapshot being folded is of a layout this reader does not know (its frames are skipped)."""
+        self.own_counts_compute = False
+        """Whether the last summary's own work per rank counted compute (lag.counts_compute)."""
 
     def rank(self, rank: int) -> RankState:
         state = self.ranks.get(rank)
@@ -211,6 +213,10 @@ class JobState:
 
     def _on_summary(self, record: wire.Frame) -> None:
         self.history.add_summary(record)
+        counts = bool(record.get("own_counts_compute"))
+        if counts and not self.own_counts_compute:  # own work jumps by the compute here: not a slowdown
+            self.history.mark(record["wall"], "compute", "own work counts compute from here")
+        self.own_counts_compute = counts
         for state in self.ranks.values():
             state.start_interval()
 
@@ -233,6 +239,7 @@ class JobState:
             record["rank_step_ms"] = pack(step for step, _ in intervals)
             record["rank_own_ms"] = pack(lags[r].own_ms if r in lags else float("nan") for r in range(width))
             record["rank_comm_ms"] = pack(comm for _, comm in intervals)
+            record["own_counts_compute"] = counts_compute(r for r in self.ranks.values() if not r.exited and r.window.points)
         return record
 
     @property

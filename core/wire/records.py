@@ -550,6 +550,9 @@ class Summary(TypedDict):
     (model/lag.py), float32 by rank, NaN where none (model/history.py): the charts' per-rank lines."""
     rank_own_ms: NotRequired[bytes]
     rank_comm_ms: NotRequired[bytes]
+    own_counts_compute: NotRequired[bool]
+    """Whether rank_own_ms counts each rank's compute beside its data wait (model/lag.py): it
+    starts to once DDP has timed every rank's compute, and the ranks' chart marks when."""
 
 
 class Exit(TypedDict):

@@ -19,7 +19,10 @@ from ddptop.core.format import ms
 from ddptop.tui.widgets.plot_area import PlotArea
 from ddptop.tui.widgets.time_axis import Window, gaps_apart, spans_decades, thin, time_ticks, value_axis
 
-MARK_COLORS = {"alert": "red", "restart": "orange+"}
+MARK_COLORS = {"alert": "red", "restart": "orange+", "compute": "cyan"}
+
+EVENT_MARKS = frozenset({"alert", "restart"})
+"""The marks every chart draws: what happened to the job. A chart draws others of its own."""
 LINE_COLORS = ("cyan+", "magenta+", "green+", "orange+", "blue+", "red+", "white", "gray")
 """plotext's own colour names (its "orange" is the terminal's yellow); a name it does not know
 is silently replaced, part by part, from its own sequence."""
@@ -61,6 +64,8 @@ class Drawing:
     legend: bool = True
     notes: list[str] = field(default_factory=list)
     """Said after the title, the most telling first: those that do not fit whole are left out (PlotArea.set_title)."""
+    marks: frozenset[str] = EVENT_MARKS
+    """The kinds of the window's marks this chart draws."""
 
 
 class Chart(PlotArea):
@@ -93,7 +98,8 @@ class Chart(PlotArea):
                 label = None
         low, high = window.x(window.first), window.x(window.last)
         for mark in window.marks:
-            plt.vline(window.x(mark.wall), MARK_COLORS.get(mark.kind, "white"))
+            if mark.kind in drawing.marks:
+                plt.vline(window.x(mark.wall), MARK_COLORS.get(mark.kind, "white"))
         plt.xlim(low, high)
         plt.xticks(*time_ticks(low, high, max(2, min(5, self.size.width // 14))))
         if log:

@@ -25,7 +25,7 @@ from ddptop.core.model.job import JobState
 from ddptop.core.model.lag import DATA_ALONE, counts_compute, peer_groups
 from ddptop.core.model.metrics import Metric, grouped
 from ddptop.core.model.stats import median
-from ddptop.tui.widgets.chart import Chart, Drawing, line_of, ms_label
+from ddptop.tui.widgets.chart import EVENT_MARKS, Chart, Drawing, line_of, ms_label
 from ddptop.tui.widgets.rank_heatmap import RankHeatmap, own_matrix
 from ddptop.tui.widgets.time_axis import Window, window
 
@@ -35,6 +35,10 @@ PRIORITY = ("throughput", "loss", "ranks", "step time", "memory")
 """What one row of charts shows first, as the terminal narrows."""
 CHART_WIDTH = 40
 """Columns a chart needs to be read."""
+
+OWN_WORK_MARKS = EVENT_MARKS | {"compute"}
+"""The ranks' chart also marks where own work starts to count compute: the lines step up there
+by each rank's compute, which is no slowdown."""
 
 
 def _with_unit(metric: Metric) -> Callable[[float, float], str]:
@@ -77,6 +81,7 @@ def rank_drawing(win: Window, ranks: int, data_alone: bool = False, groups: list
         missing="no per-rank step times yet",
         legend=ranks <= 4,
         notes=notes,
+        marks=OWN_WORK_MARKS,
     )
 
 
@@ -131,7 +136,9 @@ class Charts(Vertical):
         """Redraw chart number `which` (in turn, so that no frame draws them all: at 1,024
         ranks that held a keypress for a tenth of a second), or every chart when None."""
         win = window(state.history, self.whole, state.started, now)
-        marks = " [red]│[/] alert [yellow]│[/] restart" if win.marks else ""
+        kinds = {mark.kind for mark in win.marks}
+        marks = " [red]│[/] alert [yellow]│[/] restart" if kinds & EVENT_MARKS else ""
+        marks += " [cyan]│[/] own work counts compute from here" if "compute" in kinds else ""
         other = "the last 10 min" if self.whole else "the whole run"
         self.caption.update(f"[b]charts: {win.name}[/b]  [dim](w: {other})[/dim]{marks}")
         for index, (title, metrics) in enumerate(self.GROUPS):
