@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import math
 import os
 import re
@@ -316,3 +318,31 @@ def test_a_dashboard_kill_touches_only_the_jobs_own_processes(ddptop_home, tmp_p
         bystander.kill()
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize("ema", [False, True], ids=["through the wrapped module", "through an EMA copy"])
+def test_an_image_classifier_keeps_its_own_options_warnings_and_evaluation(ddptop_home, tmp_path, ema):
+    """The way a new user tries ddptop: an image classifier's script with its own --clip-grad, DDP
+    built with broadcast_buffers (a FutureWarning in torch 2.13), and a validation every epoch that
+    DDP's wrapper never sees. The script gets its option, ddptop says it left it, the warning names
+    the script's line, and each validation is the next step's eval time, not its data wait."""
+    run_path, out = tmp_path / "run", tmp_path / "args.json"
+    script = SCRIPTS / "classifier_style.py"
+    argv = ["launch", "--headless", "--run-dir", str(run_path), str(script), "--gpus", "2", "--clip-grad", "1.0", "--out", str(out)]
+    done = run_ddptop(*argv, *(["--model-ema"] if ema else []))
+    assert done.returncode == 0, done.stderr
+    assert "ddptop: --clip-grad 1.0 goes to classifier_style.py, which declares it; ddptop took --gpus 2" in done.stderr
+    assert [json.loads(Path(f"{out}.{rank}").read_text())["clip_grad"] for rank in (0, 1)] == [1.0, 1.0]
+    records = recorded(rundir.RunDir(run_path))
+    for rank, rows in by_rank(records, "step").items():
+        after_validation = [r for r in rows if r["step"] in (20, 40)]
+        assert [("eval_ms" in r) for r in rows].count(True) == 2 and len(after_validation) == 2, rank
+        slowest_wait = max(r.get("data_ms", 0.0) for r in rows)
+        assert all(slowest_wait < r["eval_ms"] for r in after_validation), (rank, slowest_wait, after_validation)
+    logged = [line for rank in (0, 1) for line in rundir.rank_log_tail(run_path, rank, 0, 1000, streams=("stderr",))]
+    warned = [line for line in logged if "Warning:" in line]
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "`broadcast_buffers` is deprecated" in inspect.getsource(DistributedDataParallel.__init__):  # torch 2.13 on
+        assert any("broadcast_buffers" in line for line in warned), logged
+    assert all("classifier_style.py:" in line and "ddptop" not in line for line in warned), warned
