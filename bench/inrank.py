@@ -183,8 +183,8 @@ def new_job(args: argparse.Namespace, example: Any, torch_device: Any) -> Any:
 def instrumented(args: argparse.Namespace, example: Any, torch_device: Any) -> tuple[Job, Callable[[bool], None], Any, dict[str, Any]]:
     """ddptop's hooks on a fresh Job; the function turns monitor.step's binding on and off; the job's
     tracker; ddptop's optimizer hooks, to register on another instrumented optimizer."""
+    from ddptop.core.policy import GuardPolicy
     from ddptop.trainer import hooks, monitor
-    from ddptop.trainer.policy import GuardPolicy
     from ddptop.trainer.sampled import Sampled
 
     without(args.without)
@@ -292,8 +292,8 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, bucket_view: bool
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from ddptop.core.places import is_ddptop
+    from ddptop.core.policy import GuardPolicy
     from ddptop.trainer import guard, patches
-    from ddptop.trainer.policy import GuardPolicy
 
     class Ops(TorchDispatchMode):
         def __init__(self) -> None:
@@ -390,8 +390,8 @@ def measure(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     import train as example
 
+    from ddptop.core.policy import GuardPolicy
     from ddptop.trainer import patches
-    from ddptop.trainer.policy import GuardPolicy
     from ddptop.trainer.sender import flush_interval
 
     torch.set_num_threads(args.threads)
@@ -576,8 +576,8 @@ def zero_code_cost(job: Job, calls: int = 100_000) -> float:
     """
     import torch
 
+    from ddptop.core.policy import GuardPolicy
     from ddptop.trainer import hooks
-    from ddptop.trainer.policy import GuardPolicy
     from ddptop.trainer.steps import StepTracker
 
     loss = job.one_loss()

@@ -40,11 +40,11 @@ from scratch import scratch_folder, scratch_home
 from synthetic import synthetic_job
 
 from ddptop.core import rundir, wire
+from ddptop.core.policy import WatchPolicy
 from ddptop.core.wire import unixpath
 from ddptop.core.wire.stream import frames
 from ddptop.supervisor import heap
 from ddptop.supervisor.serving.hub import Hub
-from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.watchdog import Watchdog
 
 WATCH_S = 0.25

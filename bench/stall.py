@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 def one_stall(ranks: int, stuck_at: int) -> tuple[float, float, str]:
     """(seconds from the block to the verdict, the window the verdict says, its text)."""
     from ddptop.core import rundir
-    from ddptop.supervisor.watching.policy import HANG_TIMEOUT_S
+    from ddptop.core.policy import HANG_TIMEOUT_S
 
     with tempfile.TemporaryDirectory() as tmp:
         run, mark = rundir.RunDir(Path(tmp) / "run"), Path(tmp) / "mark"
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--stuck-at", type=int, default=50, help="the step whose batch never comes")
     args = parser.parse_args()
     scratch_home()
-    from ddptop.supervisor.watching.policy import HANG_TIMEOUT_S
+    from ddptop.core.policy import HANG_TIMEOUT_S
 
     took = []
     for _ in range(args.rounds):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ddptop
-from ddptop.core import rundir
+from ddptop.core import launch_env, rundir
 from ddptop.core.model.history import unpack
 from ddptop.core.rundir import RunDirError
 from ddptop.core.usage import OneLineParser, UsageError
@@ -117,7 +117,7 @@ def _run_argument(prog: str, argv: list[str]) -> str:
 
 
 def attach(argv: list[str]) -> int:
-    from ddptop.supervisor.cluster import endpoints, remote
+    from ddptop.supervisor.cluster import remote
 
     parser = OneLineParser(prog="ddptop attach")
     parser.add_argument(
@@ -126,7 +126,7 @@ def attach(argv: list[str]) -> int:
         help="run directory, run id or id prefix (default: your newest running job), "
         "or HOST:PORT[,HOST:PORT...] of supervisors that listen on TCP",
     )
-    parser.add_argument("--token-file", type=Path, help=f"the run's token for TCP (default: ${endpoints.TOKEN_ENV}, or your own run's)")
+    parser.add_argument("--token-file", type=Path, help=f"the run's token for TCP (default: ${launch_env.TOKEN}, or your own run's)")
     parser.add_argument(
         "--readonly", action="store_true", help="watch only: no restart, kill, profile capture or stack dump is offered (as nvitop's)"
     )

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddptop.core import rundir, wire
+from ddptop.core import launch_env, rundir, wire
 from ddptop.core.rundir import RunDirError
 from ddptop.core.usage import OneLineParser
 from ddptop.core.wire.stream import SocketFrames
-from ddptop.supervisor.cluster import endpoints, remote
+from ddptop.supervisor.cluster import remote
 from ddptop.trainer.sender import connect
 
 STOP_WAIT_S = 60.0
@@ -110,9 +110,7 @@ def parser_for(prog: str, what: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "run", nargs="?", help=f"run directory, run id or id prefix, or HOST:PORT (default: your newest running job) to {what}"
     )
-    parser.add_argument(
-        "--token-file", type=Path, help=f"the run's token for HOST:PORT (default: ${endpoints.TOKEN_ENV}, or your own run's)"
-    )
+    parser.add_argument("--token-file", type=Path, help=f"the run's token for HOST:PORT (default: ${launch_env.TOKEN}, or your own run's)")
     return parser
 
 

@@ -22,6 +22,7 @@ import psutil
 
 import ddptop
 from ddptop.core import rundir
+from ddptop.core.policy import Started, WatchPolicy
 from ddptop.supervisor.cluster import endpoints, slurm
 from ddptop.supervisor.cluster import placement as cluster
 from ddptop.supervisor.launching import args as launchargs
@@ -30,7 +31,6 @@ from ddptop.supervisor.launching.style import TORCHRUN, chosen
 from ddptop.supervisor.launching.torchrun import Torchrun
 from ddptop.supervisor.outlets import Outlets
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
-from ddptop.supervisor.watching.policy import Started, WatchPolicy
 
 Dashboard = Callable[[rundir.RunDir], int]
 """Runs the dashboard on the run whose supervisor this process forked; returns the exit status."""

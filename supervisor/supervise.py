@@ -25,6 +25,7 @@ from typing import Any, TextIO
 from ddptop.core import wire
 from ddptop.core.model import goodput, summary
 from ddptop.core.model.events import restart_text
+from ddptop.core.policy import WatchPolicy
 from ddptop.core.rundir import RunDir, own_log_tail, rank_log_tail, rank_log_written
 from ddptop.core.wire.records import NO_STACKS, asked_ranks
 from ddptop.supervisor import duties, heap
@@ -40,7 +41,6 @@ from ddptop.supervisor.serving.hub import Hub
 from ddptop.supervisor.serving.prometheus import PrometheusExporter
 from ddptop.supervisor.watching import stacks
 from ddptop.supervisor.watching.failures import LogTail, crash_excerpt
-from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.verdict import Verdict
 from ddptop.supervisor.watching.watchdog import Watchdog
 

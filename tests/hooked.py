@@ -7,8 +7,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from ddptop.core.policy import GuardPolicy
 from ddptop.trainer import hooks, patches
-from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.steps import StepTracker
 
 

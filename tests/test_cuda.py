@@ -27,10 +27,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddptop.core import rundir
+from ddptop.core.policy import GuardPolicy
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
 from ddptop.supervisor.watching.rules import nan
 from ddptop.trainer import flightrecorder, guard, hooks, late, patches, torchapi
-from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.sampled import Sampled
 from ddptop.trainer.steps import StepTracker
 

@@ -16,7 +16,7 @@ import torch
 from hooked import Records, installed
 from torch import nn
 
-from ddptop.trainer.policy import GuardPolicy
+from ddptop.core.policy import GuardPolicy
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")
 

@@ -24,8 +24,8 @@ from stand_in_gpu import Device, on_gpu
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddptop.core.policy import GuardPolicy
 from ddptop.trainer import hooks, late, patches
-from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.steps import StepTracker
 
 

@@ -10,8 +10,8 @@ from norms import total_norm
 from ops_seen import OpsSeen
 from torch import nn
 
+from ddptop.core.policy import GuardPolicy
 from ddptop.trainer import guard
-from ddptop.trainer.policy import GuardPolicy
 
 
 def model_with_grads(scale: float = 1.0, seed: int = 0) -> nn.Module:

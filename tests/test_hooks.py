@@ -32,8 +32,8 @@ from ops_seen import OpsSeen
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddptop.core.policy import GuardPolicy
 from ddptop.trainer import guard, hooks, optimizer_step, patches, sharded_forward, torchapi
-from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.steps import StepTracker
 
 

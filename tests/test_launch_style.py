@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from builders import hello
 
+from ddptop.core.policy import Started, WatchPolicy
 from ddptop.supervisor.launching.style import chosen, detect
 from ddptop.supervisor.watching.failures import port_in_use
-from ddptop.supervisor.watching.policy import Started, WatchPolicy
 from ddptop.supervisor.watching.rules.self_started import NO_RANK_S, SelfStartedRule
 
 TUTORIAL = """

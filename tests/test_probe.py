@@ -6,7 +6,7 @@ import os
 import socket
 import threading
 
-from ddptop.core import wire
+from ddptop.core import launch_env, wire
 from ddptop.supervisor.launching.torchrun_probe import Reporter
 
 
@@ -59,12 +59,11 @@ def test_every_restart_is_a_new_attempt_even_for_another_nodes_failure(monkeypat
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     from ddptop.supervisor.launching import torchrun_probe
-    from ddptop.trainer.monitor import ATTEMPT_ENV
 
     started: list[str] = []
-    monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: started.append(os.environ[ATTEMPT_ENV]))
+    monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: started.append(os.environ[launch_env.ATTEMPT]))
     monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", lambda self, group: None)
-    monkeypatch.setenv(ATTEMPT_ENV, "0")
+    monkeypatch.setenv(launch_env.ATTEMPT, "0")
     reporter = Reporter(None)
     sent: list[wire.Frame] = []
     reporter.send = sent.append

@@ -15,9 +15,9 @@ from torch import nn
 
 from ddptop.core.model import profiles
 from ddptop.core.model.job import JobState
+from ddptop.core.policy import GuardPolicy
 from ddptop.supervisor.captures import Captures
 from ddptop.trainer import hooks, patches
-from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.profiling import Captures as RankCaptures
 from ddptop.trainer.steps import StepTracker
 

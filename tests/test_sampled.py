@@ -10,8 +10,8 @@ from conftest import accumulating_step
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddptop.core.policy import GuardPolicy
 from ddptop.trainer import hooks, patches
-from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.sampled import Sampled, rate_for
 from ddptop.trainer.steps import StepTracker
 

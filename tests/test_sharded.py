@@ -20,9 +20,9 @@ from hooked import Records, installed
 from norms import total_norm
 from torch import nn
 
+from ddptop.core.policy import GuardPolicy
 from ddptop.trainer import guard, patches
 from ddptop.trainer.optimizer_step import SHARDED_NOTICE
-from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.steps import LOSSES_KEPT
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")

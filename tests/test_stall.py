@@ -12,8 +12,8 @@ from conftest import wait_for
 from test_watchdog import Clock, feed, hello, make, seconds, step
 
 from ddptop.core.model.job import JobState
+from ddptop.core.policy import WatchPolicy
 from ddptop.supervisor.watching.failures import LogTail
-from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.stall import MOVING_S, STALL_MIN_S, STALL_PACE
 from ddptop.supervisor.watching.stuck import Standing, describe, in_collectives
 from ddptop.supervisor.watching.watchdog import Watchdog

@@ -4,6 +4,7 @@ import threading
 
 import pytest
 
+from ddptop.core import launch_env
 from ddptop.trainer.steps import MAX_WAITING, SEAL_AFTER_S, StepTracker
 
 
@@ -328,12 +329,12 @@ def test_the_attempt_is_ddptops_count_then_torchruns(monkeypatch):
     """ddptop's probe numbers attempts for the whole job; without it, torchrun's own count."""
     from ddptop.trainer import monitor
 
-    monkeypatch.delenv(monitor.ATTEMPT_ENV, raising=False)
+    monkeypatch.delenv(launch_env.ATTEMPT, raising=False)
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     assert monitor.attempt() == 0
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert monitor.attempt() == 1
-    monkeypatch.setenv(monitor.ATTEMPT_ENV, "3")  # another node's failure restarted this group too
+    monkeypatch.setenv(launch_env.ATTEMPT, "3")  # another node's failure restarted this group too
     assert monitor.attempt() == 3
 
 

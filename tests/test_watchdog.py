@@ -6,8 +6,8 @@ import builders
 import pytest
 
 from ddptop.core.model.job import JobState
+from ddptop.core.policy import Started, WatchPolicy
 from ddptop.supervisor.watching.failures import LogTail, crash_excerpt, last_error_line, script_frame
-from ddptop.supervisor.watching.policy import Started, WatchPolicy
 from ddptop.supervisor.watching.rules import nan
 from ddptop.supervisor.watching.rules.crash import OOM_KILLED
 from ddptop.supervisor.watching.rules.hang import STARTUP_GRACE_S

@@ -49,6 +49,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from ddptop.core.policy import GuardPolicy
 from ddptop.trainer import (
     batch,
     fsdp1,
@@ -62,7 +63,6 @@ from ddptop.trainer import (
     torchapi,
     warning_place,
 )
-from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.probe import SCALED_KEPT, Probe
 from ddptop.trainer.profiling import Captures
 from ddptop.trainer.sampled import Sampled

@@ -27,18 +27,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddptop.core import launch_env
 from ddptop.trainer.steps import StepTracker
 
 if TYPE_CHECKING:
     from ddptop.trainer.checkpoint import Resumed
 
 _tracker: StepTracker | None = None
-
-ATTEMPT_ENV = "DDPTOP_ATTEMPT"
-"""The job's attempt, counted by ddptop's probe inside torchrun
-(supervisor/launching/torchrun_probe.py): torchrun's TORCHELASTIC_RESTART_COUNT counts
-only this node's failures, so a node whose group restarts because another
-node's failed would start its next attempt with the same number."""
 
 
 def bind(tracker: StepTracker | None) -> None:
@@ -57,7 +52,7 @@ def attempt() -> int:
 
     Without ddptop it is torchrun's own restart count (0 outside torchrun).
     """
-    return int(os.environ.get(ATTEMPT_ENV, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    return int(os.environ.get(launch_env.ATTEMPT, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
 
 
 def configure(total_steps: int | None = None) -> None:

@@ -13,9 +13,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ddptop.core.policy import GuardPolicy
 from ddptop.trainer import guard
 from ddptop.trainer.between_steps import BetweenSteps
-from ddptop.trainer.policy import GuardPolicy
 from ddptop.trainer.profiling import Captures
 from ddptop.trainer.sampled import Sampled
 from ddptop.trainer.steps import StepTracker

@@ -20,20 +20,14 @@ import traceback
 from collections.abc import Callable
 from types import TracebackType
 
-from ddptop.core import wire
+from ddptop.core import launch_env, wire
+from ddptop.core.policy import STACK_SIGNAL, GuardPolicy
 from ddptop.trainer import flightrecorder, importwatch, monitor, where
-from ddptop.trainer.policy import STACK_SIGNAL, STACKS_DIR_ENV, GuardPolicy
 from ddptop.trainer.procstat import stat_fields
 from ddptop.trainer.profiling import Captures
 from ddptop.trainer.sampled import Sampled
 from ddptop.trainer.sender import Sender
 from ddptop.trainer.steps import StepTracker
-
-AGENT_PID_ENV = "DDPTOP_AGENT_PID"
-"""torchrun's pid, set by ddptop's probe inside it (supervisor/launching/torchrun_probe.py)."""
-
-ADDRESS_ENV = "DDPTOP_ADDRESS"
-"""Where the supervisor listens; set by the launcher, absent otherwise."""
 
 EXIT_FLUSH_S = 1.0
 TRACEBACK_MAX = 8192
@@ -74,7 +68,7 @@ def started_wall() -> float | None:
     return time.time() - age
 
 
-def die_with_parent(parent_env: str | None = AGENT_PID_ENV) -> None:
+def die_with_parent(parent_env: str | None = launch_env.AGENT_PID) -> None:
     """Ask the kernel to kill this rank when torchrun dies (no orphans).
 
     torchrun starts each worker in a session of its own, so a kill of
@@ -105,7 +99,7 @@ def stacks_on_signal(rank: int) -> None:
     """
     if not faulthandler.is_enabled():
         faulthandler.enable(all_threads=True)
-    folder = os.environ.get(STACKS_DIR_ENV)
+    folder = os.environ.get(launch_env.STACKS_DIR)
     if folder and os.path.isdir(folder):
         stream = open(os.path.join(folder, f"rank{rank}.{os.getpid()}.txt"), "a")  # noqa: SIM115 - open for life
         faulthandler.register(STACK_SIGNAL, file=stream, all_threads=True, chain=False)
@@ -150,7 +144,7 @@ def traceback_text(value: BaseException) -> str:
     return frames[-(TRACEBACK_MAX - len(message)) :] + message  # the message is at most MESSAGE_MAX and a line
 
 
-def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGENT_PID_ENV) -> Report:
+def activate(given: tuple[int, int] | None = None, parent_env: str | None = launch_env.AGENT_PID) -> Report:
     """Report this process as a rank: identity from torchrun's variables or given (rank, world size)."""
     hello = rank_hello(given)
     die_with_parent(parent_env)
@@ -197,7 +191,9 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = AGEN
         return record
 
     captures = Captures(tracker.rank, hello["restart"], lambda record: sender.put(record))
-    sender = Sender(os.environ[ADDRESS_ENV], hello, heartbeat, collect=lambda: tracker.build(sampled.read()), on_command=captures.ask)
+    sender = Sender(
+        os.environ[launch_env.ADDRESS], hello, heartbeat, collect=lambda: tracker.build(sampled.read()), on_command=captures.ask
+    )
     report = report_uncaught(sender.put, tracker.rank, lambda: tracker.phase)
     monitor.bind(tracker)
     sender.start()

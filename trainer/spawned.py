@@ -22,13 +22,8 @@ import os
 import sys
 from typing import Any
 
+from ddptop.core import launch_env
 from ddptop.trainer import importwatch, runtime
-
-STYLE_ENV = "DDPTOP_LAUNCH_STYLE"
-"""The launch style the supervisor chose; "spawn" makes the bootstrap do what this module says."""
-SPAWNER_ENV = "DDPTOP_SPAWNER_PID"
-"""The spawner's pid, in the environment its children inherit: they are not the spawner."""
-RANK_PID_ENV = "DDPTOP_RANK_PID"
 
 TORCHRUN_ENV = (
     "RANK",
@@ -59,18 +54,23 @@ _report: runtime.Report | None = None
 
 def is_spawner() -> bool:
     """A torchrun worker of a job whose script starts its own ranks."""
-    return os.environ.get(STYLE_ENV) == "spawn" and "RANK" in os.environ and SPAWNER_ENV not in os.environ
+    return os.environ.get(launch_env.LAUNCH_STYLE) == "spawn" and "RANK" in os.environ and launch_env.SPAWNER_PID not in os.environ
 
 
 def is_spawned() -> bool:
     """A process the spawner (or one of its children) started, not yet a rank."""
     env = os.environ
-    return env.get(STYLE_ENV) == "spawn" and SPAWNER_ENV in env and env[SPAWNER_ENV] != str(os.getpid()) and RANK_PID_ENV not in env
+    return (
+        env.get(launch_env.LAUNCH_STYLE) == "spawn"
+        and launch_env.SPAWNER_PID in env
+        and env[launch_env.SPAWNER_PID] != str(os.getpid())
+        and launch_env.RANK_PID not in env
+    )
 
 
 def become_spawner() -> None:
     runtime.die_with_parent()
-    os.environ[SPAWNER_ENV] = str(os.getpid())
+    os.environ[launch_env.SPAWNER_PID] = str(os.getpid())
     for name in TORCHRUN_ENV:
         os.environ.pop(name, None)
     importwatch.after_import("torch", _patch_torch_safely)
@@ -99,7 +99,7 @@ def _become_rank(given: tuple[int, int]) -> None:
     global _report
     if _report is not None:
         return
-    os.environ[RANK_PID_ENV] = str(os.getpid())
+    os.environ[launch_env.RANK_PID] = str(os.getpid())
     _report = runtime.activate(given, parent_env=None)
 
 
@@ -123,7 +123,7 @@ def _patch_torch() -> None:
 
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        mine = os.environ.get(RANK_PID_ENV, str(os.getpid())) == str(os.getpid())
+        mine = os.environ.get(launch_env.RANK_PID, str(os.getpid())) == str(os.getpid())
         given = _identity(args, kwargs) if mine else None
         if given is not None:
             _become_rank(given)

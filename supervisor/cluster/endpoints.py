@@ -13,11 +13,10 @@ import secrets
 import socket
 from pathlib import Path
 
+from ddptop.core import launch_env
 from ddptop.core.usage import UsageError
 
 LOOPBACK = "127.0.0.1"
-TOKEN_ENV = "DDPTOP_TOKEN"
-"""The job's token, the same on every node of a multi-node job."""
 BACKLOG = 64
 
 
@@ -91,4 +90,4 @@ def given_token(token_file: Path | None) -> str | None:
     """The token the user passed: --token-file, else $DDPTOP_TOKEN, else None."""
     if token_file is not None:
         return read_token(token_file)
-    return os.environ.get(TOKEN_ENV) or None
+    return os.environ.get(launch_env.TOKEN) or None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ddptop.core import launch_env
 from ddptop.core.usage import UsageError
 from ddptop.supervisor.cluster import endpoints, uplink
 from ddptop.supervisor.cluster.slurm import Rendezvous
@@ -109,7 +110,7 @@ def plan(opts: ClusterOptions) -> Cluster:
             if token is None:
                 raise UsageError(
                     f"node {cluster.node} needs the job's token to join node 0's supervisor: "
-                    f"set {endpoints.TOKEN_ENV} (the same on every node) or give --token-file"
+                    f"set {launch_env.TOKEN} (the same on every node) or give --token-file"
                 )
             hello = {"type": "node_hello", "node": cluster.node, "nnodes": nnodes, "host": socket.gethostname(), "pid": os.getpid()}
             cluster.uplink = uplink.join(host, port, token, hello, opts.join_timeout)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddptop.core import rundir, wire
+from ddptop.core import launch_env, rundir, wire
 from ddptop.core.rundir import RunDirError
 from ddptop.core.wire.stream import socket_frames
 from ddptop.supervisor.cluster import endpoints
@@ -91,7 +91,7 @@ def choose(spec: str, token_file: Path | None) -> tuple[Target, str | None]:
         if token is None:
             _connect(host, port).close()  # nobody there is the first thing to say
             raise RunDirError(
-                f"{address} needs the run's token: set {endpoints.TOKEN_ENV} or give --token-file "
+                f"{address} needs the run's token: set {launch_env.TOKEN} or give --token-file "
                 "(it is the run directory's token file on that machine)"
             )
         targets.append(Target(host, port, token, probe(host, port, token)))

@@ -16,12 +16,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddptop.core.policy import (
+    CRASH_LOOP,
+    CRASH_LOOP_WINDOW_S,
+    DESYNC_EVERY,
+    HANG_TIMEOUT_S,
+    NO_PROGRESS,
+    ON_DESYNC,
+    ON_HANG,
+    ON_NAN,
+    OnDesync,
+    OnHang,
+    OnNan,
+)
 from ddptop.core.usage import OneLineParser, UsageError
 from ddptop.supervisor.launching.script_options import declared_by
 from ddptop.supervisor.launching.style import STYLES, StyleChoice
 from ddptop.supervisor.launching.torchrun import RESTART_BACKOFF_S
-from ddptop.supervisor.watching.policy import CRASH_LOOP, CRASH_LOOP_WINDOW_S, HANG_TIMEOUT_S, NO_PROGRESS
-from ddptop.trainer.policy import DESYNC_EVERY, ON_DESYNC, ON_HANG, ON_NAN, OnDesync, OnHang, OnNan
 
 
 def _positive_int(text: str) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ddptop.core import rundir
+from ddptop.core.policy import GuardPolicy
 from ddptop.core.usage import UsageError
 from ddptop.supervisor.cluster.placement import Cluster
 from ddptop.supervisor.launching.args import LaunchArgs
@@ -23,7 +24,6 @@ from ddptop.supervisor.launching.script_options import module_file
 from ddptop.supervisor.launching.style import TORCHRUN, Style
 from ddptop.supervisor.launching.torchrun import JobPlan
 from ddptop.supervisor.sampler import gpu_count
-from ddptop.trainer.policy import GuardPolicy
 
 
 def check_torch() -> None:

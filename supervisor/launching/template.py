@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-from ddptop.trainer.template import CONTROL_FD_ENV, MARK, PARENT_ENV, channel, proctitle
+from ddptop.core import launch_env
+from ddptop.trainer.template import MARK, channel, proctitle
 
 FORK_WAIT_S = 120.0
 """How long a worker's start waits for the template's answer: the first waits
@@ -88,7 +89,7 @@ class Template:
     @classmethod
     def start(cls, env: dict[str, str]) -> Template:
         mine, theirs = channel.pair()
-        env = {**env, CONTROL_FD_ENV: str(theirs.fileno()), PARENT_ENV: str(os.getpid())}
+        env = {**env, launch_env.TEMPLATE_FD: str(theirs.fileno()), launch_env.TEMPLATE_PARENT: str(os.getpid())}
         room = " " * proctitle.ROOM  # an argument with no effect: the room its children's titles are written in
         command = [sys.executable, "-u", "-c", ENTRY, room]
         proc = subprocess.Popen(command, env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)

@@ -26,18 +26,13 @@ from pathlib import Path
 import psutil
 
 import ddptop.trainer.bootstrap
+from ddptop.core import launch_env
 from ddptop.core.model.events import exit_status
-from ddptop.trainer import flightrecorder, spawned
-from ddptop.trainer.policy import STACKS_DIR_ENV, GuardPolicy
-from ddptop.trainer.runtime import AGENT_PID_ENV
+from ddptop.core.policy import GuardPolicy
+from ddptop.trainer import flightrecorder
 from ddptop.trainer.template import MARK
 
 BOOTSTRAP_DIR = str(Path(ddptop.trainer.bootstrap.__file__).parent)
-BACKOFF_ENV = "DDPTOP_RESTART_BACKOFF"
-"""Base of the waits between restarts, read by the probe inside torchrun."""
-NO_TEMPLATE_ENV = "DDPTOP_NO_TEMPLATE"
-"""Set when the workers are not forked from the template (--no-template, or a job it does not
-serve): the probe starts every worker the plain way."""
 STOP_GRACE_S = 10.0
 """How long torchrun gets to stop its workers after SIGTERM before SIGKILL."""
 RESTART_BACKOFF_S = 1.0
@@ -117,10 +112,10 @@ def command(plan: JobPlan) -> list[str]:
 def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     # The token is the supervisor's secret: the ranks talk to it over its Unix socket only.
-    for inherited in ("RANK", "LOCAL_RANK", "DDPTOP_RANK_PID", AGENT_PID_ENV, "DDPTOP_TOKEN", spawned.SPAWNER_ENV):
+    for inherited in ("RANK", "LOCAL_RANK", *launch_env.INHERITED):
         env.pop(inherited, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
-    env["DDPTOP_ADDRESS"] = plan.address
+    env[launch_env.ADDRESS] = plan.address
     env["PYTHONUNBUFFERED"] = "1"
     env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank${rank}]:"
     # torchrun shares one TCPStore across restarts of the group, and the new
@@ -131,15 +126,15 @@ def environment(plan: JobPlan, base: dict[str, str] | None = None) -> dict[str, 
     # The flight recorder: a stall verdict names the rank whose collectives lag (trainer/flightrecorder.py).
     if not any(name in env for name in flightrecorder.FR_ENV):
         env.update(flightrecorder.env_for(_torch_version()))
-    env[STACKS_DIR_ENV] = str(plan.stacks_dir)
-    env[spawned.STYLE_ENV] = plan.style
-    env[BACKOFF_ENV] = str(plan.restart_backoff)
+    env[launch_env.STACKS_DIR] = str(plan.stacks_dir)
+    env[launch_env.LAUNCH_STYLE] = plan.style
+    env[launch_env.RESTART_BACKOFF] = str(plan.restart_backoff)
     # The template forks torchrun's workers when each is a rank running this Python on a script
     # or a module: not a script that starts its ranks itself, nor a program (--no-python).
     if plan.template and plan.style == "torchrun" and not plan.no_python:
-        env.pop(NO_TEMPLATE_ENV, None)
+        env.pop(launch_env.NO_TEMPLATE, None)
     else:
-        env[NO_TEMPLATE_ENV] = "1"
+        env[launch_env.NO_TEMPLATE] = "1"
     env.update(plan.guard.to_env())
     if plan.cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""

@@ -45,12 +45,9 @@ import sys
 import time
 from typing import Any
 
-from ddptop.core import wire
+from ddptop.core import launch_env, wire
 from ddptop.core.model.events import exit_status
 from ddptop.supervisor.launching import console_tail, oom_kills, template
-from ddptop.supervisor.launching.torchrun import BACKOFF_ENV, NO_TEMPLATE_ENV
-from ddptop.trainer.monitor import ATTEMPT_ENV
-from ddptop.trainer.runtime import AGENT_PID_ENV
 from ddptop.trainer.sender import connect
 
 SEND_TIMEOUT_S = 1.0
@@ -205,7 +202,7 @@ def install(reporter: Reporter, backoff_base: float) -> None:
             reporter.last_failure = None
         reporter.send(frame)
         reporter.hold_restart(count, wait)
-        os.environ[ATTEMPT_ENV] = str(count)  # the new ranks inherit it
+        os.environ[launch_env.ATTEMPT] = str(count)  # the new ranks inherit it
         restart(self, worker_group)
 
     # Patching the agent's class is how the probe sees what torchrun alone knows.
@@ -236,7 +233,7 @@ def _marking(method: Any, reporter: Reporter, phase: str) -> Any:
 def start_template(argv: list[str]) -> template.Template | None:
     """The template for this job's workers, started before torch is imported here so both imports
     overlap; none when the launcher said no (torchrun.environment)."""
-    if os.environ.get(NO_TEMPLATE_ENV):
+    if os.environ.get(launch_env.NO_TEMPLATE):
         return None
     return template.Template.start(template.template_env(argv, dict(os.environ)))
 
@@ -262,11 +259,11 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    os.environ[AGENT_PID_ENV] = str(os.getpid())  # inherited by the ranks: their parent's pid
-    os.environ[ATTEMPT_ENV] = "0"
-    reporter = Reporter(os.environ.get("DDPTOP_ADDRESS"))
+    os.environ[launch_env.AGENT_PID] = str(os.getpid())  # inherited by the ranks: their parent's pid
+    os.environ[launch_env.ATTEMPT] = "0"
+    reporter = Reporter(os.environ.get(launch_env.ADDRESS))
     try:
-        install(reporter, float(os.environ.get(BACKOFF_ENV, "0")))
+        install(reporter, float(os.environ.get(launch_env.RESTART_BACKOFF, "0")))
     except (ImportError, AttributeError) as exc:
         print(f"ddptop: torchrun probe off ({exc}); failures are reported without exit codes", file=sys.stderr)
     if forks is not None:

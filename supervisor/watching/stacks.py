@@ -28,7 +28,7 @@ import sysconfig
 from pathlib import Path
 
 from ddptop.core.places import is_ddptop, is_template
-from ddptop.trainer.policy import STACK_SIGNAL
+from ddptop.core.policy import STACK_SIGNAL
 
 DUMP_WAIT_S = 2.0
 POLL_S = 0.05

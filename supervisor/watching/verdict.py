@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ddptop.core import wire
-from ddptop.supervisor.watching.policy import Action
+from ddptop.core.policy import Action
 
 Kind = Literal["nan", "desync", "stall", "pause", "hang", "straggler", "crash", "crash-loop", "no-progress", "world-size", "no-ranks"]
 """What a rule found; an alert record's `kind` (a pause, a world size and no ranks are notices)."""
@@ -18,7 +18,7 @@ class Verdict:
     kind: Kind
     text: str
     action: Action = "none"
-    """none, restart (the group) or stop (the job): set from the policy (policy.py)."""
+    """none, restart (the group) or stop (the job): set from the policy (core/policy.py)."""
     ranks: list[int] = field(default_factory=list)
     step: int | None = None
     stacks: list[int] = field(default_factory=list)

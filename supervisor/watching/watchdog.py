@@ -5,7 +5,7 @@ times a second (`tick`), it returns verdicts; the supervisor (supervise.py)
 records them as alerts and carries out their actions. It never touches a
 process or a file itself, so every rule is tested with plain records.
 What each rule sees and says is its own module's; what is done about it is
-policy.py's, in one place.
+core/policy.py's, in one place.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 from ddptop.core import wire
 from ddptop.core.model.job import JobState
+from ddptop.core.policy import WatchPolicy
 from ddptop.supervisor.watching.failures import LogTail
 from ddptop.supervisor.watching.liveness import Liveness
-from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules import Rule
 from ddptop.supervisor.watching.rules.crash import CrashRule
 from ddptop.supervisor.watching.rules.desync import DesyncRule

@@ -27,7 +27,7 @@ def _chain_to_shadowed_sitecustomize() -> None:
 def _is_ddptop_rank() -> bool:
     env = os.environ
     me = str(os.getpid())
-    return bool(env.get("DDPTOP_ADDRESS")) and "RANK" in env and env.get("DDPTOP_RANK_PID", me) == me
+    return bool(env.get(launch_env.ADDRESS)) and "RANK" in env and env.get(launch_env.RANK_PID, me) == me
 
 
 def start() -> None:
@@ -35,7 +35,7 @@ def start() -> None:
     worker is no rank, the processes it starts are; any other torchrun
     worker is a rank from the start. A rank forked from the template
     (trainer/template) calls this once it has its rank's environment."""
-    if os.environ.get("DDPTOP_LAUNCH_STYLE") == "spawn":
+    if os.environ.get(launch_env.LAUNCH_STYLE) == "spawn":
         from ddptop.trainer import spawned
 
         if spawned.is_spawner():
@@ -45,14 +45,16 @@ def start() -> None:
     elif _is_ddptop_rank():
         from ddptop.trainer import runtime
 
-        os.environ["DDPTOP_RANK_PID"] = str(os.getpid())
+        os.environ[launch_env.RANK_PID] = str(os.getpid())
         runtime.activate()
 
 
 _chain_to_shadowed_sitecustomize()
 
-if os.environ.get("DDPTOP_ADDRESS"):
-    try:
+try:
+    from ddptop.core import launch_env  # the launch contract's names: three small modules, no more
+
+    if os.environ.get(launch_env.ADDRESS):
         start()
-    except Exception as _exc:  # noqa: BLE001 - a broken monitor must never stop training
-        print(f"ddptop: instrumentation off: {_exc}", file=sys.stderr)
+except Exception as _exc:  # noqa: BLE001 - a broken monitor must never stop training
+    print(f"ddptop: instrumentation off: {_exc}", file=sys.stderr)

@@ -22,9 +22,3 @@ Popen starts that rank.
 
 MARK = "ddptop.trainer.template"
 """In the template's command line: how the supervisor tells it from torchrun's other children."""
-
-CONTROL_FD_ENV = "DDPTOP_TEMPLATE_FD"
-"""The template's end of its channel to torchrun's probe (an inherited descriptor)."""
-
-PARENT_ENV = "DDPTOP_TEMPLATE_PARENT"
-"""torchrun's pid: the template dies with it."""

@@ -20,7 +20,8 @@ import types
 from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
 
-from ddptop.trainer.runtime import AGENT_PID_ENV, die_with_parent
+from ddptop.core import launch_env
+from ddptop.trainer.runtime import die_with_parent
 from ddptop.trainer.template import fit, proctitle
 
 
@@ -48,8 +49,8 @@ def become(request: Request) -> None:
     os.environ.update(request.env)
     # Its parent is the template, not torchrun. Not os.getppid(): a template killed since the fork
     # would leave 1 there, which the check would take for a live parent and the rank run orphaned.
-    os.environ[AGENT_PID_ENV] = str(request.template)
-    die_with_parent(AGENT_PID_ENV)
+    os.environ[launch_env.AGENT_PID] = str(request.template)
+    die_with_parent(launch_env.AGENT_PID)
     _reseed()
     _start_ddptop()
 

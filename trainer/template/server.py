@@ -26,8 +26,9 @@ import threading
 from collections.abc import Iterable
 from typing import NoReturn
 
+from ddptop.core import launch_env
 from ddptop.trainer.runtime import die_with_parent
-from ddptop.trainer.template import CONTROL_FD_ENV, PARENT_ENV, channel, child, fit, proctitle
+from ddptop.trainer.template import channel, child, fit, proctitle
 from ddptop.trainer.template.child import Request
 
 WARM = (
@@ -54,9 +55,9 @@ def main() -> None:
 def serve() -> Request:
     """Answer the probe's requests until it goes; returns only in a forked child."""
     proctitle.set_title(sys.orig_argv[:4])  # its own command, without the room it keeps for its children's
-    ctl = socket.socket(fileno=int(os.environ.pop(CONTROL_FD_ENV)))
-    die_with_parent(PARENT_ENV)
-    os.environ.pop(PARENT_ENV)
+    ctl = socket.socket(fileno=int(os.environ.pop(launch_env.TEMPLATE_FD)))
+    die_with_parent(launch_env.TEMPLATE_PARENT)
+    os.environ.pop(launch_env.TEMPLATE_PARENT)
     start_up = {name.partition(".")[0] for name in sys.modules}
     template_env = dict(os.environ)
     blocker = warm()

@@ -1,6 +1,6 @@
 """The watchdog's rules, one unit each: what each sees in the records, and the verdict it gives.
 
-| rule       | seen from                                             | action (policy.py) |
+| rule       | seen from                                             | action (core/policy.py) |
 |------------|-------------------------------------------------------|--------------------|
 | nan        | step records marked non-finite (the ranks' guard.py)  | --on-nan           |
 | desync     | parameter checksums of one step that differ           | --on-desync        |

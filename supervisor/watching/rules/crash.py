@@ -20,6 +20,7 @@ from collections.abc import Callable
 from ddptop.core import wire
 from ddptop.core.model.events import exit_reason
 from ddptop.core.model.job import JobState
+from ddptop.core.policy import WatchPolicy
 from ddptop.core.rundir import single_node
 from ddptop.supervisor.watching.failures import (
     LogTail,
@@ -31,7 +32,6 @@ from ddptop.supervisor.watching.failures import (
     spawned_failure,
 )
 from ddptop.supervisor.watching.liveness import Liveness
-from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.crash_loop import CrashLoop, alike, repeated_before_first_step, same_words
 from ddptop.supervisor.watching.stuck import IN_STEP, ended_early, in_phase
 from ddptop.supervisor.watching.verdict import Verdict, ranks_text

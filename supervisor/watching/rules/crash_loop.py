@@ -15,7 +15,7 @@ import re
 from collections import deque
 
 from ddptop.core.model.events import exit_status
-from ddptop.supervisor.watching.policy import WatchPolicy
+from ddptop.core.policy import WatchPolicy
 from ddptop.supervisor.watching.verdict import Verdict
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from ddptop.core import wire
 from ddptop.core.model.job import JobState
+from ddptop.core.policy import WatchPolicy
 from ddptop.supervisor.watching.liveness import Liveness
-from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.per_step import PerStepRule
 from ddptop.supervisor.watching.verdict import Verdict, ranks_text
 

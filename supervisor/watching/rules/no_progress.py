@@ -16,8 +16,8 @@ group_restart record, held by the supervisor until the verdicts are in).
 from __future__ import annotations
 
 from ddptop.core import wire
+from ddptop.core.policy import WatchPolicy
 from ddptop.supervisor.watching.liveness import Liveness
-from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.verdict import Verdict
 
 

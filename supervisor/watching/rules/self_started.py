@@ -11,7 +11,7 @@ one and again if the job ends without one, rather than a hang much later.
 from __future__ import annotations
 
 from ddptop.core import wire
-from ddptop.supervisor.watching.policy import WatchPolicy
+from ddptop.core.policy import WatchPolicy
 from ddptop.supervisor.watching.verdict import Verdict
 
 NO_RANK_S = 60.0

@@ -24,9 +24,9 @@ from __future__ import annotations
 from ddptop.core import wire
 from ddptop.core.model.job import JobState
 from ddptop.core.model.stats import median
+from ddptop.core.policy import WatchPolicy
 from ddptop.supervisor.watching import stuck
 from ddptop.supervisor.watching.liveness import Liveness
-from ddptop.supervisor.watching.policy import WatchPolicy
 from ddptop.supervisor.watching.rules.hang import STARTUP_GRACE_S
 from ddptop.supervisor.watching.verdict import Verdict, ranks_text
 
