@@ -62,7 +62,8 @@ asyncio.run(main())
 
 
 def tracked_package_files() -> set[str]:
-    """Every file of the package as the wheel names it: ddptop/<part>/... for each part's folder."""
+    """Every file of the package as the wheel names it: ddptop/<part>/... for each part's folder
+    (ddptop/<part> is a link to it)."""
     listed = subprocess.run(["git", "ls-files", "ddptop", *PARTS], cwd=REPO, capture_output=True, text=True, check=True).stdout
     files = set()
     for path in listed.split():
@@ -104,10 +105,9 @@ def test_the_wheel_and_the_sdist_carry_every_file_of_the_package(dist: Path) -> 
     with zipfile.ZipFile(next(dist.glob("ddptop-*.whl"))) as wheel:
         in_wheel = {name for name in wheel.namelist() if name.startswith("ddptop/")}
     assert expected - in_wheel == set()
-    with tarfile.open(next(dist.glob("ddptop-*.tar.gz"))) as sdist:
+    with tarfile.open(next(dist.glob("ddptop-*.tar.gz"))) as sdist:  # the parts' files under ddptop/, where its links lead
         in_sdist = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
-    sources = {path.removeprefix("ddptop/") if path.split("/")[1] in PARTS else path for path in expected}
-    assert sources - in_sdist == set()
+    assert expected - in_sdist == set()
 
 
 def test_every_module_imports_from_the_installed_package(venv: Path, outside: dict[str, str], tmp_path: Path) -> None:
@@ -145,8 +145,8 @@ def test_a_headless_job_then_its_replay_in_the_dashboard(venv: Path, outside: di
 
 def test_launch_works_from_inside_the_checkout(venv: Path, outside: dict[str, str], tmp_path: Path) -> None:
     """A user who clones ddptop and `pip install .`s it runs it from the clone: Python puts the
-    working folder first for `python -m`, where the checkout's ddptop/ folder would stand in
-    for the installed package in what ddptop starts (torchrun's probe, the template)."""
+    working folder first for `python -c` and `python -m`, so what ddptop starts there (torchrun's
+    probe, the template) imports the checkout's ddptop/, which is the whole package too."""
     run_dir = tmp_path / "run"
     job = subprocess.run(
         [str(venv / "bin" / "ddptop"), "launch", "--headless", str(SCRIPTS / "plain_ddp.py"), "--gpus", "2", "--run-dir", str(run_dir), "--steps", "5"],
@@ -159,6 +159,18 @@ def test_launch_works_from_inside_the_checkout(venv: Path, outside: dict[str, st
     assert job.returncode == 0, job.stdout + job.stderr
     assert json.loads((run_dir / "meta.json").read_text())["state"] == "finished"
     assert "ALERT" not in job.stderr, job.stderr
+
+
+def test_the_checkout_s_root_is_the_package_too(venv: Path, outside: dict[str, str]) -> None:
+    """From the checkout's root Python finds its ddptop/ folder before the installed package: that
+    folder is the whole package (its parts linked in), so the parts import and `python -m ddptop` runs."""
+    python = str(venv / "bin" / "python")
+    imported = subprocess.run(
+        [python, "-c", "import ddptop.trainer, ddptop.tui, ddptop.supervisor.launch"], cwd=REPO, env=outside, capture_output=True, text=True
+    )
+    assert imported.returncode == 0, imported.stderr
+    listed = subprocess.run([python, "-m", "ddptop", "ls"], cwd=REPO, env=outside, capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
 
 
 def test_without_torch_launch_says_so_in_one_line(venv: Path, outside: dict[str, str], tmp_path: Path) -> None:

@@ -30,9 +30,9 @@ REAP_SEND_S = 5.0
 """How long telling the template to reap a child may wait: the template reads at once, so
 only a template that is stuck makes it wait at all."""
 
-ENTRY = f"import sys; del sys.path[0]; from {MARK}.server import main; main()"
-"""The template's program (`python -u -c`): the working folder leaves sys.path, as
-it is not on a script's; the forked ranks put their own first entry back."""
+ENTRY = f"from {MARK}.server import main; main()"
+"""The template's program (`python -u -c`); each rank it forks puts its script's folder first
+on sys.path in place of the working folder `-c` put there, as Python starts a script."""
 
 
 class Forked:

@@ -69,10 +69,9 @@ class JobPlan:
     """Fork the workers from a template that has imported torch (trainer/template)."""
 
 
-PROBE = "import sys; del sys.path[0]; from ddptop.supervisor.launching.torchrun_probe import main; sys.exit(main(sys.argv[1:]))"
-"""torchrun's program (`python -c`), as `python -m ddptop.supervisor.launching.torchrun_probe`
-would run it, but without the working folder first on sys.path: a checkout's ddptop/
-there would stand in for the installed package."""
+PROBE = "import sys; from ddptop.supervisor.launching.torchrun_probe import main; sys.exit(main(sys.argv[1:]))"
+"""torchrun's program (`python -c`), as `python -m torch.distributed.run` is run: with the
+working folder first on sys.path."""
 
 
 def command(plan: JobPlan) -> list[str]:

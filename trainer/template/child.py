@@ -60,7 +60,8 @@ def run(request: Request) -> None:
     found = fit.command(request.argv)
     assert found is not None  # fit.misfit let it through
     sys.orig_argv = list(request.argv)
-    sys.path[0:0] = [found.folder(request.cwd)]
+    if not getattr(sys.flags, "safe_path", False):  # `-c` put the working folder first (3.11: unless -P); a script has its own there
+        sys.path[0] = found.folder(request.cwd)
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = main
