@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TextIO
 
 from ddptop.core import wire
@@ -27,7 +27,7 @@ from ddptop.core.model import goodput, summary
 from ddptop.core.model.events import restart_text
 from ddptop.core.policy import WatchPolicy
 from ddptop.core.rundir import RunDir, own_log_tail, rank_log_tail, rank_log_written
-from ddptop.core.wire.records import NO_STACKS, asked_ranks
+from ddptop.core.wire.records import NO_STACKS, CommandAction, RecordKind, asked_ranks
 from ddptop.supervisor import duties, heap
 from ddptop.supervisor.captures import Captures
 from ddptop.supervisor.cluster import endpoints
@@ -35,6 +35,7 @@ from ddptop.supervisor.cluster.placement import Cluster
 from ddptop.supervisor.cluster.role import role_of
 from ddptop.supervisor.launching.torchrun import Torchrun
 from ddptop.supervisor.launching.torchrun_probe import TORCHRUN_FAILED
+from ddptop.supervisor.lifecycle import Lifecycle, RestartGate
 from ddptop.supervisor.outlets import Outlets
 from ddptop.supervisor.sampler import Sampler
 from ddptop.supervisor.serving.hub import Hub
@@ -93,60 +94,60 @@ class Supervisor:
         self._tasks: set[asyncio.Future[None]] = set()
         self.exporter: PrometheusExporter | None = None
         self._verdicts: list[Verdict] = []
-        self._stop_signal: int | None = None
-        self._stop_code: int | None = None
+        self.lifecycle = Lifecycle()
+        self.restarts = RestartGate()
         self._stopping: asyncio.Task | None = None
+        """torchrun being stopped, once a stop was asked."""
         self.meta: dict[str, Any] = {}
         """What meta.json says of the run (launch.py writes it first)."""
-        self._restart_when_up: str | None = None
-        """A restart asked while the group was between attempts (the request in words), carried
-        out at the next hello."""
-        self._why: str | None = None
-        """What explains a failed job, for `ddptop ls`: the verdict that stopped it, else its first crash."""
-        self._restarts_held: list[wire.Frame] = []
-        """Restarts torchrun's probe holds until the watchdog has judged their failure."""
         self._rank_notes: set[str] = set()
         """What ranks noted (rank_note), each said once however many ranks say it."""
-        self._torchrun_failed: str | None = None
-        """torchrun's own failure, as its probe said it: why a run failed with no verdict to say."""
         for text in self.outlets.early:  # said already, on stderr: now for the event log too
             self.hub.note(text)
         self.outlets.notify = self._notice
 
     def on_command(self, command: wire.Frame) -> None:
-        """A dashboard's request: stop the job, restart the group, kill a rank.
+        """A dashboard's request: stop the job, restart the group, kill a rank, a rank's stacks,
+        log tail or profile, each by its own handler (COMMANDS)."""
+        COMMANDS[command["action"]](self, command)
 
-        Killing ranks is how a restart is asked of torchrun: it restarts the
-        whole worker group while its --max-restarts budget lasts.
-        """
-        action = command["action"]
-        source = f"from the shell (ddptop {action.replace('_rank', '')})" if command.get("origin") == "shell" else self.role.commander
-        if action == "stacks":  # a dashboard's, of one rank; node 0's aggregator's, of this node's ranks
-            self._in_background(self._stacks(asked_ranks(command, [])))
-            return
-        if action == "log_tail":
-            self._log_tail(command.get("rank"))
-            return
-        if action == "profile":
-            self.captures.ask(command, self.state)
-            return
-        if action == "stop":
-            self._note(None, f"stop requested {source}")
-            self._request_stop(signal.SIGTERM)
-            return
-        if action == "kill_rank" and command.get("rank") not in self.state.ranks:
+    def _source(self, command: wire.Frame) -> str:
+        """Who asked, in words."""
+        return (
+            f"from the shell (ddptop {command['action'].replace('_rank', '')})" if command.get("origin") == "shell" else self.role.commander
+        )
+
+    def _stacks_asked(self, command: wire.Frame) -> None:
+        """A dashboard's, of one rank; node 0's aggregator's, of this node's ranks."""
+        self._in_background(self._stacks(asked_ranks(command, [])))
+
+    def _log_tail_asked(self, command: wire.Frame) -> None:
+        self._log_tail(command.get("rank"))
+
+    def _profile_asked(self, command: wire.Frame) -> None:
+        self.captures.ask(command, self.state)
+
+    def _stop_asked(self, command: wire.Frame) -> None:
+        self._note(None, f"stop requested {self._source(command)}")
+        self._request_stop(signal.SIGTERM)
+
+    def _kill_asked(self, command: wire.Frame) -> None:
+        """A restart of the group, or a kill of one rank: killing ranks is how a restart is asked
+        of torchrun, which restarts the whole worker group while its --max-restarts budget lasts."""
+        restart = command["action"] == "restart"
+        if not restart and command.get("rank") not in self.state.ranks:
             known = ",".join(map(str, sorted(self.state.ranks))) or "none yet"
             self.hub.note(f"no rank {command.get('rank')} in this job (ranks: {known})")
             return
-        what = "restart of the group" if action == "restart" else f"kill of rank {command.get('rank')}"
-        asked = f"{what} requested {source}"
-        killed = self._kill_ranks(command.get("rank") if action == "kill_rank" else None)
+        what = "restart of the group" if restart else f"kill of rank {command.get('rank')}"
+        asked = f"{what} requested {self._source(command)}"
+        killed = self._kill_ranks(None if restart else command.get("rank"))
         if killed:  # torchrun's record of the restart comes later, through this loop
             self.hub.stopping_for({"asked": asked})
         self._note(command.get("rank"), asked)
-        if action == "restart" and not killed:
+        if restart and not killed:
             # Between two attempts there is nothing to kill: the restart waits for the group to be up.
-            self._restart_when_up = asked
+            self.restarts.ask_when_up(asked)
             self._note(None, "the group is between attempts: it restarts once its first rank is up")
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
@@ -197,39 +198,56 @@ class Supervisor:
         return len(pids)
 
     def _lost_aggregator(self) -> None:
-        if self._stopping is None:
+        if not self.lifecycle.stopping:
             self._note(None, "lost node 0's supervisor; this node's ranks run on, unwatched")
 
     def _observe(self, record: wire.Frame) -> None:
+        """Every record the hub takes, as it takes it: what the supervisor does of its kind
+        (SEEN), then the watchdog's look, then what waits for that look (JUDGED)."""
         kind = record["type"]
         self.captures.observe(record)
-        if kind == "agent_note":
-            text = record["text"] if record["node"] == 0 else f"node {record['node']}: {record['text']}"
-            if self.role.judges:  # one notice in the job's log, however many nodes say it
-                self.hub.note(text)
-            self.say(text)
-            if record["text"].startswith(TORCHRUN_FAILED):
-                self._torchrun_failed = text
-        elif kind == "rank_note" and record["text"] not in self._rank_notes:
-            self._rank_notes.add(record["text"])  # every rank says it: once in the job's log
-            if self.role.judges:
-                self.hub.note(record["text"])
-            self.say(record["text"])
-        if kind == "group_restart":
-            # Another node's restart too (its node field is torchrun's group
-            # rank, not ours): a probe lets through only its own number's go.
-            self._restarts_held.append(record)
-        elif kind == "stack" and (waiter := self._stack_waiters.pop(record["rank"], None)) is not None and not waiter.done():
-            waiter.set_result(None)
+        if (seen := SEEN.get(kind)) is not None:
+            seen(self, record)
         if self.role.judges:
             self._verdicts += self.watchdog.observe(record)
-        if kind in ("group_restart", "rank_gone") and self.role.judges and self.watchdog.judging():
-            # torchrun waits for the failure's judgement before it restarts: give it as soon as the
-            # failed attempt has said all it will (crash.py), not at the next tick.
+        if (judged := JUDGED.get(kind)) is not None:
+            judged(self, record)
+
+    def _agent_noted(self, record: wire.Frame) -> None:
+        text = record["text"] if record["node"] == 0 else f"node {record['node']}: {record['text']}"
+        if self.role.judges:  # one notice in the job's log, however many nodes say it
+            self.hub.note(text)
+        self.say(text)
+        if record["text"].startswith(TORCHRUN_FAILED):
+            self.lifecycle.torchrun_failed = text
+
+    def _rank_noted(self, record: wire.Frame) -> None:
+        if record["text"] in self._rank_notes:
+            return
+        self._rank_notes.add(record["text"])  # every rank says it: once in the job's log
+        if self.role.judges:
+            self.hub.note(record["text"])
+        self.say(record["text"])
+
+    def _restart_held(self, record: wire.Frame) -> None:
+        """Another node's restart too (its node field is torchrun's group rank, not ours): a probe
+        lets through only its own number's go."""
+        self.restarts.hold(record)
+
+    def _stack_came(self, record: wire.Frame) -> None:
+        if (waiter := self._stack_waiters.pop(record["rank"], None)) is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _judge_now(self, record: wire.Frame) -> None:
+        """torchrun waits for the failure's judgement before it restarts: give it as soon as the
+        failed attempt has said all it will (crash.py), not at the next tick."""
+        if self.role.judges and self.watchdog.judging():
             self._in_background(self._watch())
-        if kind == "rank_hello" and self._restart_when_up:  # after the watchdog saw the hello: this attempt ends
-            self.hub.stopping_for({"asked": self._restart_when_up})
-            self._restart_when_up = None
+
+    def _rank_up(self, record: wire.Frame) -> None:
+        """A restart asked between attempts ends this attempt, once the watchdog has seen its hello."""
+        if (asked := self.restarts.up()) is not None:
+            self.hub.stopping_for({"asked": asked})
             self._kill_ranks()
 
     def _crash_log(self, failure: wire.Frame) -> LogTail:
@@ -248,14 +266,13 @@ class Supervisor:
         verdicts, self._verdicts = self._verdicts + (self.watchdog.tick() if self.role.judges else []), []
         for verdict in verdicts:
             await self._carry_out(verdict)
-        if self._restarts_held and not self.watchdog.judging() and self._stopping is None:
-            for held in self._restarts_held:
+        if self.restarts.held and not self.watchdog.judging() and not self.lifecycle.stopping:
+            for held in self.restarts.release():
                 self.say(restart_text(held, going=True))
                 go: wire.Frame = {"type": "restart_go", "restart": held["restart"]}
                 if held.get("asked"):
                     go["now"] = True
                 self.hub.collector.tell_agents(go)
-            self._restarts_held.clear()
 
     async def _carry_out(self, verdict: Verdict) -> None:
         """Alert first (log, dashboards, stderr), then stacks, then the action."""
@@ -270,8 +287,8 @@ class Supervisor:
             self.say(verdict.text)
             return
         self.say(f"ALERT {verdict.kind}: {verdict.text}")
-        if verdict.action == "stop" or (verdict.kind == "crash" and self._why is None):
-            self._why = f"{verdict.kind}: {verdict.text}"
+        if verdict.action == "stop" or verdict.kind == "crash":
+            self.lifecycle.explained_by(f"{verdict.kind}: {verdict.text}", stops=verdict.action == "stop")
         if verdict.stacks:
             await self._stacks(verdict.stacks)
         if verdict.action == "restart":
@@ -280,8 +297,7 @@ class Supervisor:
             self._kill_ranks()
         elif verdict.action == "stop":
             self._note(None, f"stopping the job after the {verdict.kind} alert")
-            self._stop_code = verdict.details.get("exit_status", WATCHDOG_STOP_EXIT)
-            self._request_stop(signal.SIGTERM)
+            self._request_stop(signal.SIGTERM, verdict.details.get("exit_status", WATCHDOG_STOP_EXIT))
 
     async def _stacks(self, ranks: list[int]) -> None:
         """The ranks' stacks now: this node's dumped here, the other nodes' asked of their supervisors."""
@@ -332,6 +348,7 @@ class Supervisor:
             self._start_exporter(*self.prometheus_address)
         self.record({"type": "run", **meta})
         await self.torchrun.start()
+        self.lifecycle.started()
         self._update_meta(torchrun_pid=self.torchrun.pid)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(signum, self._on_signal, signum)
@@ -358,43 +375,29 @@ class Supervisor:
         for verdict in self._verdicts + self.watchdog.tick(final=True):
             verdict.action = "none"  # the job is over: alert only
             await self._carry_out(verdict)
-        if self._stop_code is not None:
-            code = self._stop_code
-        elif self._stop_signal is not None:
-            code = 128 + self._stop_signal
+        outcome = self.lifecycle.end(code)
         self.role.close()
         # meta.json first, then the exit record: whoever is told the job ended (`ddptop stop`, a
         # dashboard) finds its run ended too. The record closes the log, the viewers, the
         # Prometheus server and the state's snapshot after it, which take seconds.
         ended = time.time()
         split = self.state.goodput.split(ended)
-        stopped = self._stop_signal is not None and self._stop_code is None
-        state = "finished" if code == 0 else "stopped" if stopped else "failed"
         self._update_meta(
-            state=state,
+            state=outcome.state,
             ended=ended,
-            exit_code=code,
+            exit_code=outcome.code,
             steps=self.state.totals().steps_done,
-            why=self._failed_why(code) if state == "failed" else None,
+            why=self.lifecycle.failed_why(outcome.code, bool(self.state.ranks)) if outcome.state == "failed" else None,
             goodput=split,
         )
-        await self.hub.finish(code, None if self._stop_code is not None else self._stop_signal, ended)
+        await self.hub.finish(outcome.code, outcome.signal, ended)
         if self.exporter is not None:
             self.exporter.stop()
         await self._print_summary()
         if split is not None:
             self.outlets.line(self.out, f"ddptop: {goodput.text(split)}")
-        self.outlets.line(self.out, f"ddptop: job {state} (exit {code}); run directory {self.run.path}")
-        return code
-
-    def _failed_why(self, code: int) -> str:
-        """Why the run failed, for `ddptop ls`: the verdict that explains it, else torchrun's own
-        failure, else its exit status and whether any rank ever started."""
-        if self._why is not None:
-            return self._why
-        if self._torchrun_failed is not None:
-            return self._torchrun_failed
-        return f"torchrun exited with status {code}" + ("" if self.state.ranks else " before any rank started")
+        self.outlets.line(self.out, f"ddptop: job {outcome.state} (exit {outcome.code}); run directory {self.run.path}")
+        return outcome.code
 
     def _on_signal(self, signum: int) -> None:
         """SIGINT or SIGTERM: stop the job in order; a second one: kill it now.
@@ -407,14 +410,14 @@ class Supervisor:
             self.hub.note(f"SIGHUP: the terminal is gone; the job goes on (SIGTERM to pid {os.getpid()} stops it)")
             self.say(f"SIGHUP: the terminal is gone; the job goes on (SIGTERM to pid {os.getpid()} stops it)")
             return
-        if self._stopping is None:
+        if not self.lifecycle.stopping:
             self.say(f"{signal.Signals(signum).name}: stopping the job")
         self._request_stop(signum)
 
-    def _request_stop(self, signum: int) -> None:
-        """Stop this node's torchrun; node 0's supervisor stops every node's."""
-        if self._stopping is None:
-            self._stop_signal = signum
+    def _request_stop(self, signum: int, code: int | None = None) -> None:
+        """Stop this node's torchrun (the watchdog's stop says the exit status, code); node 0's
+        supervisor stops every node's. Asked again: kill torchrun now."""
+        if self.lifecycle.stop(signum, code):
             self._stopping = asyncio.create_task(self.torchrun.stop())
             self.role.command_all({"type": "command", "action": "stop"})
         elif self.torchrun.proc is not None and self.torchrun.proc.returncode is None:
@@ -479,3 +482,29 @@ class Supervisor:
 
     async def _trim_heap(self) -> None:
         heap.trim()
+
+
+COMMANDS: dict[CommandAction, Callable[[Supervisor, wire.Frame], None]] = {
+    "stacks": Supervisor._stacks_asked,
+    "log_tail": Supervisor._log_tail_asked,
+    "profile": Supervisor._profile_asked,
+    "stop": Supervisor._stop_asked,
+    "restart": Supervisor._kill_asked,
+    "kill_rank": Supervisor._kill_asked,
+}
+"""What each command a dashboard (or node 0's aggregator) may send does: one handler an action."""
+
+SEEN: dict[RecordKind, Callable[[Supervisor, wire.Frame], None]] = {
+    "agent_note": Supervisor._agent_noted,
+    "rank_note": Supervisor._rank_noted,
+    "group_restart": Supervisor._restart_held,
+    "stack": Supervisor._stack_came,
+}
+"""What the supervisor does of a record, by its kind, before the watchdog looks at it."""
+
+JUDGED: dict[RecordKind, Callable[[Supervisor, wire.Frame], None]] = {
+    "group_restart": Supervisor._judge_now,
+    "rank_gone": Supervisor._judge_now,
+    "rank_hello": Supervisor._rank_up,
+}
+"""What waits for the watchdog's look at a record, by its kind."""

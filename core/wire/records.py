@@ -617,7 +617,47 @@ class SampleGpu(TypedDict):
     power_w: NotRequired[float]
 
 
-RECORDS: dict[str, type] = {
+RecordKind = Literal[
+    "step",
+    "rank_hello",
+    "heartbeat",
+    "phase",
+    "rank_note",
+    "rank_command",
+    "profile",
+    "capture",
+    "agent_hello",
+    "agent_phase",
+    "agent_note",
+    "worker_failure",
+    "group_restart",
+    "restart_go",
+    "checkpoint",
+    "resume",
+    "exception",
+    "batch",
+    "viewer_hello",
+    "command",
+    "auth",
+    "node_hello",
+    "node_welcome",
+    "refused",
+    "rank_gone",
+    "sample",
+    "stack",
+    "log_tail",
+    "action",
+    "notice",
+    "wire_error",
+    "run",
+    "alert",
+    "summary",
+    "exit",
+]
+"""Every record type's name, as its `type` field carries it: what tables of handlers are keyed by."""
+
+
+RECORDS: dict[RecordKind, type] = {
     "step": Step,
     "rank_hello": RankHello,
     "heartbeat": Heartbeat,
