@@ -1,44 +1,10 @@
 """The watchdog's in-rank half: the NaN/Inf guard, enforced clipping, checksums.
 
-Called from the optimizer step pre-hook (optimizer_step.py), so the script needs no
-change. Before the optimizer applies a step, on every step:
-
-- each gradient's norm is taken in one fused kernel (_foreach_norm, what
-  clip_grad_norm_ itself calls), or each bucket's where the gradients are
-  views of DDP's buckets (Flat). The global norm of them is the pre-clip
-  grad norm the dashboard shows, the NaN/Inf test and the clipping factor;
-- those norms go to the host in one small tensor (the pack) with what else
-  the step must tell: the losses backward() was called on, the scale a
-  GradScaler multiplied them by, the norm the script's own clip_grad_norm_
-  returned, a fused optimizer's found_inf, and on checksum steps the
-  parameters' checksum. One copy, into a slot of a pinned ring, read a
-  step or more late on the sender's thread (late.py); on the CPU it is
-  read at once, which costs no wait, and decoded on the sender's thread;
-- a non-finite step is skipped where the policy asks: on the CPU by
-  setting the gradients to None (every torch optimizer then leaves the
-  parameter and its state be), read now; on a GPU, for an optimizer that
-  takes a found_inf tensor (torch's fused Adam, AdamW and SGD, to which
-  GradScaler hands its own), by handing it one, computed on the device,
-  so the step is skipped exactly with no wait. Other optimizers on a GPU
-  skip only under `--on-nan skip` (or restart, stop), which reads the
-  verdict on the host before the step: a wait for the backward pass;
-- with a clip norm set, the gradients are scaled down on the device as
-  clip_grad_norm_ does, by min(1, max_norm / (norm + 1e-6)): a product
-  with 1.0 leaves gradients under the norm bitwise alone.
-
-After DDP's all-reduce every rank holds the same gradients, so a
-non-finite value on any rank is non-finite on all of them: every rank
-reaches the same verdict at the same step with no collective of its own.
-Which rank it came from is what each rank's own loss says (packed anyway);
-gradients that overflow in backward from a finite loss name no rank.
-Every `desync_every` steps a checksum of the parameters as the step found
-them goes with the step record; the supervisor compares ranks.
-
-Gradients sharded over ranks (DTensors: FSDP2, tensor parallelism) break
-that premise: each rank holds a part. Their step is checked on its own
-shards, is never skipped, and takes the grad norm only where a reduction
-was made anyway (sharded_norms says which); sharded parameters are left
-out of the checksum.
+Called from the optimizer step pre-hook (optimizer_step.py) on every step:
+one fused norm of the gradients, packed with the step's losses into one copy
+to the host (late.py), a non-finite step skipped where the policy asks, and
+clipping on the device. Why each part is so, and what changes for sharded
+gradients: docs/design.md, "the guard".
 """
 
 from __future__ import annotations

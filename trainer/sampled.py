@@ -1,46 +1,10 @@
 """What a rank reads about once a second: DDP's own comm timings and GPU memory.
 
-Comm time is not measured by ddptop on the training thread. DDP's reducer
-already times its iterations 1 to 10 and then every 100th (its runtime
-logging sample rate), in C++, with CPU timestamps or CUDA events it made
-once: the backward's compute, its all-reduces from the first bucket's
-launch to the last one's completion, and their overlap. It publishes them
-at the next iteration's forward, and `_get_ddp_logging_data()` copies them
-out under the reducer's lock. That lock is held through a backward, and for
-as long as a backward hangs in its all-reduce: a read on the sender's
-thread then would stop its heartbeats exactly when they matter. So the
-sender's thread only marks a read due, once a second (`comm_due`), and the
-training thread makes it after its next optimizer step, where the reducer
-is idle: a dictionary copy once a second. Until the first reading is
-found it is marked due at every read instead: DDP publishes an iteration's
-timings only at the next forward, so the first read of all, made as the
-job starts, finds none, and a job shorter than a second would otherwise
-have none at all (at its exit the script's model is usually gone). A
-reading not seen before goes
-with the next step record the sender makes, which says the step it
-measured (`comm_step`: the step whose span holds the sampled iteration's
-forward, by the wall clock DDP stamps it with).
-
-Every 100th iteration is once a second or more often only for iterations
-of 10 ms or less: a job of 1 s iterations would show comm times, and the
-compute that straggler detection weighs, 100 s old. So each read also
-takes the job's pace (optimizer steps since the last read over the time
-since: DDP times one iteration a step, the one that synchronises), and
-sets DDP's sample rate to the smallest of RATES that samples at most once
-in READ_EVERY_S: 100 for jobs of steps under 20 ms, 1 for jobs of a
-second or more a step. The faster of the last two reads' paces counts, so
-that one long gap (an evaluation, a checkpoint) leaves the rate be, and a
-job that slows down is sampled again within a few seconds. A sample costs
-what it costs DDP: CPU timestamps, and on a GPU a wait at the next forward
-for the sampled iteration's events, which DDP's source calls cheap there
-since that iteration's work is mostly done; never more than once a second.
-
-GPU memory is the CUDA caching allocator's counters for the rank's device,
-read on the sender's thread: the allocator builds its whole statistics
-dictionary for every read, and holds its lock only as long.
-
-Nothing here imports torch at module level: models are handed in by
-hooks.py, and torch is reached through them.
+Comm time comes from DDP's reducer, which times sampled iterations in C++;
+the sender's thread marks a read due and the training thread makes it after
+its next optimizer step, where the reducer's lock is free, and sets DDP's
+sample rate from the job's pace (docs/design.md, "comm time and memory").
+Nothing here imports torch at module level: models are handed in by hooks.py.
 """
 
 from __future__ import annotations

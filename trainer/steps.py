@@ -1,48 +1,10 @@
 """Turning hook callbacks into one record per training step, and the phase.
 
-The hooks (hooks.py) only tell this tracker what just happened: a forward
-began or ended, the optimizer step began or ended, the script called
-monitor.step(). The tracker owns the step boundaries and the record:
-
-- a step ends when the optimizer's step() returns; its step time runs from
-  the end of the previous step, so it includes the data wait;
-- data wait is the time from the end of one step to the next step's first
-  forward, less an evaluation between them (a DDP forward that is not
-  training): that goes in the step's record as its own span (`eval_ms`,
-  `eval_ended`), so that the rates can leave it out on every rank;
-- samples is the batch dimension of the DDP forward input, summed over the
-  forwards of the step (gradient accumulation) by the model that began it
-  (`leader`), unless the script says;
-- tokens, the elements of the forward's token ids (hooks.py finds them),
-  summed the same way; loss, the sum of what the script called backward()
-  on during the step (hooks.py), unless the script says;
-- a monitor.step() after optimizer.step() (the usual place) still adds its
-  values to the step just finished, until the next forward.
-
-The training thread only journals: each hook appends one tuple (what
-happened, when) to `journal`, and keeps the few counts it reads itself
-(the step, the phase, whether a step is open). Code that runs once per step
-between torch's kernels runs cold and leaves torch's own code cold after
-it, so everything else happens on the sender's thread, which reads the
-journal and makes the records before each batch it sends (build(),
-sender.py; bench/inrank.py, docs/benchmarks.md). The journal is read in
-order, so a monitor.step() after optimizer.step() adds to the step just
-closed until a training forward is read, and the record of a step is made
-only then (or at the next step's close, or at exit). A rank whose training
-stopped (a long evaluation, a checkpoint written, a hang) has its last step
-sent all the same once it has sat closed for SEAL_AFTER_STEPS of its own
-time and SEAL_AFTER_S: the dashboard shows it done, not a step behind the
-ranks that wait for it; a monitor.step() for it after that is dropped.
-The values the guard packs (the grad norm, the losses; guard.py) are
-one value (FIELDS) that the record takes its fields from: on the CPU read on
-the training thread, where that waits for nothing, and decoded here as the
-record is made (late.Read); on a GPU a Late, read here once its copy has
-passed. A record leaves only
-when all of its values can be read without waiting (on a GPU a step late,
-usually). What the sender's thread samples about once
-a second (sampled.py: DDP's comm timings, GPU memory) goes with the next
-record it makes.
-No torch here: the tracker is plain Python and tested as such.
+The training thread only journals what happened (a forward began, the step
+closed); the sender's thread reads the journal into step records, sent once
+every value can be read without waiting. Why, and how data wait, evaluation,
+samples and the loss are counted: docs/design.md, "the step's facts". No
+torch here: the tracker is plain Python and tested as such.
 """
 
 from __future__ import annotations
