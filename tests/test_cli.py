@@ -12,7 +12,7 @@ import time
 import builders
 import psutil
 import pytest
-from conftest import DDPTOP, EXAMPLE, bound_unix, run_ddptop
+from support import DDPTOP, EXAMPLE, bound_unix, run_ddptop
 
 from ddptop import stacks
 from ddptop.control import Connection

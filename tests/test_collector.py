@@ -5,7 +5,7 @@ import struct
 
 import pytest
 from builders import hello
-from conftest import until
+from support import until
 
 from ddptop.core import wire
 from ddptop.supervisor.serving.collector import Collector

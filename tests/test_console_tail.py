@@ -10,7 +10,7 @@ import io
 import threading
 from pathlib import Path
 
-from conftest import wait_for
+from support import wait_for
 
 from ddptop.supervisor.launching import console_tail
 

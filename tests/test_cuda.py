@@ -21,8 +21,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from builders import steps_made
-from conftest import DDPTOP, EXAMPLE, SCRIPTS, run_ddptop, wait_for
 from norms import flat_of
+from support import DDPTOP, EXAMPLE, SCRIPTS, run_ddptop, wait_for
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DDPTOP, SCRIPTS, recorded, wait_for
+from support import DDPTOP, SCRIPTS, recorded, wait_for
 
 from ddptop.core import rundir
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DDPTOP, EXAMPLE, SCRIPTS, bound_unix, free_port, received, recorded, run_ddptop, wait_for
+from support import DDPTOP, EXAMPLE, SCRIPTS, bound_unix, free_port, received, recorded, run_ddptop, wait_for
 
 from ddptop.core import rundir, wire
 from ddptop.supervisor.launching.torchrun import BOOTSTRAP_DIR

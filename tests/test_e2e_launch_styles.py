@@ -13,7 +13,7 @@ import sys
 
 import psutil
 import pytest
-from conftest import DDPTOP, SCRIPTS, free_port, run_ddptop, wait_for
+from support import DDPTOP, SCRIPTS, free_port, run_ddptop, wait_for
 
 from ddptop.core import rundir
 from ddptop.supervisor.watching.rules import nan as nan_rule

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import DDPTOP, EXAMPLE, free_port, run_ddptop, until, wait_for
+from support import DDPTOP, EXAMPLE, free_port, run_ddptop, until, wait_for
 from test_tui import column, table
 
 from ddptop.core import rundir

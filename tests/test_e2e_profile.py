@@ -7,7 +7,7 @@ import json
 import subprocess
 
 import pytest
-from conftest import DDPTOP, SCRIPTS, recorded, run_ddptop, wait_for
+from support import DDPTOP, SCRIPTS, recorded, run_ddptop, wait_for
 
 from ddptop.core import rundir
 

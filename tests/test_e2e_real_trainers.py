@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, counted_once_a_group, recorded, run_ddptop
+from support import SCRIPTS, counted_once_a_group, recorded, run_ddptop
 
 from ddptop.core import rundir
 from ddptop.supervisor.watching.rules.nan import APPLIED_SHARDED, OWN_LOSS

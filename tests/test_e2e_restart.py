@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DDPTOP, EXAMPLE, recorded, wait_for
+from support import DDPTOP, EXAMPLE, recorded, wait_for
 
 from ddptop.core import rundir
 from ddptop.trainer.template import MARK

@@ -11,7 +11,7 @@ import sys
 
 import psutil
 import pytest
-from conftest import DDPTOP, EXAMPLE, SCRIPTS, free_port, run_ddptop, wait_for
+from support import DDPTOP, EXAMPLE, SCRIPTS, free_port, run_ddptop, wait_for
 
 from ddptop.core import rundir
 

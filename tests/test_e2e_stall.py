@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DDPTOP, SCRIPTS, counts_storage_bytes, recorded, wait_for
+from support import DDPTOP, SCRIPTS, counts_storage_bytes, recorded, wait_for
 
 from ddptop.core import rundir
 from ddptop.supervisor.watching.rules.stall import STALL_MIN_S

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DDPTOP, SCRIPTS, recorded, run_ddptop, until, wait_for
+from support import DDPTOP, SCRIPTS, recorded, run_ddptop, until, wait_for
 from synthetic import synthetic_job
 
 from ddptop.core import rundir, wire

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, recorded, run_ddptop
+from support import SCRIPTS, recorded, run_ddptop
 
 from ddptop.core import rundir
 from ddptop.trainer.template import MARK

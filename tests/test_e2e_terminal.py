@@ -14,7 +14,7 @@ import uuid
 
 import psutil
 import pytest
-from conftest import DDPTOP, EXAMPLE, wait_for
+from support import DDPTOP, EXAMPLE, wait_for
 
 from ddptop.core import rundir
 

@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import DDPTOP, EXAMPLE, SCRIPTS, counted_once_a_group, recorded
+from support import DDPTOP, EXAMPLE, SCRIPTS, counted_once_a_group, recorded
 
 from ddptop.core import rundir
 from ddptop.supervisor.watching.rules import nan

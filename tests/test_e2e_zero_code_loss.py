@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, recorded, run_ddptop
+from support import SCRIPTS, recorded, run_ddptop
 
 from ddptop.core import rundir
 

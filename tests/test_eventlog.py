@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from conftest import run_ddptop, until
+from support import run_ddptop, until
 
 from ddptop.core import rundir, wire
 from ddptop.core.eventlog import EventLog, closed_segments, compress, open_segment, read_all

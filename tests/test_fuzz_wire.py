@@ -16,9 +16,9 @@ import subprocess
 import time
 
 import pytest
-from conftest import DDPTOP, EXAMPLE, run_ddptop, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import DDPTOP, EXAMPLE, run_ddptop, wait_for
 
 from ddptop.core import rundir, wire
 from ddptop.core.wire import unixpath

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import accumulating_step, wait_for
+from support import accumulating_step, wait_for
 from torch import nn
 
 from ddptop.core.model import profiles

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import accumulating_step
+from support import accumulating_step
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 

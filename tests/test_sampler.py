@@ -6,8 +6,8 @@ import sys
 
 import psutil
 import pytest
-from conftest import counts_storage_bytes, wait_for
 from fake_pynvml import FakeNvml
+from support import counts_storage_bytes, wait_for
 
 from ddptop.core import rundir
 from ddptop.core.usage import UsageError

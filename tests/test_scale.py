@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_ddptop, until
+from support import run_ddptop, until
 from synthetic import hello, step_record, synthetic_job
 
 from ddptop.core import rundir, wire

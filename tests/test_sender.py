@@ -5,7 +5,7 @@ import threading
 
 import pytest
 from builders import hello
-from conftest import bound_unix, received, wait_for
+from support import bound_unix, received, wait_for
 
 from ddptop.trainer.sender import Sender
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from support import wait_for
 
 from ddptop.supervisor.watching import stacks
 from ddptop.supervisor.watching.stacks import OWN_MARK, script_first

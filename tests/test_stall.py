@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import wait_for
+from support import wait_for
 from test_watchdog import Clock, feed, hello, make, seconds, step
 
 from ddptop.core.model.job import JobState

@@ -7,7 +7,7 @@ import os
 import socket
 
 import pytest
-from conftest import until
+from support import until
 from test_collector import HELLO, STEP
 
 from ddptop.core import wire

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import wait_for
+from support import wait_for
 
 from ddptop.supervisor.launching.template import Template
 from ddptop.supervisor.launching.torchrun import BOOTSTRAP_DIR

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import until
+from support import until
 from synthetic import synthetic_job
 from textual.pilot import Pilot
 from textual.widgets import Log

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from builders import hello
-from conftest import until
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import until
 from test_tui_snapshots import BASE, fixed_run
 from textual_plotext.plot import Plot
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from builders import hello
-from conftest import until
+from support import until
 
 from ddptop.core import rundir
 from ddptop.core.eventlog import EventLog

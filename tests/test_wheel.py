@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SCRIPTS
+from support import REPO, SCRIPTS
 
 # One worker builds the wheel and its venv (module fixtures) for all of them.
 pytestmark = [pytest.mark.slow, pytest.mark.wheel, pytest.mark.xdist_group("wheel")]
