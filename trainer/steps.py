@@ -13,6 +13,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
@@ -37,31 +38,6 @@ thread reads them all every flush interval, so only steps far faster than any
 training's (a script calling monitor.step() in a tight loop) or a rank whose
 sender is gone keep more. Steps lost so are counted (StepTracker.dropped)."""
 
-# What the training thread journals, by each entry's first item:
-FORWARD = 0
-"""(FORWARD, time, samples, tokens): a training forward began."""
-VALUES = 1
-"""(VALUES, values): what the hooks measured before the optimizer ran (the guard's)."""
-GIVEN = 2
-"""(GIVEN, loss, samples, tokens, closes): what monitor.step() said, for the step just
-closed if no training forward came since, else for the step in progress; `closes` when
-no torch optimizer marks the steps, so the call ends the step it speaks for (END follows)."""
-END = 3
-"""(END, time, step, values, micro, held): the step closed; values is what the hooks measured
-after the optimizer (comm, memory, the learning rate); micro, its leader's training forwards;
-held, whether its backward() losses wait for the next forward (LOSS)."""
-RESUME = 4
-"""(RESUME, step): the script went on from a checkpoint, so steps jump to `step`."""
-LOSS = 5
-"""(LOSS, loss): the sum of what backward() was called on during the step closed last, where
-the guard did not pack it (a step no torch optimizer closed): read, or on its way from a
-GPU; None when none was a loss. Taken as the next training forward begins, or the next
-step closes, unless monitor.step() gave that step's loss."""
-
-EVAL = 6
-"""(EVAL, began, ended): the forwards of an evaluation ran from began to ended, after the step
-closed last and before the training forward that begins the next (journaled with it)."""
-
 LOSSES_KEPT = 1024
 """The most backward() values a step holds for its loss: a loop that no optimizer step (or
 monitor.step) closes holds no more."""
@@ -70,8 +46,25 @@ STEPS_KEPT = 4096
 """Closed steps whose wall-clock span is kept, to name the step a sampled reading measured: a
 reading comes about a second after DDP took it, 4,000 steps later at 0.25 ms a step."""
 
-# A closed step's facts, by position in its list (a list, not an object: one is made every step).
-_STEP, _START, _FIRST, _END, _SAMPLES, _TOKENS, _LOSS, _VALUES, _EVAL = range(9)
+
+@dataclass(slots=True)
+class StepFacts:
+    """A closed step as the journal told it, until its record is made (_seal)."""
+
+    step: int
+    start: float | None
+    """When the step before it ended, on the clock: its step time and data wait run from there."""
+    first: float | None
+    """When its first training forward began."""
+    end: float
+    samples: int
+    tokens: int
+    loss: Any
+    """What monitor.step() gave, or the sum of its backward() values (a number, or a Late)."""
+    values: dict[str, Any]
+    """What the hooks measured (the guard's pack, the learning rate, sampled timings)."""
+    evaluation: tuple[float, float] | None
+    """When an evaluation between the step before and its first forward began and ended."""
 
 
 class StepTracker:
@@ -97,7 +90,16 @@ class StepTracker:
         sample once."""
         self.journal: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_JOURNAL)
         """What happened on the training thread, in order, for the sender's thread to make
-        records of (build())."""
+        records of (build()): each entry is the reader that takes it, then what it takes
+        (a tuple: one is made for every event of every step)."""
+        # The readers, bound once: the training thread journals them with no lookup of its own.
+        self._forward_read = self._read_forward
+        self._values_read = self._read_values
+        self._given_read = self._read_given
+        self._end_read = self._close
+        self._resume_read = self._read_resume
+        self._loss_read = self._read_loss
+        self._evaluation_read = self._read_evaluation
         self.in_step = False
         """Whether a training forward ran since the last step closed (a backward() before
         one is outside any step, and not the step's loss)."""
@@ -114,7 +116,7 @@ class StepTracker:
         self.losses: list[Any] = []
         """What backward() was called on in this step, as hooks.py hands it over (detached
         tensors; a tuple (tensor, True) for one a GradScaler scaled): the guard packs them,
-        or, in a step no optimizer closes, their sum is taken once the step has closed (LOSS)."""
+        or, in a step no optimizer closes, their sum is taken once the step has closed (_read_loss)."""
         self.loss_ids: list[int] = []
         """The ids of the script's own tensors behind `losses` (the unscaled one for a scaled
         loss), kept until the next step's first forward: a monitor.step(loss=) of the step's
@@ -140,7 +142,7 @@ class StepTracker:
         self._tokens = 0
         self._given_loss: Any = None
         self._values: dict[str, Any] = {}
-        self._finished: list[Any] | None = None
+        self._finished: StepFacts | None = None
         """The facts of the step read closed last, while a monitor.step() may still add to them."""
         self._seal_by = 0.0
         """When it may be sent with no forward after it (SEAL_AFTER_S), on the clock."""
@@ -151,7 +153,7 @@ class StepTracker:
         self._wall_offset = 0.0
         """time.time() less the clock, taken as each read begins: a step's wall time is its end plus it."""
         self._next_step = 0
-        """The step the next END should close: a gap says entries were lost."""
+        """The step the next close should be: a gap says entries were lost."""
         self._lost = False
         """Whether the journal was found full: the step read next may have lost entries."""
         self._waiting: list[tuple[wire.Frame, dict[str, late.Late]]] = []
@@ -161,7 +163,7 @@ class StepTracker:
         """When the forwards of an evaluation since the last step closed began and last returned
         (evaluating, evaluated): journaled as the next training forward begins."""
         self._eval: tuple[float, float] | None = None
-        """The evaluation read before the step in progress's first forward (EVAL)."""
+        """The evaluation read before the step in progress's first forward (_read_evaluation)."""
         self.eval_code: CodeType | None = None
         """The script's function that ran the evaluation since the last step (where.Phase)."""
         self._spans: collections.deque[tuple[int, float, float, int]] = collections.deque(maxlen=STEPS_KEPT)
@@ -173,7 +175,7 @@ class StepTracker:
         if self._held is not None:
             self._take_held(self._held)
         if self._evaluated is not None:
-            self.journal.append((EVAL, *self._evaluated))
+            self.journal.append((self._evaluation_read, *self._evaluated))
             self._evaluated = None
         now = self._clock()
         if not self.in_step:  # what backward() was called on before the step's first forward is not its loss
@@ -188,7 +190,7 @@ class StepTracker:
             if len(self.losses) >= LOSSES_KEPT:
                 self.losses, self.loss_ids = [], []
         self.in_step = True
-        self.journal.append((FORWARD, now, samples, tokens))
+        self.journal.append((self._forward_read, now, samples, tokens))
         self.phase = "forward"
 
     def evaluating(self, began: float | None = None) -> None:
@@ -214,7 +216,7 @@ class StepTracker:
         """Values measured before the optimizer runs (the pre-clip grad norm)."""
         self.phase = "optimizer"
         if values:
-            self.journal.append((VALUES, values))
+            self.journal.append((self._values_read, values))
 
     def optimizer_end(self, values: dict[str, Any]) -> None:
         """Close the step; values holds what the hooks measured after it (comm, memory).
@@ -232,7 +234,7 @@ class StepTracker:
         elif self.losses:
             self._held = self.losses
         self.losses = []
-        self.journal.append((END, self._clock(), self.step, values, self.micro, self._held is not None))
+        self.journal.append((self._end_read, self._clock(), self.step, values, self.micro, self._held is not None))
         self.in_step = False
         self.step += 1
         self.phase = "data"
@@ -260,16 +262,16 @@ class StepTracker:
             else:
                 self._held = None
         if self.optimizer_seen:
-            self.journal.append((GIVEN, loss, samples, tokens, False))
+            self.journal.append((self._given_read, loss, samples, tokens, False))
             return
-        self.journal.append((GIVEN, loss, samples, tokens, True))  # no torch.optim step marks the boundary, so this call does
+        self.journal.append((self._given_read, loss, samples, tokens, True))  # no torch.optim step marks the boundary, so this call does
         self.optimizer_end({})
         self.optimizer_seen = False
 
     def resumed_at(self, step: int) -> None:
         """The script goes on from a checkpoint: its next step is `step`, and so is ours."""
         self.step = step
-        self.journal.append((RESUME, step))
+        self.journal.append((self._resume_read, step))
 
     def event(self, record: wire.Frame) -> None:
         """A record outside the step cycle (a checkpoint written, a resume): sent now,
@@ -310,7 +312,7 @@ class StepTracker:
     def _take_held(self, held: list[Any]) -> None:
         """Journal the held losses of the step closed last, summed (on the training thread)."""
         self._held = None
-        self.journal.append((LOSS, late.losses(held)))
+        self.journal.append((self._loss_read, late.losses(held)))
 
     def _read(self) -> None:
         """Turn the journal's entries so far into steps: entries appended meanwhile wait
@@ -321,43 +323,59 @@ class StepTracker:
             self._lost = True
         for _ in range(len(journal)):
             entry = journal.popleft()
-            kind = entry[0]
-            if kind == FORWARD:
-                self._sealed_early = False
-                if self._finished is not None:
-                    self._seal()
-                if self._first is None:
-                    self._first = entry[1]
-                if entry[2]:
-                    self._samples += entry[2]
-                if entry[3]:
-                    self._tokens += entry[3]
-            elif kind == VALUES:
-                self._values.update(entry[1])
-            elif kind == END:
-                self._close(entry)
-            elif kind == LOSS:
-                if self._finished is not None:
-                    self._finished[_LOSS] = entry[1]
-            elif kind == EVAL:
-                self._eval = (entry[1], entry[2])
-            elif kind == GIVEN:
-                if entry[4] and self._finished is not None:  # it speaks for the step it closes, not the one before
-                    self._seal()
-                if entry[4] or not self._sealed_early:  # else it speaks for a step sent already
-                    self._given(entry[1], entry[2], entry[3])
-            else:
-                self._next_step = entry[1]
+            entry[0](*entry[1:])
+
+    def _read_forward(self, began: float, samples: int | None, tokens: int | None) -> None:
+        """A training forward began: the step it begins (or adds to) takes its batch."""
+        self._sealed_early = False
+        if self._finished is not None:
+            self._seal()
+        if self._first is None:
+            self._first = began
+        if samples:
+            self._samples += samples
+        if tokens:
+            self._tokens += tokens
+
+    def _read_values(self, values: dict[str, Any]) -> None:
+        """What the hooks measured before the optimizer ran (the guard's pack)."""
+        self._values.update(values)
+
+    def _read_given(self, loss: Any, samples: int | None, tokens: int | None, closes: bool) -> None:
+        """What monitor.step() said, for the step just closed if no training forward came since,
+        else for the step in progress; `closes` when no torch optimizer marks the steps, so the
+        call ends the step it speaks for (an end follows)."""
+        if closes and self._finished is not None:  # it speaks for the step it closes, not the one before
+            self._seal()
+        if closes or not self._sealed_early:  # else it speaks for a step sent already
+            self._given(loss, samples, tokens)
+
+    def _read_resume(self, step: int) -> None:
+        """The script went on from a checkpoint, so steps jump to `step`."""
+        self._next_step = step
+
+    def _read_loss(self, loss: Any) -> None:
+        """The sum of what backward() was called on during the step closed last, where the guard
+        did not pack it (a step no torch optimizer closed): read, or on its way from a GPU; None
+        when none was a loss. Taken as the next training forward begins, or the next step closes,
+        unless monitor.step() gave that step's loss."""
+        if self._finished is not None:
+            self._finished.loss = loss
+
+    def _read_evaluation(self, began: float, ended: float) -> None:
+        """The forwards of an evaluation ran from began to ended, after the step closed last and
+        before the training forward that begins the next (journaled with it)."""
+        self._eval = (began, ended)
 
     def _given(self, loss: Any, samples: int | None, tokens: int | None) -> None:
         finished = self._finished
         if finished is not None:
             if loss is not None:
-                finished[_LOSS] = loss
+                finished.loss = loss
             if samples is not None:
-                finished[_SAMPLES] = samples
+                finished.samples = samples
             if tokens is not None:
-                finished[_TOKENS] = tokens
+                finished.tokens = tokens
             return
         if loss is not None:
             self._given_loss = loss
@@ -366,8 +384,10 @@ class StepTracker:
         if tokens is not None:
             self._values["tokens"] = tokens
 
-    def _close(self, entry: tuple[Any, ...]) -> None:
-        _, end, step, values, micro, held = entry
+    def _close(self, end: float, step: int, values: dict[str, Any], micro: int, held: bool) -> None:
+        """The step closed: values is what the hooks measured after the optimizer (comm, memory,
+        the learning rate); micro, its leader's training forwards; held, whether its backward()
+        losses wait for the next forward (_read_loss)."""
         self._sealed_early = False
         if self._finished is not None:  # a step closed before it with no forward between (two optimizers) is done
             self._seal()
@@ -376,17 +396,9 @@ class StepTracker:
             self.dropped += max(0, step - expected) + 1
             self._lost = False
         else:
-            self._finished = [
-                step,
-                self._last_end,
-                self._first,
-                end,
-                self._samples,
-                self._tokens,
-                self._given_loss,
-                self._values,
-                self._eval,
-            ]
+            self._finished = StepFacts(
+                step, self._last_end, self._first, end, self._samples, self._tokens, self._given_loss, self._values, self._eval
+            )
             if values:
                 self._values.update(values)
             begun = self._last_end if self._last_end is not None else self._first
@@ -448,33 +460,33 @@ class StepTracker:
             self._emit(_resolve(head, lates, wait=not force))  # all ready, unless forced: reading them waits for nothing
 
 
-def _record(rank: int, fact: list[Any], wall_offset: float, total_steps: int | None) -> wire.Frame:
+def _record(rank: int, fact: StepFacts, wall_offset: float, total_steps: int | None) -> wire.Frame:
     """A closed step's record, from its facts; wall_offset turns the tracker's clock into Unix time."""
-    start, first, end = fact[_START], fact[_FIRST], fact[_END]
+    start, first, end = fact.start, fact.first, fact.end
     began = start if start is not None else first
     record: wire.Frame = {
         "type": "step",
         "rank": rank,
-        "step": fact[_STEP],
+        "step": fact.step,
         "wall": wall_offset + end,
         "step_ms": (end - began) * 1000.0 if began is not None else 0.0,
     }
-    evaluated = fact[_EVAL]
+    evaluated = fact.evaluation
     took = 0.0 if evaluated is None else evaluated[1] - evaluated[0]
     if evaluated is not None:
         record["eval_ms"] = took * 1000.0
         record["eval_ended"] = wall_offset + evaluated[1]
     if start is not None and first is not None:
         record["data_ms"] = max(0.0, (first - start - took) * 1000.0)
-    if fact[_SAMPLES]:
-        record["samples"] = fact[_SAMPLES]
-    if fact[_TOKENS]:
-        record["tokens"] = fact[_TOKENS]
+    if fact.samples:
+        record["samples"] = fact.samples
+    if fact.tokens:
+        record["tokens"] = fact.tokens
     if total_steps is not None:
         record["total_steps"] = total_steps
-    record.update(fact[_VALUES])
-    if fact[_LOSS] is not None:
-        record["loss"] = fact[_LOSS]  # taken on the training thread already: a number, or a Late
+    record.update(fact.values)
+    if fact.loss is not None:
+        record["loss"] = fact.loss  # taken on the training thread already: a number, or a Late
     read = record.get(late.FIELDS)
     if type(read) is late.Read:  # a CPU step's pack, read on the host already: decoded now
         del record[late.FIELDS]
