@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -26,12 +27,25 @@ _MOD = 1 << 63
 _HALF = 1 << 32
 
 
-class Layout(NamedTuple):
-    """Where each value sits in a step's pack, and how the host reads them (`fields`).
+class Slots(NamedTuple):
+    """Where each value of a step's pack sits, by name (None: not in this pack)."""
+
+    norms: slice
+    script_norm: int | None
+    losses: slice
+    scale: int | None
+    grad_scale: int | None
+    found_inf: int | None
+    checksum: slice | None
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What a step's pack holds, in order, and how the host reads it (`fields`).
 
     Made once per arrangement and kept (optimizer_step._FIELDS), not per step: a step's
     pack has the same layout as the last one's but for a change of model,
-    scaler or policy."""
+    scaler or policy. Its slots are worked out once, as it is made."""
 
     norms: int
     """Per-gradient norms first (or the one global norm, when the device needed it; none for
@@ -63,26 +77,42 @@ class Layout(NamedTuple):
     loss_divisor: int = 1
     """What the losses' sum is divided by: a pipeline schedule's micro-batches (pipelining.py)."""
 
+    slots: Slots = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        at = 0
+
+        def take(count: int) -> slice:
+            nonlocal at
+            at += count
+            return slice(at - count, at)
+
+        def one(present: bool) -> int | None:
+            return take(1).start if present else None
+
+        norms = take(self.norms)
+        script_norm = one(self.script_norm)
+        losses = take(len(self.losses))
+        scale, grad_scale, found_inf = one(self.scale), one(self.grad_scale), one(self.found_inf)
+        checksum = take(2) if self.checksum else None
+        object.__setattr__(self, "slots", Slots(norms, script_norm, losses, scale, grad_scale, found_inf, checksum))
+
     def fields(self, values: list[float]) -> dict[str, Any]:
         """The step record's values, read off the pack on the host: on the sender's thread,
         or on the training thread for a non-finite step that may be skipped there."""
-        at = self.norms
-        norms = values[:at]
-        norm = math.sqrt(math.fsum(map(operator.mul, norms, norms))) if at > 1 else abs(values[0]) if at else None
-        script = values[at] if self.script_norm else None
-        at += self.script_norm
-        losses = values[at : at + len(self.losses)]
-        at += len(self.losses)
-        scale = values[at] if self.scale else 1.0
-        at += self.scale
-        grad_scale = values[at] if self.grad_scale else 1.0
-        at += self.grad_scale
+        slots = self.slots
+        norms = values[slots.norms]
+        norm = math.sqrt(math.fsum(map(operator.mul, norms, norms))) if len(norms) > 1 else abs(norms[0]) if norms else None
+        script = None if slots.script_norm is None else values[slots.script_norm]
+        losses = values[slots.losses]
+        scale = 1.0 if slots.scale is None else values[slots.scale]
+        grad_scale = 1.0 if slots.grad_scale is None else values[slots.grad_scale]
         out: dict[str, Any] = {}
-        if self.found_inf and values[at] == 1.0:
+        if slots.found_inf is not None and values[slots.found_inf] == 1.0:
             out["skipped"] = "scaler"
-        at += self.found_inf
-        if self.checksum:
-            out["checksum"] = (int(values[at]) * _HALF + int(values[at + 1])) % _MOD
+        if slots.checksum is not None:
+            high, low = values[slots.checksum]
+            out["checksum"] = (int(high) * _HALF + int(low)) % _MOD
         if self.losses:
             loss = 0.0
             for value, scaled in zip(losses, self.losses):

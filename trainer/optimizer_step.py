@@ -204,11 +204,28 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     divisor = probe.loss_divisor
     if divisor != 1:  # a pipeline schedule's step: taken for this step alone
         probe.loss_divisor = 1
-    arrangement = (norms, script is not None, bool(script and script[1]), marks, has_scale, grad_scale is not None,
-                   scaler_inf is not None, checksum, clip, probe.world == 1, on_device, local, sharded, divisor)  # fmt: skip
-    fields = _FIELDS.get(arrangement)
+    # What decides the pack's layout, as a key: a tuple costs the step no call; on a new one the
+    # Layout is made by name, once.
+    layout_key = (norms, script is not None, bool(script and script[1]), marks, has_scale, grad_scale is not None,
+           scaler_inf is not None, checksum, clip, probe.world == 1, on_device, local, sharded, divisor)  # fmt: skip
+    fields = _FIELDS.get(layout_key)
     if fields is None:
-        fields = _FIELDS[arrangement] = guard.Layout(*arrangement).fields
+        fields = _FIELDS[layout_key] = guard.Layout(
+            norms=norms,
+            script_norm=script is not None,
+            script_scaled=bool(script and script[1]),
+            losses=marks,
+            scale=has_scale,
+            grad_scale=grad_scale is not None,
+            found_inf=scaler_inf is not None,
+            checksum=checksum,
+            clip=clip,
+            solo=probe.world == 1,
+            skipped_on_device=on_device,
+            local_norms=local,
+            sharded=sharded,
+            loss_divisor=divisor,
+        ).fields
     grad_mode = torch.is_grad_enabled()
     if grad_mode:  # the losses still have their graphs: the pack needs none
         torchapi.set_grad_enabled(False)
@@ -237,7 +254,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
 
 
 _FIELDS: dict[tuple[Any, ...], Any] = {}
-"""Each arrangement's Layout.fields, looked up without a call: the usual step has the last one's."""
+"""Each layout's fields, by what decides it, looked up without a call: the usual step has the last one's."""
 
 
 SHARDED_NOTICE = (
@@ -332,7 +349,19 @@ def losses_only(probe: Probe) -> dict[str, Any]:
     has_scale = scale is not None and True in marks
     if has_scale:
         parts.append(scale)
-    fields = guard.Layout(0, False, False, marks, has_scale, False, False, False, None, probe.world == 1, loss_divisor=divisor).fields
+    fields = guard.Layout(
+        norms=0,
+        script_norm=False,
+        script_scaled=False,
+        losses=marks,
+        scale=has_scale,
+        grad_scale=False,
+        found_inf=False,
+        checksum=False,
+        clip=None,
+        solo=probe.world == 1,
+        loss_divisor=divisor,
+    ).fields
     packed = guard.pack(parts)
     return {late.FIELDS: late.RING.send(packed, fields)} if packed.is_cuda else fields(packed.tolist())
 
