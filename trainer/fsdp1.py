@@ -61,10 +61,10 @@ def _wrap(probe: Probe, outermost: Outermost) -> None:
 
     @functools.wraps(original_clip)
     def clip_grad_norm_(self: Any, max_norm: float, *args: Any, **kwargs: Any) -> torch.Tensor:
-        clips = probe.clips  # a root whose units all keep parameters whole calls torch's, which counts itself
+        clips = probe.clip.clips  # a root whose units all keep parameters whole calls torch's, which counts itself
         norm = original_clip(self, max_norm, *args, **kwargs)
-        probe.clipped, probe.clips = list(self.parameters()), clips + 1
-        probe.script_norm = (norm, probe.scale is not None and not probe.unscaled) if probe.clips == 1 else None
+        probe.clip.clipped, probe.clip.clips = list(self.parameters()), clips + 1
+        probe.clip.script_norm = (norm, probe.scaler.scale is not None and not probe.scaler.unscaled) if probe.clip.clips == 1 else None
         return norm
 
     def global_norm(root: Any) -> torch.Tensor:

@@ -193,17 +193,17 @@ def _wrap_grad_scaler(probe: Probe) -> None:
         factor = torchapi.scaler_scale(self)
         if scaled is outputs or factor is None:  # a disabled scaler scales nothing
             return scaled
-        probe.scale, probe.unscaled = factor, False
+        probe.scaler.scale, probe.scaler.unscaled = factor, False
         if isinstance(scaled, torch.Tensor):
-            probe.scaled[id(scaled)] = (weakref.ref(scaled), id(outputs))
-            if len(probe.scaled) > SCALED_KEPT:
-                del probe.scaled[next(iter(probe.scaled))]
+            probe.scaler.scaled[id(scaled)] = (weakref.ref(scaled), id(outputs))
+            if len(probe.scaler.scaled) > SCALED_KEPT:
+                del probe.scaler.scaled[next(iter(probe.scaler.scaled))]
         return scaled
 
     @functools.wraps(original_unscale)
     def unscale_(self: Any, optimizer: Any) -> Any:
         result = original_unscale(self, optimizer)
-        probe.unscaled = True
+        probe.scaler.unscaled = True
         return result
 
     @functools.wraps(original_step)
@@ -256,13 +256,13 @@ def _clip(original: Callable[..., Any], probe: Probe, norm_given: bool) -> Calla
             args, kwargs = ((clipped, *args[1:]), kwargs) if args else (args, {**kwargs, "parameters": clipped})
         result = original(*args, **kwargs)
         norm = (args[2] if len(args) > 2 else kwargs["total_norm"]) if norm_given else result
-        probe.clipped = clipped
-        probe.clips += 1
+        probe.clip.clipped = clipped
+        probe.clip.clips += 1
         whole = norm
         if type(norm) is not torch.Tensor and torchapi.is_dtensor(norm):  # a plain norm costs no call
             # Of sharded gradients, a DTensor that clipping has reduced to replicated: its local tensor is the whole norm.
             whole = torchapi.replicated(norm).to_local()
-        probe.script_norm = (whole, probe.scale is not None and not probe.unscaled) if probe.clips == 1 else None
+        probe.clip.script_norm = (whole, probe.scaler.scale is not None and not probe.scaler.unscaled) if probe.clip.clips == 1 else None
         return result
 
     return clip
@@ -289,7 +289,7 @@ def _wrap_backward(probe: Probe) -> None:
 
     The wrapper only hands the tensor over: it is read with the guard's pack
     (guard.py), a step late on a GPU. A loss a GradScaler scaled is marked
-    (Probe.scaled_at), and the pack carries the scale to divide it by. The
+    (ScalerSeen.scaled_at), and the pack carries the scale to divide it by. The
     usual backward, one scalar loss and no scaler, costs one call and no op.
     """
     original = torch.autograd.backward
@@ -309,7 +309,7 @@ def _wrap_backward(probe: Probe) -> None:
             return result
         if graph_task() != -1:  # called by a backward running (a reentrant checkpoint's recomputation): not a loss
             return result
-        if one and not probe.scaled and not tensors.dim() and tensors.is_floating_point():
+        if one and not probe.scaler.scaled and not tensors.dim() and tensors.is_floating_point():
             tracker.losses.append(tensors)
             tracker.loss_ids.append(id(tensors))
             return result
@@ -324,9 +324,9 @@ def _wrap_backward(probe: Probe) -> None:
 def _hand_over(probe: Probe, tensor: torch.Tensor) -> None:
     """One loss to the step, as a 0-d tensor, marked if a GradScaler scaled it."""
     tracker = probe.tracker
-    known = probe.scaled.get(id(tensor)) if probe.scaled else None
+    known = probe.scaler.scaled.get(id(tensor)) if probe.scaler.scaled else None
     if known is not None and known[0]() is tensor:
-        probe.scaled_at.append(len(tracker.losses))
+        probe.scaler.scaled_at.append(len(tracker.losses))
         tracker.loss_ids.append(known[1])
     else:
         tracker.loss_ids.append(id(tensor))

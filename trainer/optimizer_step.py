@@ -111,14 +111,14 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     start, so the usual step calls only torch.
     """
     tracker, policy = probe.tracker, probe.policy
-    scale, probe.scale = probe.scale, None
-    script, clipped = probe.script_norm, probe.clipped
-    if probe.clips:  # the script's clip is this step's alone, and its parameters are not held past it
-        probe.script_norm, probe.clips, probe.clipped = None, 0, []
+    scale, probe.scaler.scale = probe.scaler.scale, None
+    script, clipped = probe.clip.script_norm, probe.clip.clipped
+    if probe.clip.clips:  # the script's clip is this step's alone, and its parameters are not held past it
+        probe.clip.script_norm, probe.clip.clips, probe.clip.clipped = None, 0, []
     # Each p.grad is a call into torch: read once, not once to test and again to take.
     grads = [grad for group in optimizer.param_groups for p in group["params"] if (grad := p.grad) is not None]
     if not grads:  # no parameter has a gradient this step: nothing to check or clip, only its losses
-        probe.scale = scale
+        probe.scaler.scale = scale
         return losses_only(probe)
     losses, tracker.losses = tracker.losses, []
     first = grads[0]
@@ -148,7 +148,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     borrowed: torch.Tensor | None = None
     if script is not None and clip is None and grad_scale is None and not script[1] and clipped and script[0].dtype is not torch.float16:
         key = (id(optimizer), len(grads), len(clipped), id(clipped[0]), id(clipped[-1]))
-        covers = probe.covers.get(key)
+        covers = probe.clip.covers.get(key)
         if covers is None:
             covers = _script_covers(probe, optimizer, clipped, key)
         if covers:
@@ -175,15 +175,15 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
             if clip is not None:
                 guard.clip_on_device(normed, parts[0] if grad_scale is None else parts[0] / grad_scale, clip, known.several_devices)
     if on_device:  # the flag on the norm's device, which a script's clip of a model over GPUs picks (its first gradient's)
-        flag, norm = probe.inf_flag, parts[0]
+        flag, norm = probe.fused.inf_flag, parts[0]
         if flag is None or flag.device != norm.device:
-            flag = probe.inf_flag = torch.empty((), dtype=torch.float32, device=norm.device)
+            flag = probe.fused.inf_flag = torch.empty((), dtype=torch.float32, device=norm.device)
         optimizer.found_inf = guard.found_inf(norm, flag)
-        probe.found_inf_set = optimizer
+        probe.fused.found_inf_set = optimizer
     norms = len(parts)
     if script is not None:
         parts.append(script[0])
-    marks = _scaled_marks(probe, len(losses)) if probe.scaled_at else (False,) * len(losses)  # the usual step: no call
+    marks = _scaled_marks(probe, len(losses)) if probe.scaler.scaled_at else (False,) * len(losses)  # the usual step: no call
     parts += losses
     has_scale = False
     if scale is not None and (True in marks or bool(script and script[1])):
@@ -201,9 +201,9 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         summed = guard.checksum_parts(compared)
         checksum = bool(summed)  # none where every parameter is sharded (FSDP's): no rank holds another's
         parts += summed
-    divisor = probe.loss_divisor
+    divisor = probe.pipeline.loss_divisor
     if divisor != 1:  # a pipeline schedule's step: taken for this step alone
-        probe.loss_divisor = 1
+        probe.pipeline.loss_divisor = 1
     # What decides the pack's layout, as a key: a tuple costs the step no call; on a new one the
     # Layout is made by name, once.
     layout_key = (norms, script is not None, bool(script and script[1]), marks, has_scale, grad_scale is not None,
@@ -313,25 +313,25 @@ def _moved(probe: Probe, optimizer: Any, grads: list[torch.Tensor], look: tuple[
 
 
 COVERS_KEPT = 16
-"""Arrangements Probe.covers, and (optimizer, count of gradients) entries Probe.gradients, keep at most: cleared when full."""
+"""Arrangements ScriptClip.covers, and (optimizer, count of gradients) entries Probe.gradients, keep at most: cleared when full."""
 
 
 def _script_covers(probe: Probe, optimizer: Any, clipped: list[Any], key: tuple[int, ...]) -> bool:
     """Whether the parameters the script's clip_grad_norm_ was given hold every gradient the
     optimizer steps: then its norm is the guard's (a clip of some of them leaves the rest
-    unmeasured). Found once for each arrangement (key: Probe.covers) and kept."""
+    unmeasured). Found once for each arrangement (key: ScriptClip.covers) and kept."""
     given = {id(param) for param in clipped}
     covers = all(id(param) in given for group in optimizer.param_groups for param in group["params"] if param.grad is not None)
-    if len(probe.covers) >= COVERS_KEPT:
-        probe.covers.clear()
-    probe.covers[key] = covers
+    if len(probe.clip.covers) >= COVERS_KEPT:
+        probe.clip.covers.clear()
+    probe.clip.covers[key] = covers
     return covers
 
 
 def _scaled_marks(probe: Probe, count: int) -> tuple[bool, ...]:
     """Which of the step's count losses a GradScaler scaled, taken off the probe for the next step."""
-    marks = tuple(i in probe.scaled_at for i in range(count))
-    probe.scaled_at = []
+    marks = tuple(i in probe.scaler.scaled_at for i in range(count))
+    probe.scaler.scaled_at = []
     return marks
 
 
@@ -339,9 +339,9 @@ def losses_only(probe: Probe) -> dict[str, Any]:
     """The values of a step with no gradients (a GradScaler skipped its optimizer): the losses, unscaled."""
     tracker = probe.tracker
     losses, tracker.losses = tracker.losses, []
-    scale, probe.scale = probe.scale, None
-    divisor, probe.loss_divisor = probe.loss_divisor, 1
-    probe.script_norm, probe.clips, probe.clipped = None, 0, []
+    scale, probe.scaler.scale = probe.scaler.scale, None
+    divisor, probe.pipeline.loss_divisor = probe.pipeline.loss_divisor, 1
+    probe.clip.script_norm, probe.clip.clips, probe.clip.clipped = None, 0, []
     marks = _scaled_marks(probe, len(losses))
     if not losses:
         return {}
@@ -370,9 +370,9 @@ def end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> N
     if optimizer is not probe.stepping:
         return
     probe.stepping = None
-    if probe.found_inf_set is optimizer:
+    if probe.fused.found_inf_set is optimizer:
         del optimizer.found_inf
-        probe.found_inf_set = None
+        probe.fused.found_inf_set = None
     if probe.sampled.comm_due:  # once a second: the reducer is idle between steps (sampled.py)
         probe.sampled.read_comm(probe.tracker.step)
     if probe.models:  # a DDP model's step: an evaluation that passes by DDP is looked for until the next

@@ -9,12 +9,12 @@ leaves each whole and divides the gradients instead, once all backward
 passes are done (`scale_grads`, by the micro-batches, unless the script's
 loss function sums and it was built with scale_grads=False). The step's
 loss is then their sum divided by the same factor: the wrapper tells the
-guard (Probe.loss_divisor), at no cost to any other job.
+guard (PipelineStep.loss_divisor), at no cost to any other job.
 
 At its first step a stage runs its module once more, on empty tensors of
 the batch's shapes, to learn the shapes it sends (torchapi.PIPELINE_SHAPES):
 while it does, the sharded module's forward hook counts nothing
-(Probe.inferring_shapes, sharded_forward.py).
+(PipelineStep.inferring_shapes, sharded_forward.py).
 
 Imported only once the script has imported torch (hooks.py); the stage's
 classes are wrapped once their module is imported, never importing it.
@@ -44,7 +44,7 @@ def _wrap_stage(probe: Probe) -> None:
         def scale_grads(self: Any, grad_scale_factor: int) -> None:
             original(self, grad_scale_factor)
             if grad_scale_factor != 1:
-                probe.loss_divisor = grad_scale_factor
+                probe.pipeline.loss_divisor = grad_scale_factor
 
         patches.replace(base, "scale_grads", scale_grads)
     if shapes is not None:
@@ -54,10 +54,10 @@ def _wrap_stage(probe: Probe) -> None:
 def _no_batch(infer: Any, probe: Probe) -> Any:
     @functools.wraps(infer)
     def inferring(self: Any, *args: Any, **kwargs: Any) -> Any:
-        probe.inferring_shapes = True
+        probe.pipeline.inferring_shapes = True
         try:
             return infer(self, *args, **kwargs)
         finally:
-            probe.inferring_shapes = False
+            probe.pipeline.inferring_shapes = False
 
     return inferring

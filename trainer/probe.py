@@ -34,6 +34,58 @@ class Gradients(NamedTuple):
     """The FSDP1 roots whose sharded parameters they are the gradients of (fsdp1.py), weakly."""
 
 
+class ScalerSeen:
+    """What a GradScaler did this step (hooks._wrap_grad_scaler): the loss the guard packs is read unscaled."""
+
+    def __init__(self) -> None:
+        self.scale: torch.Tensor | None = None
+        """The scale a GradScaler multiplied this step's loss by (None: no scaler, or a disabled one)."""
+        self.unscaled = False
+        """Whether GradScaler.unscale_ ran since that scale(): the gradients are unscaled."""
+        self.scaled_at: list[int] = []
+        """Which of the step's losses (tracker.losses, by position) a GradScaler scaled."""
+        self.scaled: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        """Tensors a GradScaler scaled, by id, with the id of the tensor they were scaled from
+        (the latest SCALED_KEPT kept): the loss that goes to backward() is read unscaled, and
+        monitor.step(loss=) of the unscaled one is known to be the same loss."""
+
+
+class ScriptClip:
+    """The script's own clip_grad_norm_ this step (hooks._clip): its norm is the step's, where it measured every gradient."""
+
+    def __init__(self) -> None:
+        self.script_norm: tuple[torch.Tensor, bool] | None = None
+        """What the script's clip_grad_norm_ returned this step, and whether the gradients it
+        measured were still scaled; two calls in one step leave None (their norms are parts)."""
+        self.clips = 0
+        self.clipped: list[Any] = []
+        """The parameters the script's clip_grad_norm_ was given this step (not held past it)."""
+        self.covers: dict[tuple[int, ...], bool] = {}
+        """Whether a script's clip covered every gradient an optimizer steps, by (optimizer, gradients,
+        parameters clipped, first and last of them): found once, then looked up without a call."""
+
+
+class FusedSkip:
+    """A non-finite step skipped on the device: the found_inf ddptop hands a fused optimizer (optimizer_step._guard)."""
+
+    def __init__(self) -> None:
+        self.inf_flag: torch.Tensor | None = None
+        """The found_inf ddptop hands a fused optimizer, made once and written on the device each step."""
+        self.found_inf_set: Any = None
+        """The optimizer ddptop handed a found_inf to for the step running (taken back after it)."""
+
+
+class PipelineStep:
+    """What a pipeline schedule's step tells the guard (pipelining.py)."""
+
+    def __init__(self) -> None:
+        self.inferring_shapes = False
+        """Whether a pipeline stage runs its module to learn its shapes (pipelining.py): no batch."""
+        self.loss_divisor = 1
+        """What a pipeline schedule divided this step's gradients by (pipelining.py): the step's
+        loss is its micro-batches' losses summed, divided by it. Taken by the guard."""
+
+
 class Probe:
     """What the hooks of one rank share: where records go, the policy, the DDP
     models (for checksums and DDP's own timings), and what the step so far told."""
@@ -56,16 +108,6 @@ class Probe:
         """The DDP models' group size: at 1 a non-finite gradient is this rank's own."""
         self.groups: dict[int, Any] = {}
         """The DDP models' process groups, held to the rank's end and past it (keep_groups says why)."""
-        self.scale: torch.Tensor | None = None
-        """The scale a GradScaler multiplied this step's loss by (None: no scaler, or a disabled one)."""
-        self.unscaled = False
-        """Whether GradScaler.unscale_ ran since that scale(): the gradients are unscaled."""
-        self.script_norm: tuple[torch.Tensor, bool] | None = None
-        """What the script's clip_grad_norm_ returned this step, and whether the gradients it
-        measured were still scaled; two calls in one step leave None (their norms are parts)."""
-        self.clips = 0
-        self.clipped: list[Any] = []
-        """The parameters the script's clip_grad_norm_ was given this step (not held past it)."""
         self.gradients: dict[tuple[int, int], Gradients] = {}
         """What the guard found of an optimizer's gradients, by optimizer id and how many of them
         a step has: found at the first step with that count, then looked up without a call. By
@@ -73,31 +115,17 @@ class Probe:
         with a layer used every other step): each set keeps its own."""
         self.watched: set[int] = set()
         """The optimizers (by id) whose end lets go of their entries in gradients: watched once each."""
-        self.covers: dict[tuple[int, ...], bool] = {}
-        """Whether a script's clip covered every gradient an optimizer steps, by (optimizer, gradients,
-        parameters clipped, first and last of them): found once, then looked up without a call."""
-        self.inf_flag: torch.Tensor | None = None
-        """The found_inf ddptop hands a fused optimizer, made once and written on the device each step."""
         self.resume_seen = False
         """Whether the first optimizer step has looked for a script's own resume (once a process)."""
         self.stepping: Any = None
         """The optimizer whose step() is running. One that raised is left
         here, and its next step() begins afresh."""
-        self.found_inf_set: Any = None
-        """The optimizer ddptop handed a found_inf to for the step running (taken back after it)."""
         self.cuda = False
         """Whether the latest step's gradients were on a GPU."""
-        self.inferring_shapes = False
-        """Whether a pipeline stage runs its module to learn its shapes (pipelining.py): no batch."""
-        self.loss_divisor = 1
-        """What a pipeline schedule divided this step's gradients by (pipelining.py): the step's
-        loss is its micro-batches' losses summed, divided by it. Taken by the guard."""
-        self.scaled_at: list[int] = []
-        """Which of the step's losses (tracker.losses, by position) a GradScaler scaled."""
-        self.scaled: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
-        """Tensors a GradScaler scaled, by id, with the id of the tensor they were scaled from
-        (the latest SCALED_KEPT kept): the loss that goes to backward() is read unscaled, and
-        monitor.step(loss=) of the unscaled one is known to be the same loss."""
+        self.scaler = ScalerSeen()
+        self.clip = ScriptClip()
+        self.fused = FusedSkip()
+        self.pipeline = PipelineStep()
         self.fsdp1: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[Any]]] = {}
         """The parameters FSDP1 shards over ranks, by id, each with its outermost FSDP1 module
         (fsdp1.py): held weakly, and checked to be the same tensor when looked up."""

@@ -53,7 +53,7 @@ class Outermost:
     def _begin(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Every forward counts; a training one begins (or adds to) a step, as DDP's forward does
         (hooks.py). A pipeline stage's run to learn its shapes is none (pipelining.py)."""
-        if self._probe.inferring_shapes:
+        if self._probe.pipeline.inferring_shapes:
             return
         tracker = self._tracker
         tracker.forwards += 1
