@@ -45,6 +45,7 @@ usage: ddptop launch [options] SCRIPT [script args]   run a DDP job under torchr
        ddptop logs [RUN] [--rank R] [--attempt N | --all] [-f]   the ranks' output, across restarts
        ddptop profile [RUN] [--rank R | --ranks 0,3 | --all] [--steps N]   capture N steps of ranks with torch.profiler
        ddptop stacks [RUN] [--rank R | --ranks 0,3 | --all]   every thread of ranks, now (py-spy, native frames)
+       ddptop ps [--json]                             every PyTorch distributed job on this host, launched by ddptop or not
 
 launch options (anywhere before --; the rest goes to the script):
 """
@@ -186,6 +187,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "logs": lambda argv: _command("ddptop.logs", "logs", argv),
     "profile": lambda argv: _command("ddptop.profile", "profile", argv),
     "stacks": lambda argv: _command("ddptop.stacks", "stacks", argv),
+    "ps": lambda argv: _command("ddptop.ps", "ps", argv),
 }
 
 
