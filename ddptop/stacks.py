@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import time
 
+import psutil
+
 from ddptop.control import Connection, open_connection, parser_for, rank_options
 from ddptop.core import wire
 from ddptop.core.rundir import RunDirError
+from ddptop.core.usage import UsageError
 from ddptop.core.wire import records
 from ddptop.supervisor.watching.stacks import DUMP_WAIT_S, PY_SPY_TIMEOUT_S
 
@@ -27,11 +30,39 @@ STATE_WAIT_S = 5.0
 
 
 def stacks(argv: list[str]) -> int:
-    parser = parser_for("ddptop stacks", "dump the stacks of")
+    parser = parser_for("ddptop stacks", "dump the stacks of (or the PID of a rank or launcher of any PyTorch job on this host)")
     rank_options(parser, "the rank to dump (default: every rank)", "ranks to dump, as 0,3")
     opts = parser.parse_args(argv)
+    if opts.run is not None and opts.run.isdigit() and psutil.pid_exists(int(opts.run)):
+        return outside(int(opts.run), opts.rank, opts.ranks)
     job = open_connection(opts.run, opts.token_file, "dump the stacks of", snapshot=True)
     return dump(job, opts.rank, opts.ranks)
+
+
+def outside(pid: int, rank: int | None = None, ranks: list[int] | None = None) -> int:
+    """`ddptop stacks PID` of a job ddptop may not have launched: every rank's threads, read by py-spy
+    without pausing it, identical stacks printed once with their ranks and the odd ones apart."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ddptop.supervisor.outside import looks
+    from ddptop.supervisor.outside.discovery import discover
+
+    jobs = [job for job in discover().jobs if job.id == pid or any(r.pid == pid for r in job.ranks)]
+    if not jobs:
+        raise UsageError(f"pid {pid} is no rank or launcher of a PyTorch distributed job on this host (ddptop ps lists them)")
+    job = jobs[0]
+    asked = [rank] if rank is not None else ranks
+    chosen = [r for r in job.ranks if asked is None or r.rank in asked]
+    if not chosen:
+        raise UsageError(
+            f"job {job.id} has no rank {','.join(map(str, asked or []))} (its ranks: {','.join(str(r.rank) for r in job.ranks)})"
+        )
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        dumps = dict(zip((r.rank for r in chosen), pool.map(looks.dump, (r.pid for r in chosen))))
+    print(f"job {job.id} ({job.launcher}), {looks.ranks_span([r.rank for r in chosen])}:")
+    for group, text in looks.grouped(dumps):
+        print(f"\n{looks.ranks_span(group)}:\n{text}")
+    return 1 if any(text is None for text in dumps.values()) else 0
 
 
 def dump(job: Connection, rank: int | None = None, ranks: list[int] | None = None) -> int:

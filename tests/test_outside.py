@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -124,3 +125,56 @@ def test_ps_lists_them_for_scripts_and_for_people(jobs):
     assert shown.returncode == 0, shown.stderr
     assert f"job {torchrun.pid}: torchrun, 2 of 2 ranks: " in shown.stdout
     assert "step times, loss and grad norm are not seen from outside" in shown.stdout
+
+
+def hung_job(mode: str, mark: Path) -> subprocess.Popen:
+    """A 3-rank torchrun job, not ddptop's, whose rank 2 leaves the others waiting at step 20 (mode)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(free_port()),
+         str(SCRIPTS / "hang_at_collective.py"), "--mode", mode, "--mark", str(mark)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def verdicts_of(job_id: int) -> list[str]:
+    listed = run_ddptop("ps", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return next((job["verdicts"] for job in json.loads(listed.stdout) if job["id"] == job_id), [])
+
+
+def test_the_odd_rank_out_is_named_with_where_it_is_and_where_the_others_wait(tmp_path):
+    """Rank 2 sleeps in a function of its own while ranks 0 and 1 wait for it in all_reduce:
+    named within 20 s of it going there, and `ddptop stacks PID` prints the two stacks, each once."""
+    mark = tmp_path / "onset"
+    job = hung_job("skip", mark)
+    try:
+        wait_for(mark.exists, 120, "rank 2 gone to its own branch")
+        said = "rank 2 at hang_at_collective.py:46 in wait_for_checkpoint; ranks 0,1 in all_reduce at hang_at_collective.py:87 in main"
+        wait_for(lambda: said in verdicts_of(job.pid), 20, "the odd rank out, named")
+        stacks = run_ddptop("stacks", str(job.pid))
+        assert stacks.returncode == 0, stacks.stderr
+        text = stacks.stdout
+        assert text.startswith(f"job {job.pid} (torchrun), ranks 0-2:"), text
+        assert "\nranks 0-1:\n" in text and "\nrank 2:\n" in text and text.count("wait_for_checkpoint (") == 1, text
+        assert text.index("ranks 0-1:") < text.index("rank 2:"), "the largest group first, the odd one apart"
+    finally:
+        stop([job])
+
+
+def test_a_stopped_rank_is_named_within_20_s(tmp_path):
+    mark = tmp_path / "onset"
+    job = hung_job("sigstop", mark)
+    try:
+        wait_for(mark.exists, 120, "rank 2 about to stop itself")
+        wait_for(
+            lambda: any(v.startswith("rank 2 (pid ") and "is stopped (state T" in v for v in verdicts_of(job.pid)), 20, "the stop, named"
+        )
+    finally:
+        stop([job])
+
+
+def test_a_pid_that_is_no_rank_is_said_in_one_line():
+    done = run_ddptop("stacks", str(os.getpid()))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "is no rank or launcher of a PyTorch distributed job on this host" in done.stderr

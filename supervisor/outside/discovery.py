@@ -48,6 +48,8 @@ class Rank:
     rank: int
     local_rank: int | None
     world_size: int | None
+    local_world_size: int | None
+    """Ranks on this node (torchrun's LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE)."""
     node: int | None
     """The node's rank in the job (torchrun's GROUP_RANK, SLURM_NODEID)."""
     status: str
@@ -82,6 +84,10 @@ class Job:
     @property
     def world_size(self) -> int | None:
         return next((r.world_size for r in self.ranks if r.world_size is not None), None)
+
+    @property
+    def local_world_size(self) -> int | None:
+        return next((r.local_world_size for r in self.ranks if r.local_world_size is not None), None)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -226,10 +232,11 @@ def _as_rank(proc: _Proc, by_pid: Mapping[int, _Proc]) -> tuple[tuple[Any, ...],
             return None  # an srun task that is no PyTorch process
         key = _env_key(env)
         local = env.get("LOCAL_RANK", env.get("SLURM_LOCALID"))
+        local_world = env.get("LOCAL_WORLD_SIZE", env.get("SLURM_NTASKS_PER_NODE"))
         node = env.get("GROUP_RANK", env.get("SLURM_NODEID"))
-        return key, _rank(proc, int(rank_word), local, world_word, node), _launcher(parent, env)
+        return key, _rank(proc, int(rank_word), local, world_word, local_world, node), _launcher(parent, env)
     if spawned and parent is not None and not _is_rank_env(parent.env) and _has_torch(parent.pid):
-        return ("spawn", parent.pid), _rank(proc, 0, None, None, None), "mp.spawn"
+        return ("spawn", parent.pid), _rank(proc, 0, None, None, None, None), "mp.spawn"
     return None
 
 
@@ -268,13 +275,14 @@ def _run_dir(env: Mapping[str, str] | None) -> str | None:
     return os.path.dirname(address) if address and address.startswith("/") else None
 
 
-def _rank(proc: _Proc, rank: int, local: str | None, world: str | None, node: str | None) -> Rank:
+def _rank(proc: _Proc, rank: int, local: str | None, world: str | None, local_world: str | None, node: str | None) -> Rank:
     return Rank(
         proc.pid,
         rank,
-        int(local) if local and local.isdigit() else None,
-        int(world) if world and world.isdigit() else None,
-        int(node) if node and node.isdigit() else None,
+        _number(local),
+        _number(world),
+        _number(local_world),
+        _number(node),
         proc.status,
         None,
         proc.rss,
@@ -283,6 +291,10 @@ def _rank(proc: _Proc, rank: int, local: str | None, world: str | None, node: st
         proc.cmdline,
         proc.user,
     )
+
+
+def _number(word: str | None) -> int | None:
+    return int(word) if word and word.isdigit() else None
 
 
 def _has_torch(pid: int) -> bool:

@@ -1,0 +1,138 @@
+"""Where a rank of a job ddptop did not launch is, read from outside by py-spy, and what that says.
+
+py-spy reads a process's memory in non-blocking mode (`--nonblocking`): the
+rank is never paused, and nothing is written into it. Its main thread's
+frames give WHERE (the innermost frame of the script's own code) and whether
+it is inside a torch.distributed collective. From the ranks' places and
+their processes' states come the verdicts a person needs first: a rank
+stopped, in uninterruptible I/O, a zombie, gone while the others run, and
+the odd rank out (one rank elsewhere while the others wait in a collective).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+
+from ddptop.core.places import is_script, place
+from ddptop.supervisor.outside.discovery import Job
+from ddptop.supervisor.watching.stacks import PY_SPY_TIMEOUT_S, py_spy
+from ddptop.supervisor.watching.verdict import ranks_text
+
+_FRAME = re.compile(r"^\s+(?P<function>.+) \((?P<path>.+):(?P<line>\d+)\)$")
+_THREAD = re.compile(r"^Thread \S+ \((?P<state>[^)]*)\): \"(?P<name>[^\"]*)\"")
+
+COLLECTIVES_FILE = "torch/distributed/distributed_c10d.py"
+"""Where torch.distributed's collectives are defined: a frame there is a rank inside one."""
+
+STATE_WORDS = {
+    "stopped": "stopped (state T: SIGSTOP, or a debugger)",
+    "tracing-stop": "stopped by a tracer",
+    "disk-sleep": "in uninterruptible I/O (state D)",
+    "zombie": "a zombie: exited, not reaped",
+    "dead": "gone",
+}
+"""What a rank's process state says, where it says something (psutil's names)."""
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rank's main thread is."""
+
+    where: str | None
+    """The innermost frame of the script's own code, "train.py:51 in train_step"; None where only
+    library code runs."""
+    inside: str | None
+    """The torch.distributed collective it is in ("all_reduce"), if any."""
+    stack: tuple[str, ...]
+    """Its frames, innermost first, as py-spy printed them."""
+
+
+def dump(pid: int, native: bool = False) -> str | None:
+    """py-spy's dump of every thread of the process, never pausing it; None where it cannot read one
+    (no py-spy, the process gone, ptrace refused)."""
+    spy = py_spy()
+    if spy is None:
+        return None
+    command = [spy, "dump", "--nonblocking", "--full-filenames", "--pid", str(pid), *(["--native"] if native else [])]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 and "Thread " in done.stdout else None
+
+
+def place_of(text: str) -> Place:
+    """The main thread's place in a py-spy dump (its first thread where none is named MainThread)."""
+    frames: list[tuple[str, str, str]] = []
+    current: list[tuple[str, str, str]] | None = None
+    for line in text.splitlines():
+        thread = _THREAD.match(line)
+        if thread is not None:
+            if current is not None and frames:
+                break
+            current = frames if thread["name"] == "MainThread" or not frames else None
+            continue
+        frame = _FRAME.match(line)
+        if frame is not None and current is not None:
+            current.append((frame["function"], frame["path"], frame["line"]))
+    where = next((place(path, line, function) for function, path, line in frames if is_script(path)), None)
+    inside = next((function for function, path, _ in frames if path.endswith(COLLECTIVES_FILE)), None)
+    return Place(where, inside, tuple(f"{function} ({path}:{line})" for function, path, line in frames))
+
+
+def look(pid: int) -> Place | None:
+    text = dump(pid)
+    return None if text is None else place_of(text)
+
+
+def ranks_span(ranks: list[int]) -> str:
+    """ "rank 3", or "ranks 0-2,4-7": runs of ranks as ranges, for a stack many ranks share."""
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    text = ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+    return ("rank " if len(ranks) == 1 else "ranks ") + text
+
+
+_PROCESS_LINES = re.compile(r"^(Process \d+:|Python v)")
+_THREAD_ID = re.compile(r"^Thread (0x[0-9A-Fa-f]+|\d+) ")
+
+
+def grouped(dumps: dict[int, str | None]) -> list[tuple[list[int], str]]:
+    """Ranks' dumps grouped where they read alike but for the process's own numbers (its pid, its
+    threads' ids): the largest group first, then the odd ones; an unreadable rank is a group of its own."""
+    groups: dict[str, list[int]] = {}
+    for rank, text in dumps.items():
+        if text is None:
+            key = "(py-spy could not read it: the same user, or CAP_SYS_PTRACE, is needed; or it is gone)"
+        else:
+            lines = [_THREAD_ID.sub("Thread ", line) for line in text.splitlines() if not _PROCESS_LINES.match(line)]
+            key = "\n".join(lines).strip("\n")
+        groups.setdefault(key, []).append(rank)
+    return sorted(((ranks, text) for text, ranks in groups.items()), key=lambda item: (-len(item[0]), min(item[0])))
+
+
+def verdicts(job: Job, places: dict[int, Place | None]) -> list[str]:
+    """What one look at a job says is wrong, each with its evidence. places: each rank's, by pid."""
+    said = [f"rank {r.rank} (pid {r.pid}) is {STATE_WORDS[r.status]}" for r in job.ranks if r.status in STATE_WORDS]
+    local = job.local_world_size
+    if local is not None and len(job.ranks) < local and all(r.local_rank is not None for r in job.ranks):
+        present = {r.local_rank for r in job.ranks}
+        missing = [n for n in range(local) if n not in present]
+        said.append(f"local {ranks_text(missing)} of this node gone while the others run")
+    known = {r.rank: places[r.pid] for r in job.ranks if places.get(r.pid) is not None}
+    waiting = {rank: p for rank, p in known.items() if p is not None and p.inside is not None}
+    others = {rank: p for rank, p in known.items() if p is not None and p.inside is None}
+    if len(waiting) >= 2 and others and len(others) < len(waiting):
+        inside = next(iter(waiting.values()))
+        for rank, p in sorted(others.items()):
+            said.append(
+                f"rank {rank} at {p.where or 'library code'}; {ranks_text(sorted(waiting))} in {inside.inside}"
+                + (f" at {inside.where}" if inside.where else "")
+            )
+    return said
