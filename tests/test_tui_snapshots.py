@@ -118,23 +118,30 @@ async def replayed(pilot) -> None:
     await pilot.pause()  # until the app is idle: the charts redrawn at their final size
 
 
-def test_main_screen(snap_compare, replay_app):
-    assert snap_compare(replay_app, terminal_size=(200, 50), run_before=replayed)
+class TestMainScreen:
+    """The rank table, the header, the charts and the alerts, at a wide and at a small terminal."""
+
+    def test_wide(self, snap_compare, replay_app):
+        assert snap_compare(replay_app, terminal_size=(200, 50), run_before=replayed)
+
+    def test_small(self, snap_compare, replay_app):
+        assert snap_compare(replay_app, terminal_size=(80, 24), run_before=replayed)
 
 
-def test_main_screen_small(snap_compare, replay_app):
-    assert snap_compare(replay_app, terminal_size=(80, 24), run_before=replayed)
+class TestManyRanks:
+    """Past eight ranks the ranks' chart is a heatmap."""
+
+    @pytest.mark.slow  # a replayed run brought to its end first: seconds
+    def test_heatmap_at_64_ranks(self, snap_compare, replay_64):
+        assert snap_compare(replay_64, terminal_size=(200, 50), run_before=replayed)
 
 
-@pytest.mark.slow  # a replayed run brought to its end first: seconds
-def test_heatmap_at_64_ranks(snap_compare, replay_64):
-    assert snap_compare(replay_64, terminal_size=(200, 50), run_before=replayed)
+class TestScreens:
+    """The screens the main screen opens: a rank's detail, the help."""
 
+    def test_rank_detail(self, snap_compare, replay_app):
+        assert snap_compare(replay_app, terminal_size=(140, 30), run_before=replayed, press=["down", "down", "down", "enter"])
 
-def test_detail_screen(snap_compare, replay_app):
-    assert snap_compare(replay_app, terminal_size=(140, 30), run_before=replayed, press=["down", "down", "down", "enter"])
-
-
-@pytest.mark.slow  # a replayed run brought to its end first: seconds
-def test_help_screen(snap_compare, replay_app):
-    assert snap_compare(replay_app, terminal_size=(100, 30), run_before=replayed, press=["question_mark"])
+    @pytest.mark.slow  # a replayed run brought to its end first: seconds
+    def test_help(self, snap_compare, replay_app):
+        assert snap_compare(replay_app, terminal_size=(100, 30), run_before=replayed, press=["question_mark"])
