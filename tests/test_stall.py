@@ -16,6 +16,7 @@ from ddptop.core.policy import WatchPolicy
 from ddptop.supervisor.watching.failures import LogTail
 from ddptop.supervisor.watching.rules.stall import MOVING_S, STALL_MIN_S, STALL_PACE
 from ddptop.supervisor.watching.stuck import Standing, describe, in_collectives
+from ddptop.supervisor.watching.verdict import Verdict
 from ddptop.supervisor.watching.watchdog import Watchdog
 from ddptop.trainer import flightrecorder
 
@@ -444,6 +445,18 @@ def test_neither_a_warm_up_nor_one_unlucky_sampled_iteration_nor_a_tiny_data_wai
     assert run(range(500, 900), slow={600, 700, 800}) == [(819, [3])]
 
 
+def stall_while_ranks_0_and_1_wait(dog: Watchdog, state: JobState, clock: Clock) -> Verdict:
+    """The one stall verdict while ranks 0 and 1 wait in step 30's all-reduce, heard every second."""
+    verdicts = []
+    for _ in range(int(STALL_MIN_S) + 2):
+        clock.now += 1.0
+        for rank in (0, 1):
+            feed(dog, state, beat(rank, 30, "all-reduce", where="train.py:51 in train_step"))
+        verdicts += [v for v in dog.tick() if v.kind == "stall"]
+    [stall] = verdicts
+    return stall
+
+
 def test_a_rank_of_the_world_never_heard_from_is_named_in_the_stall():
     """Rank 2 stopped (or held the GIL) before its first word reached the supervisor: its peers
     wait for it in the all-reduce, and only the world size its peers told says it exists."""
@@ -452,13 +465,7 @@ def test_a_rank_of_the_world_never_heard_from_is_named_in_the_stall():
     for rank in (0, 1):
         feed(dog, state, hello(rank, world=3))
     stepping(2, 30, clock, dog, state)
-    verdicts = []
-    for _ in range(int(STALL_MIN_S) + 2):
-        clock.now += 1.0
-        for rank in (0, 1):
-            feed(dog, state, beat(rank, 30, "all-reduce", where="train.py:51 in train_step"))
-        verdicts += [v for v in dog.tick() if v.kind == "stall"]
-    [stall] = verdicts
+    stall = stall_while_ranks_0_and_1_wait(dog, state, clock)
     assert stall.text.endswith("; rank 2 never heard from in this attempt"), stall.text
     feed(dog, state, hello(2, world=3))
     assert dog.liveness.unheard() == []
@@ -472,13 +479,7 @@ def test_a_rank_that_went_quiet_is_described_once_not_again_in_its_group_s_colle
     dog, state, clock = make(world=3)
     stepping(3, 30, clock, dog, state)
     feed(dog, state, beat(2, 30, "backward", where="train.py:1318 in _backward"))
-    verdicts = []
-    for _ in range(int(STALL_MIN_S) + 2):
-        clock.now += 1.0
-        for rank in (0, 1):
-            feed(dog, state, beat(rank, 30, "all-reduce", where="train.py:51 in train_step"))
-        verdicts += [v for v in dog.tick() if v.kind == "stall"]
-    [stall] = verdicts
+    stall = stall_while_ranks_0_and_1_wait(dog, state, clock)
     assert stall.text.endswith(
         "rank 2 stuck 15 s in backward at train.py:1318 in _backward, after step 29; default group: ranks 0,1 in all_reduce #31 (25.0 MiB)"
     ), stall.text
