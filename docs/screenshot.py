@@ -49,9 +49,9 @@ async def screenshot(run: rundir.RunDir) -> None:
     async with app.run_test(size=SIZE) as pilot:
         while not app.stream_ended:
             await asyncio.sleep(0.05)
-        app.refresh_view(force=True)
+        app.redraw()
         await pilot.pause()
-        app.refresh_plots(force=True)
+        app.draw_plots()
         await pilot.pause()
         app.save_screenshot(filename=OUT.name, path=str(OUT.parent))
 

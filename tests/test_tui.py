@@ -448,7 +448,7 @@ async def test_a_tick_while_the_app_closes_its_screen_does_not_fail(job):
         await until(lambda: table(app).row_count == 2, "rows")
         await app.query_one("#main").remove()
         assert not app.query("#main")
-        app.refresh_view(force=True)  # must not fail on the widgets that are gone
+        app.redraw()  # must not fail on the widgets that are gone
         assert app.is_running and app.table.ranks_in_order() == [0, 1]
 
 

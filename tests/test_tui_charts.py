@@ -32,9 +32,9 @@ def replay(run: rundir.RunDir) -> DdptopApp:
 
 async def replayed(app: DdptopApp, pilot) -> None:
     await until(lambda: app.stream_ended, "the run replayed")
-    app.refresh_view(force=True)
+    app.redraw()
     await pilot.pause()
-    app.refresh_plots(force=True)
+    app.draw_plots()
     await pilot.pause()
 
 

@@ -112,9 +112,9 @@ def replay_64(tmp_path, ddptop_home, utc) -> DdptopApp:
 async def replayed(pilot) -> None:
     await until(lambda: pilot.app.stream_ended, "the whole run replayed")
     pilot.app.paused = False
-    pilot.app.refresh_view(force=True)  # the layout for the whole run's ranks, whatever the ticks did
+    pilot.app.redraw()  # the layout for the whole run's ranks, whatever the ticks did
     await pilot.pause()
-    pilot.app.refresh_plots(force=True)
+    pilot.app.draw_plots()
     await pilot.pause()  # until the app is idle: the charts redrawn at their final size
 
 

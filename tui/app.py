@@ -24,6 +24,7 @@ from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.reactive import reactive
 from textual.widgets import Footer, Input, Static
 
 from ddptop.core.model.job import JobState
@@ -56,7 +57,10 @@ offers its profile capture and its stack dump alike)."""
 
 
 class DdptopApp(App[str | None]):
-    """mode is "launch", "attach" or "replay"; the result says what quit chose."""
+    """mode is "launch", "attach" or "replay"; the result says what quit chose.
+
+    What the user and the stream change about the view is reactive, and each change redraws
+    through its watch method: nothing asks for a forced refresh."""
 
     CSS_PATH = "ddptop.tcss"
     TITLE = "ddptop"
@@ -90,8 +94,6 @@ class DdptopApp(App[str | None]):
         restarted, killed, profiled nor held still for a stack dump from here; its ranks' log
         tails are still read."""
         self.state = JobState()
-        self.paused = False
-        self.stream_ended = False
         self.stopping = False
         """In `launch`, the user chose to stop the job: the dashboard closes when it has ended."""
         self.leaving = False
@@ -110,8 +112,6 @@ class DdptopApp(App[str | None]):
         """Whether the footer offers ON_THE_JOB: redrawn when the job stops running."""
         self.table = RankTable(id="ranks")
         self.nodes = NodeTable(id="nodes")
-        self.view = "auto"
-        """"auto" (nodes when the ranks do not fit), "nodes" or "ranks": the user's choice."""
         self.alerts = AlertPanel(id="alerts")
         self.filter_box = Input(placeholder="filter ranks: words match node, rank, host, state", id="filter")
 
@@ -126,9 +126,26 @@ class DdptopApp(App[str | None]):
         yield Static(f"terminal too small: ddptop needs at least {MIN_SIZE[0]}x{MIN_SIZE[1]}", id="too-small")
         yield Footer()
 
+    paused: reactive[bool] = reactive(False, init=False)
+    """The display paused (p): the intake goes on, the widgets keep what they showed."""
+    view: reactive[str] = reactive("auto", init=False)
+    """"auto" (nodes when the ranks do not fit), "nodes" or "ranks": the user's choice."""
+    stream_ended: reactive[bool] = reactive(False, init=False)
+    """The records have all come: the job ended, its supervisor is gone, or the replay is read."""
+
+    def watch_paused(self) -> None:
+        self.redraw()
+
+    def watch_view(self) -> None:
+        self.redraw()
+
+    def watch_stream_ended(self) -> None:
+        self.redraw()
+        self.draw_plots()
+
     def on_mount(self) -> None:
         self.consume()
-        self.set_interval(TICK_S, self.refresh_view)
+        self.set_interval(TICK_S, self.tick)
         self.set_interval(PLOT_S / self.charts.count, self.next_chart)
         self.table.focus()
 
@@ -156,8 +173,6 @@ class DdptopApp(App[str | None]):
             end = self.state.exit
             message = "the job has ended" + (f" (exit {end['code']})" if end else "; the supervisor is gone")
             self.notify(message + ": showing its last state", timeout=10)
-        self.refresh_view(force=True)
-        self.refresh_plots(force=True)
 
     def now(self) -> float:
         """Wall time for ages and uptime: the clock when live, the last record in replay."""
@@ -181,12 +196,16 @@ class DdptopApp(App[str | None]):
         nodes = {r.node for r in self.state.ranks.values()}
         return len(nodes) > 1 and len(self.state.ranks) > fits
 
-    def refresh_view(self, force: bool = False) -> None:
+    def tick(self) -> None:
+        """Ten times a second: the footer's offers follow the job, and the view the state, unless paused."""
         if self.offered_job_actions != self.may_act():
             self.offered_job_actions = not self.offered_job_actions
             self.refresh_bindings()
-        if self.paused and not force:
-            return
+        if not self.paused:
+            self.redraw()
+
+    def redraw(self) -> None:
+        """Push the state into the widgets now: the header, the table on screen, the alerts."""
         now = self.now()
         live = self.source.live and not self.stream_ended
         self.header.show(self.state, now, self.status())
@@ -227,8 +246,9 @@ class DdptopApp(App[str | None]):
         for table in (self.table, self.nodes):
             table.styles.height = "1fr" if rows == 0 or charts_height is not None else want
 
-    def refresh_plots(self, force: bool = False) -> None:
-        if (not self.paused or force) and self.charts.display:
+    def draw_plots(self) -> None:
+        """Every chart, now (the ticks redraw one at a time)."""
+        if self.charts.display:
             self.charts.show(self.state, self.now())
 
     def next_chart(self) -> None:
@@ -239,7 +259,7 @@ class DdptopApp(App[str | None]):
 
     def action_toggle_window(self) -> None:
         self.charts.whole = not self.charts.whole
-        self.refresh_plots(force=True)
+        self.draw_plots()
 
     def job_running(self) -> bool:
         return self.source.live and not self.stream_ended and self.state.exit is None
@@ -262,11 +282,11 @@ class DdptopApp(App[str | None]):
     def action_sort(self, step: int = 1) -> None:
         header = self.table.cycle_sort(step)
         self.notify(f"sorted by {header}", timeout=2)
-        self.refresh_view(force=True)
+        self.redraw()
 
     def action_reverse_sort(self) -> None:
         self.table.reverse_sort()
-        self.refresh_view(force=True)
+        self.redraw()
 
     def action_filter(self) -> None:
         self.filter_box.add_class("shown")
@@ -274,7 +294,7 @@ class DdptopApp(App[str | None]):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.table.filter_text = event.value
-        self.refresh_view(force=True)
+        self.redraw()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.table.focus()
@@ -285,18 +305,16 @@ class DdptopApp(App[str | None]):
         if self.table.only_node is not None:  # back from a drill-down to the rollup
             self.table.only_node = None
             self.view = "nodes"
-        self.refresh_view(force=True)
+        self.redraw()
         (self.nodes if self.showing_nodes() else self.table).focus()
 
     def action_toggle_nodes(self) -> None:
-        self.view = "ranks" if self.showing_nodes() else "nodes"
         self.table.only_node = None
-        self.refresh_view(force=True)
+        self.view = "ranks" if self.showing_nodes() else "nodes"
         (self.nodes if self.view == "nodes" else self.table).focus()
 
     def action_pause(self) -> None:
         self.paused = not self.paused
-        self.refresh_view(force=True)
 
     def _open_detail(self, logs: bool) -> None:
         rank = self.table.selected_rank()
@@ -340,7 +358,6 @@ class DdptopApp(App[str | None]):
             if node is not None:
                 self.table.only_node = node
                 self.view = "ranks"
-                self.refresh_view(force=True)
                 self.table.focus()
                 self.notify(f"node {node}'s ranks; esc goes back to the nodes", timeout=3)
             return
