@@ -1,37 +1,12 @@
 """Where a rank is measured: the torch hooks that feed the step tracker.
 
-Installed once, right after the script imports torch (see runtime.py), so
-the script runs unchanged. Every change to torch goes through patches.py
-(listed there, with its undo), and the few private attributes of torch it
-reads are in torchapi.py, checked against the running torch.
-
-The hot path is the same on the CPU and on a GPU, and it is short: each
-Python call and torch op on the training thread is time a GPU job loses.
-DDP keeps its own C++ all-reduce (ddptop registers no comm hook), so no
-Python runs per bucket; comm time comes from what DDP already measures
-(sampled.py, off the training thread). Per step:
-
-- DistributedDataParallel's call is wrapped (step start, samples, tokens,
-  phase), in the class rather than as module hooks: a module with hooks
-  takes nn.Module's slow call path, which costs more than the wrapper (a
-  model FSDP shards has hooks of FSDP's already: its outermost sharded
-  module gets two more, sharded_forward.py, fsdp1.py). It wraps nn.Module's
-  _call_impl, not forward, so that it disarms the look for an evaluation
-  between steps (between_steps.py) before the call looks for hooks;
-- torch.autograd.backward is wrapped: what it was called on is the step's
-  loss (its tensor handed over, read with the guard's pack);
-- the global optimizer step pre/post hooks (optimizer_step.py) mark the
-  step boundary and run the in-rank watchdog (guard.py): one fused norm of
-  the gradients, packed with the losses into one copy to the host, the
-  NaN/Inf skip where the policy asks, clipping on the device, and every
-  few steps a checksum;
-- GradScaler.scale, unscale_ and step, and clip_grad_norm_, are wrapped to
-  know what the gradients were scaled by, and the norm the script clipped
-  at, so the norm shown is the unscaled pre-clip one; a step the scaler
-  skips on purpose (inf in fp16 gradients) still ends, marked as such.
-
-This module imports torch at the top: runtime.py imports it only from the
-callback that runs once the script's own `import torch` has finished.
+Installed once, right after the script imports torch (see runtime.py), so the
+script runs unchanged: DDP's call, backward(), GradScaler, clip_grad_norm_ and
+the global optimizer step hooks. Every change to torch goes through
+patches.py, every private name through torchapi.py. Why each hook is where it
+is, and what a step costs: docs/design.md, "the hooks". This module imports
+torch at the top: runtime.py imports it only once the script's own
+`import torch` has finished.
 """
 
 from __future__ import annotations

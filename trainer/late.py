@@ -1,28 +1,12 @@
 """Values that live on the GPU, read a step or more late so nothing synchronises.
 
-Reading a CUDA tensor on the host (`.item()`, `float()`) waits for every
-kernel queued before it: one such read per step would serialise the host
-and the device. Instead a step's values travel in one small tensor (the
-guard's pack, guard.py), copied asynchronously into a slot of a pinned
-ring with the slot's own event recorded behind it; the sender's thread
-reads the slot once its event has passed, usually a step later. On the CPU
-the value is read at once (there is no device to wait for) and only its
-decoding into a record's fields is left to the sender's thread (Read).
-
-The ring's pinned buffers (one block) and events are made once per shape,
-dtype and device, at the first value of that shape, and reused: allocating
-pinned memory can wait for the device (cudaHostAlloc), and creating an
-event every step is a host call every step. A slot is reused RING_SLOTS
-values later, more than the steps of a flush interval of the sender's
-(0.1 s) at 10,000 steps a second; a value still unread by then (a reader
-that has gone) is lost, never misread: each slot carries the number of the
-value it holds, and a read checks it before and after. A slot's event is
-recorded on the stream the copy was queued on, found by a lookup in C
-(torchapi.current_stream): torch.cuda.Event.record() without one builds a
-Stream in Python every call, and finds the current device's.
-
-Nothing here imports torch at module level: this is only reached from hooks
-that run after the script imported torch itself.
+A step's values travel in one small tensor (the guard's pack), copied into a
+slot of a pinned ring with the slot's own event behind it; the sender's
+thread reads the slot once its event has passed. On the CPU the value is
+read at once and only decoded later (Read). Why the ring is built as it is:
+docs/design.md, "reading GPU values late". Nothing here imports torch at
+module level: it is only reached from hooks that run after the script
+imported torch itself.
 """
 
 from __future__ import annotations

@@ -1,40 +1,12 @@
 """torchrun, with a probe that tells the supervisor what only torchrun knows.
 
-The launcher runs `python -m ddptop.supervisor.launching.torchrun_probe ARGS` where
-plain torchrun would be `python -m torch.distributed.run ARGS`: the same
-engine, in the same process, with two of its agent's methods wrapped:
-
-- `_monitor_workers`: when a worker fails, torchrun is the only process that
-  sees its exit code or signal (it is the workers' parent); each failure is
-  sent to the supervisor as a `worker_failure` record, with how many of the
-  attempt's processes the kernel's OOM killer killed, if any (oom_kills.py);
-- `_restart_workers`: each restart of the worker group is a `group_restart`
-  record with the count and the failure that caused it; restarts after the
-  first wait an exponentially growing backoff first, so a job failing on a
-  flaky resource does not spin (one the user asked for waits none). The
-  restart also waits (bounded) for the supervisor's `restart_go`: it is
-  sent once the watchdog has judged the failure, so a crash loop is stopped
-  before another attempt starts, however loaded the machine.
-
-And, unless the job says --no-template, workers are forked from a template
-that has imported torch once (template.py, trainer/template), so a rank
-starts without starting Python and importing torch again.
-
-Each step of a start or restart that only the agent sees (the old workers
-stopped, the rendezvous done, the new workers started) is an `agent_phase`
-record, so the event log says where a restart's time went.
-
-The console's copy of the ranks' output (torchrun's tee) keeps a progress bar's
-carriage returns, so a bar is redrawn in place as under plain torchrun
-(console_tail.py).
-
-And one change at the end: a failed job ends with the first failing rank's
-exit status (128+N for a signal), and a stopped one with 128+N of the stop
-signal, instead of torchrun's traceback and its 1: the supervisor has
-already said what failed.
-
-A probe that cannot connect, or a torch whose agent lacks these methods,
-leaves torchrun as it is: the reports are extras, the job is the point.
+Run where plain torchrun would be (`python -m torch.distributed.run ARGS`): the
+same engine in the same process, with its agent's _monitor_workers and
+_restart_workers wrapped to report each worker's failure and each restart of
+the group, and to hold a restart until the watchdog has judged its failure.
+What it reports and why: docs/design.md, "torchrun's probe". A probe that
+cannot connect, or a torch whose agent lacks these methods, leaves torchrun
+as it is: the reports are extras, the job is the point.
 """
 
 from __future__ import annotations
