@@ -1089,12 +1089,18 @@ def test_a_warning_raised_through_ddptop_s_wrappers_names_the_script_s_line_as_w
         torch.autograd.backward(model(torch.randn(4, 8)).pow(2).sum(), grad_variables=torch.ones(()))
 
     loss.backward()
-    for call, category in ((build, "FutureWarning"), (step, "FutureWarning"), (backward_deprecated, "FutureWarning")):
+    # broadcast_buffers is deprecated from torch 2.13: an older DDP's constructor raises no warning.
+    deprecated_in_ddp = "`broadcast_buffers` is deprecated" in inspect.getsource(DistributedDataParallel.__init__)
+    calls = [*([build] if deprecated_in_ddp else []), step, backward_deprecated]
+    for call in calls:
         under_ddptop = warned_at(call)
         with patches.suspended():
             plain = warned_at(call)
-        assert under_ddptop == plain, call.__name__
-        assert (__file__, category) in {(path, name) for path, _, name in under_ddptop}, (call.__name__, under_ddptop)
+        assert under_ddptop and under_ddptop == plain, (call.__name__, under_ddptop, plain)
+    # Where torch points past its own frames (stacklevel 2: DDP's constructor from 2.13, backward()'s
+    # deprecation and GradScaler.step's from 2.4), that is this file's line, not a ddptop wrapper's.
+    if deprecated_in_ddp:
+        assert {path for path, _, _ in warned_at(build)} == {__file__}
 
 
 def test_a_warning_ddptop_raises_itself_or_one_no_wrapper_passes_is_left_as_it_is(records):
