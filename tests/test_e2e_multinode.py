@@ -133,9 +133,9 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
                 timeout=20,
             )
             # Rank 3's log is read on its own node (node 1, local rank 1), which node 0 asks for it.
-            app.push_screen(
-                RankDetailScreen(app.state, 3, None, app.now, False, app.ask_log, app.ask_profile, app.ask_stacks, app.job_running)
-            )
+            detail = RankDetailScreen(app.state, 3, None, app.now, False)
+            detail.live = detail.acting = True
+            app.push_screen(detail)
             await until(lambda: app.state.ranks[3].log_tail is not None, "rank 3's log tail, from node 1", timeout=20)
             attempt = app.state.ranks[3].restart
             assert app.state.ranks[3].log_tail == rundir.own_log_tail(tmp_path / "node1", "torchrun", 1, attempt, 200)

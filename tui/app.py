@@ -201,6 +201,9 @@ class DdptopApp(App[str | None]):
         if self.offered_job_actions != self.may_act():
             self.offered_job_actions = not self.offered_job_actions
             self.refresh_bindings()
+        for screen in self.screen_stack:  # a rank's detail offers and asks what the job allows now
+            if isinstance(screen, RankDetailScreen):
+                screen.live, screen.acting = self.job_running(), self.offered_job_actions
         if not self.paused:
             self.redraw()
 
@@ -319,20 +322,15 @@ class DdptopApp(App[str | None]):
     def _open_detail(self, logs: bool) -> None:
         rank = self.table.selected_rank()
         if rank is not None:
-            self.push_screen(
-                RankDetailScreen(
-                    self.state,
-                    rank,
-                    self.run_dir,
-                    self.now,
-                    self.charts.whole,
-                    self.ask_log,
-                    self.ask_profile,
-                    self.ask_stacks,
-                    lambda: self.offered_job_actions,
-                    focus_log=logs,
-                )
-            )
+            detail = RankDetailScreen(self.state, rank, self.run_dir, self.now, self.charts.whole, focus_log=logs)
+            detail.live, detail.acting = self.job_running(), self.offered_job_actions
+            self.push_screen(detail)
+
+    async def on_rank_detail_screen_asked(self, message: RankDetailScreen.Asked) -> None:
+        """A rank's detail asks for its log tail, a capture or its stacks: sent to the supervisor."""
+        asks = {"log_tail": self.ask_log, "profile": self.ask_profile, "stacks": self.ask_stacks}
+        if not await asks[message.action](message.rank) and message.action != "log_tail":
+            self.notify(GONE, severity="warning")
 
     async def ask_log(self, rank: int) -> bool:
         """Ask the supervisor for a rank's log tail, which the rank's own node reads and sends."""

@@ -4,13 +4,15 @@ its log tail."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.message import Message
+from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
@@ -72,7 +74,7 @@ def log_tail(run_dir: Path | None, meta: dict, rank: RankState, lines: int = LOG
 
     This run directory holds its own node's logs only: another node's rank has
     a log of the same local rank here, which is not its own. (While the job
-    runs, the rank's own node sends its log: `Asker`.)
+    runs, the rank's own node sends its log: RankDetailScreen.Asked.)
     """
     if run_dir is None:
         return ["(no run directory on this machine: logs stay with the supervisor)"]
@@ -87,8 +89,6 @@ def log_tail(run_dir: Path | None, meta: dict, rank: RankState, lines: int = LOG
     ]
 
 
-Asker = Callable[[int], Awaitable[bool]]
-"""Asks the supervisor for something of a rank (its log tail, a capture, its stacks now); False when no job is running to ask."""
 ON_THE_RANK = frozenset({"profile", "dump_stacks"})
 """The detail's actions on the running job, offered only while it runs (and not read-only)."""
 
@@ -133,30 +133,33 @@ class RankDetailScreen(Screen[None]):
         Binding("D", "dump_stacks", "stacks now"),
     ]
 
+    class Asked(Message):
+        """The user asked something of the rank's job: its log tail ("log_tail"), a profile capture
+        ("profile"), its stacks now ("stacks"). The app sends it to the supervisor, and says so
+        where nothing could be sent."""
+
+        def __init__(self, action: str, rank: int) -> None:
+            super().__init__()
+            self.action, self.rank = action, rank
+
+    live: reactive[bool] = reactive(False)
+    """A job runs whose supervisor can be asked: the rank's log comes from its own node (the app sets it)."""
+    acting: reactive[bool] = reactive(False)
+    """The dashboard may act on that job: a capture and a stack dump are offered (the app sets it)."""
+
     def __init__(
-        self,
-        state: JobState,
-        rank: int,
-        run_dir: Path | None,
-        clock: Callable[[], float],
-        whole: bool,
-        ask_log: Asker,
-        ask_profile: Asker,
-        ask_stacks: Asker,
-        running: Callable[[], bool],
-        focus_log: bool = False,
+        self, state: JobState, rank: int, run_dir: Path | None, clock: Callable[[], float], whole: bool, focus_log: bool = False
     ) -> None:
         super().__init__()
         self.state, self.rank, self.run_dir, self.start_on_log = state, rank, run_dir, focus_log
-        self.clock, self.whole, self.ask_log, self.ask_profile = clock, whole, ask_log, ask_profile
-        self.ask_stacks = ask_stacks
-        self.running = running
-        """Whether a job runs that can take a capture: the app redraws the footer when it stops."""
-        self.asked = False
+        self.clock, self.whole = clock, whole
+
+    def watch_acting(self) -> None:
+        self.refresh_bindings()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """The profile capture and the stack dump are left out of the footer, and their keys do nothing, where no job runs."""
-        return action not in ON_THE_RANK or self.running()
+        return action not in ON_THE_RANK or self.acting
 
     def compose(self) -> ComposeResult:
         yield Static(id="detail-title")
@@ -179,7 +182,8 @@ class RankDetailScreen(Screen[None]):
         rank = self.state.ranks.get(self.rank)
         if rank is None:
             return
-        self.asked = await self.ask_log(rank.rank)
+        if self.live:
+            self.post_message(self.Asked("log_tail", rank.rank))
         gpu = gpu_line(rank)
         self.query_one("#detail-title", Static).update(
             f"[b]rank {rank.rank}[/b]  node {rank.node} ({rank.host})  local rank {rank.local_rank}  "
@@ -191,10 +195,10 @@ class RankDetailScreen(Screen[None]):
         self.query_one("#rank-comm", Chart).draw(comm_drawing(win, rank.rank))
         self.query_one("#live-stack", Static).update(live_stack(rank.live_stack, rank.inside, rank.exited))
         self.query_one("#stack", Static).update(stack_dump(rank))
-        self.query_one("#profile", Static).update(capture_lines(self.state, rank.rank, self.running()))
+        self.query_one("#profile", Static).update(capture_lines(self.state, rank.rank, self.acting))
         log = self.query_one(Log)
         log.clear()
-        if self.asked:
+        if self.live:
             if rank.log_tail is None:
                 log.write_lines([f"(asking node {rank.node} for rank {rank.rank}'s log)"])
             else:
@@ -207,16 +211,18 @@ class RankDetailScreen(Screen[None]):
         await self.refresh_detail()
 
     async def action_profile(self) -> None:
-        if not await self.ask_profile(self.rank):
+        if not self.acting:
             self.notify("no running job to capture: a replay or an ended job takes no capture", severity="warning")
             return
+        self.post_message(self.Asked("profile", self.rank))
         self.notify(f"capture of rank {self.rank} asked for: its summary shows here when its trace is written")
-        self.query_one("#profile", Static).update(capture_lines(self.state, self.rank, self.running()))
+        self.query_one("#profile", Static).update(capture_lines(self.state, self.rank, self.acting))
 
     async def action_dump_stacks(self) -> None:
-        if not await self.ask_stacks(self.rank):
+        if not self.acting:
             self.notify("no running job to dump: a replay or an ended job has no stacks to take", severity="warning")
             return
+        self.post_message(self.Asked("stacks", self.rank))
         self.notify(f"stacks of rank {self.rank} asked for (py-spy holds the rank still while it reads them): they show below")
 
     def action_focus_log(self) -> None:
