@@ -235,26 +235,27 @@ def own_log_tail(run_dir: Path, launch_style: str, local_rank: int, restart: int
     return rank_log_tail(run_dir, local_rank if launch_style == "torchrun" else 0, restart, lines)
 
 
-def rank_log_written(run_dir: Path, local_rank: int, restart: int, streams: tuple[str, ...] = ("stdout", "stderr")) -> float | None:
-    """When a rank last wrote to its output files of one attempt (their newest mtime), or None."""
-    times = []
+def _rank_logs(run_dir: Path, local_rank: int, restart: int, streams: tuple[str, ...]) -> list[tuple[float, str, Path]]:
+    """A rank's output files of one attempt as torchrun keeps them: (mtime, stream, path), oldest first."""
+    found: list[tuple[float, str, Path]] = []
     for stream in streams:
         for path in run_dir.glob(f"logs/*/attempt_{restart}/{local_rank}/{stream}.log"):
             with contextlib.suppress(OSError):
-                times.append(path.stat().st_mtime)
-    return max(times, default=None)
+                found.append((path.stat().st_mtime, stream, path))
+    return sorted(found)
+
+
+def rank_log_written(run_dir: Path, local_rank: int, restart: int, streams: tuple[str, ...] = ("stdout", "stderr")) -> float | None:
+    """When a rank last wrote to its output files of one attempt (their newest mtime), or None."""
+    return max((written for written, _, _ in _rank_logs(run_dir, local_rank, restart, streams)), default=None)
 
 
 def rank_log_tail(run_dir: Path, local_rank: int, restart: int, lines: int, streams: tuple[str, ...] = ("stdout", "stderr")) -> list[str]:
     """The end of a rank's output as torchrun kept it (one attempt's files), the file written
     last at the end: a view that shows the end follows the rank's latest output, not the
     warnings its stderr got at its start."""
-    found: list[tuple[float, str, Path]] = []
-    for stream in streams:
-        for path in run_dir.glob(f"logs/*/attempt_{restart}/{local_rank}/{stream}.log"):
-            with contextlib.suppress(OSError):
-                found.append((path.stat().st_mtime, stream, path))
+    found = _rank_logs(run_dir, local_rank, restart, streams)
     out: list[str] = []
-    for _, stream, path in sorted(found):
+    for _, stream, path in found:
         out += [f"[{stream}] {line}" if len(streams) > 1 else line for line in _tail(path, lines)]
     return out
