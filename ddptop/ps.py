@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import json
 import shlex
-from concurrent.futures import ThreadPoolExecutor
 
 from ddptop.core.format import nbytes
 from ddptop.core.usage import OneLineParser
-
-LOOKS_AT_ONCE = 8
-"""Ranks py-spy reads at once: a look at 64 ranks takes a few of py-spy's reads, not 64."""
 
 CPU_LOOK_S = 0.5
 """How long each rank's CPU % is measured over: one look, as `top` takes its first."""
@@ -30,9 +26,7 @@ def ps(argv: list[str]) -> int:
     from ddptop.supervisor.outside.discovery import discover
 
     seen = discover(cpu_interval=CPU_LOOK_S)
-    pids = [r.pid for job in seen.jobs for r in job.ranks]
-    with ThreadPoolExecutor(max_workers=LOOKS_AT_ONCE) as pool:  # py-spy reads each rank once, never pausing it
-        places = dict(zip(pids, pool.map(looks.look, pids)))
+    places = looks.each(looks.look, (r.pid for job in seen.jobs for r in job.ranks))  # never pausing a rank
     said = {job.id: looks.verdicts(job, places) for job in seen.jobs}
     if args.json:
         out = []

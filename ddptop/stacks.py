@@ -42,8 +42,6 @@ def stacks(argv: list[str]) -> int:
 def outside(pid: int, rank: int | None = None, ranks: list[int] | None = None) -> int:
     """`ddptop stacks PID` of a job ddptop may not have launched: every rank's threads, read by py-spy
     without pausing it, identical stacks printed once with their ranks and the odd ones apart."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from ddptop.supervisor.outside import looks
     from ddptop.supervisor.outside.discovery import discover
 
@@ -57,8 +55,8 @@ def outside(pid: int, rank: int | None = None, ranks: list[int] | None = None) -
         raise UsageError(
             f"job {job.id} has no rank {','.join(map(str, asked or []))} (its ranks: {','.join(str(r.rank) for r in job.ranks)})"
         )
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        dumps = dict(zip((r.rank for r in chosen), pool.map(looks.dump, (r.pid for r in chosen))))
+    read = looks.each(looks.dump, (r.pid for r in chosen))
+    dumps = {r.rank: read[r.pid] for r in chosen}
     print(f"job {job.id} ({job.launcher}), {looks.ranks_span([r.rank for r in chosen])}:")
     for group, text in looks.grouped(dumps):
         print(f"\n{looks.ranks_span(group)}:\n{text}")

@@ -151,7 +151,7 @@ def discover(cpu_interval: float | None = None) -> Seen:
         job = jobs.get(key)
         if job is None:
             parent = by_pid.get(proc.ppid)
-            started_them = parent if parent is not None and _started_by(launcher, parent) else None
+            started_them = parent if parent is not None and _started_by(launcher) else None
             job = jobs[key] = Job(
                 key,
                 launcher,
@@ -264,7 +264,7 @@ def _launcher(parent: _Proc | None, env: Mapping[str, str]) -> str:
     return "srun" if "SLURM_PROCID" in env else "ranks"
 
 
-def _started_by(launcher: str, parent: _Proc) -> bool:
+def _started_by(launcher: str) -> bool:
     """Whether the ranks' parent is their launcher, whose command line and pid stand for the job:
     under srun it is slurmstepd, a process of no command line of interest (the job is its ranks)."""
     return launcher not in ("ranks", "srun")

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ddptop.core.places import is_script, place
 from ddptop.supervisor.outside.discovery import Job
@@ -22,6 +25,9 @@ from ddptop.supervisor.watching.verdict import ranks_text
 
 _FRAME = re.compile(r"^\s+(?P<function>.+) \((?P<path>.+):(?P<line>\d+)\)$")
 _THREAD = re.compile(r"^Thread \S+ \((?P<state>[^)]*)\): \"(?P<name>[^\"]*)\"")
+
+LOOKS_AT_ONCE = 8
+"""Ranks py-spy reads at once: a look at 64 ranks takes a few of py-spy's reads, not 64."""
 
 COLLECTIVES_FILE = "torch/distributed/distributed_c10d.py"
 """Where torch.distributed's collectives are defined: a frame there is a rank inside one."""
@@ -80,6 +86,16 @@ def place_of(text: str) -> Place:
     where = next((place(path, line, function) for function, path, line in frames if is_script(path)), None)
     inside = next((function for function, path, _ in frames if path.endswith(COLLECTIVES_FILE)), None)
     return Place(where, inside, tuple(f"{function} ({path}:{line})" for function, path, line in frames))
+
+
+Read = TypeVar("Read")
+
+
+def each(read: Callable[[int], Read], pids: Iterable[int]) -> dict[int, Read]:
+    """read(pid) of every pid, LOOKS_AT_ONCE at a time (each is a py-spy process), by pid."""
+    pids = list(pids)
+    with ThreadPoolExecutor(max_workers=LOOKS_AT_ONCE) as pool:
+        return dict(zip(pids, pool.map(read, pids)))
 
 
 def look(pid: int) -> Place | None:
