@@ -375,7 +375,7 @@ def end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> N
         probe.fused.found_inf_set = None
     if probe.sampled.comm_due:  # once a second: the reducer is idle between steps (sampled.py)
         probe.sampled.read_comm(probe.tracker.step)
-    if probe.models:  # a DDP model's step: an evaluation that passes by DDP is looked for until the next
+    if probe.models:  # a DDP model's step: look for an evaluation that passes by DDP (BetweenSteps.arm, with no call)
         between = probe.between
         between.hooks[between.key] = between.first
     groups = optimizer.param_groups
