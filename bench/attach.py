@@ -69,7 +69,7 @@ async def shown(app: DdptopApp, pilot: object, last_step: int) -> None:
     """Until the dashboard shows the run's last step and its throughput chart has drawn the day."""
     while not (app.state.ranks and max(r.step for r in app.state.ranks.values()) >= last_step):
         await asyncio.sleep(0.01)
-    app.draw_plots()
+    app.main.draw_plots()
     throughput = app.query_one("#chart-throughput", Chart)
     while throughput.drawing is None or not throughput.drawing.lines:
         await asyncio.sleep(0.01)

@@ -71,12 +71,12 @@ async def measure(run: rundir.RunDir, ranks: int, seconds: float) -> dict:
             # (Pilot.press would also wait for the whole app to go idle, which
             # a live stream never allows.)
             probe: Callable[[], object]
-            if app.showing_nodes():
-                if app.nodes.selected_node() == (app.nodes.row_count - 1 if step > 0 else 0):
+            if app.main.showing_nodes():
+                if app.main.nodes.selected_node() == (app.main.nodes.row_count - 1 if step > 0 else 0):
                     step = -step  # bounce between the first and the last node
-                key, probe = ("down" if step > 0 else "up"), app.nodes.selected_node
+                key, probe = ("down" if step > 0 else "up"), app.main.nodes.selected_node
             else:
-                key, probe = "s", lambda: app.table.sort_key
+                key, probe = "s", lambda: app.main.table.sort_key
             before = probe()
             start = time.perf_counter()
             app.simulate_key(key)
@@ -86,12 +86,13 @@ async def measure(run: rundir.RunDir, ranks: int, seconds: float) -> dict:
             await asyncio.sleep(0.5)
         cpu_end, wall = me.cpu_times(), time.monotonic() - wall_start
         records = app.state.records - records_start
+        view = "node rollup, cursor keys" if app.main.showing_nodes() else "rank table, sort key"
     used = (cpu_end.user - cpu_start.user) + (cpu_end.system - cpu_start.system)
     return {
         "latencies": latencies,
         "cpu_share": used / wall,
         "records_per_s": records / wall,
-        "view": "node rollup, cursor keys" if app.showing_nodes() else "rank table, sort key",
+        "view": view,
     }
 
 

@@ -126,21 +126,21 @@ async def test_two_nodes_are_one_job_watched_restarted_and_shown_as_one(ddptop_h
 
         # One dashboard, attached over TCP with the token, shows both nodes' ranks.
         app = DdptopApp(LiveSource(tcp=("127.0.0.1", rdzv + 1), token=TOKEN), "attach")
-        async with app.run_test(size=(180, 40)):
+        async with app.run_test(size=(180, 40)) as pilot:
             await until(
                 lambda: table(app).row_count == 4 and sorted(column(app, "node")) == ["0", "0", "1", "1"],
                 "four rows, two per node",
                 timeout=20,
             )
             # Rank 3's log is read on its own node (node 1, local rank 1), which node 0 asks for it.
-            detail = RankDetailScreen(app.state, 3, None, app.now, False)
+            detail = RankDetailScreen(app.state, 3, None, app.main.now, False)
             detail.live = detail.acting = True
             app.push_screen(detail)
             await until(lambda: app.state.ranks[3].log_tail is not None, "rank 3's log tail, from node 1", timeout=20)
             attempt = app.state.ranks[3].restart
             assert app.state.ranks[3].log_tail == rundir.own_log_tail(tmp_path / "node1", "torchrun", 1, attempt, 200)
             # Its stacks too, dumped on node 1 (D in the detail).
-            assert await app.ask_stacks(3)
+            await pilot.press("D")
             await until(lambda: app.state.ranks[3].stack is not None, "rank 3's stacks, from node 1", timeout=20)
             assert list((tmp_path / "node1" / "stacks").glob("rank3.*.txt")), "kept on the rank's own node"
     finally:

@@ -105,8 +105,8 @@ async def test_at_80_columns_the_numbers_come_first_and_scroll_into_view_beside_
     async with app.run_test(size=(80, 24)) as pilot:
         await until(lambda: table(app).row_count == 4 and "-" not in column(app, "where") + column(app, "grad_norm"), "full rows")
         await pilot.press("p")  # the table as it is: no later record widens a column while it scrolls
-        await until(lambda: app.paused, "the display paused")
-        first, second = (app.header.render_line(y).text for y in (0, 1))
+        await until(lambda: app.main.paused, "the display paused")
+        first, second = (app.main.header.render_line(y).text for y in (0, 1))
         assert "alerts 0" in first and "comm " in second and "loss " in second, (first, second)  # what says what is wrong
         assert "…" not in first + second, (first, second)  # what did not fit went whole, not cut
         rank_table = table(app)
@@ -180,9 +180,9 @@ async def test_filter_and_clear(job):
 async def test_too_many_ranks_roll_up_by_node_with_the_worst_named_and_drill_down(job):
     job.feed(world=64, rate_hz=20.0, slow_rank=13)  # 8 nodes of 8 ranks
     app = dashboard(job)
-    nodes = app.nodes
+    nodes = app.main.nodes
     async with app.run_test(size=(160, 30)) as pilot:
-        await until(lambda: app.showing_nodes() and nodes.row_count == 8, "one line per node")
+        await until(lambda: app.main.showing_nodes() and nodes.row_count == 8, "one line per node")
         await until(lambda: nodes.mark(1) == "straggler", "node 1 flagged by its straggler")
         assert nodes.cell(1, "WORST RANK").startswith("rank 13: straggler")
         assert nodes.cell(1, "RANKS") == "8/8" and nodes.cell(0, "NODE") == "0"
@@ -191,12 +191,12 @@ async def test_too_many_ranks_roll_up_by_node_with_the_worst_named_and_drill_dow
         await until(lambda: "rank 13: straggler" in nodes.render_line(2).text, "node 1's worst rank at 80 columns")
         await pilot.resize_terminal(160, 30)
         await pilot.press("down", "enter")
-        await until(lambda: not app.showing_nodes() and table(app).row_count == 8, "node 1's ranks")
+        await until(lambda: not app.main.showing_nodes() and table(app).row_count == 8, "node 1's ranks")
         assert column(app, "rank") == [str(r) for r in range(8, 16)]
         await pilot.press("escape")
-        await until(lambda: app.showing_nodes(), "back to the nodes")
+        await until(lambda: app.main.showing_nodes(), "back to the nodes")
         await pilot.press("n")
-        await until(lambda: not app.showing_nodes() and table(app).row_count == 64, "every rank")
+        await until(lambda: not app.main.showing_nodes() and table(app).row_count == 64, "every rank")
 
 
 async def test_pause_freezes_the_display_not_the_intake(job):
@@ -448,8 +448,8 @@ async def test_a_tick_while_the_app_closes_its_screen_does_not_fail(job):
         await until(lambda: table(app).row_count == 2, "rows")
         await app.query_one("#main").remove()
         assert not app.query("#main")
-        app.redraw()  # must not fail on the widgets that are gone
-        assert app.is_running and app.table.ranks_in_order() == [0, 1]
+        app.main.redraw()  # must not fail on the widgets that are gone
+        assert app.is_running and app.main.table.ranks_in_order() == [0, 1]
 
 
 async def test_two_dashboards_attached_at_once_both_update(job):

@@ -32,9 +32,9 @@ def replay(run: rundir.RunDir) -> DdptopApp:
 
 async def replayed(app: DdptopApp, pilot) -> None:
     await until(lambda: app.stream_ended, "the run replayed")
-    app.redraw()
+    app.main.redraw()
     await pilot.pause()
-    app.draw_plots()
+    app.main.draw_plots()
     await pilot.pause()
 
 
@@ -70,20 +70,20 @@ async def test_the_table_gets_its_rows_first_and_the_charts_the_rest(tmp_path, d
     app = replay(fixed_run(tmp_path / "run", seconds=120))
     async with app.run_test(size=(200, 50)) as pilot:
         await replayed(app, pilot)
-        charts, table = app.query_one(Charts), app.table
+        charts, table = app.query_one(Charts), app.main.table
         assert table.size.height >= 5 and table.row_count == 4  # the header and every rank
-        used = sum(w.outer_size.height for w in (app.header, charts, table, app.alerts)) + 1  # and the footer
+        used = sum(w.outer_size.height for w in (app.main.header, charts, table, app.main.alerts)) + 1  # and the footer
         assert used >= 50 - 2 and charts.grid.styles.grid_size_rows == 2  # nothing left empty but a row or two
         assert chart(app, "throughput").display and chart(app, "memory").display
         await pilot.resize_terminal(80, 24)
-        await until(lambda: app.arranged is not None and app.arranged[0] == 1, "one row of charts at 80x24")
+        await until(lambda: app.main.arranged is not None and app.main.arranged[0] == 1, "one row of charts at 80x24")
         await pilot.pause()
         assert table.size.height >= 5 and table.region.bottom <= 24  # every rank row still on screen
         assert chart(app, "throughput").display and not chart(app, "memory").display
         await pilot.resize_terminal(40, 10)
         await until(lambda: app.screen.has_class("too-small"), "the too-small message")
         await pilot.resize_terminal(200, 50)
-        await until(lambda: app.arranged is not None and app.arranged[0] == 2, "two rows of charts again")
+        await until(lambda: app.main.arranged is not None and app.main.arranged[0] == 2, "two rows of charts again")
 
 
 @pytest.mark.slow  # waits for the dashboard's real-time windows: seconds

@@ -20,6 +20,7 @@ from ddptop.core import rundir
 from ddptop.core.eventlog import EventLog
 from ddptop.core.model.job import JobState
 from ddptop.tui.app import DdptopApp
+from ddptop.tui.screens.main import MainScreen
 from ddptop.tui.source import ReplaySource
 
 BASE = 1_800_000_000.0
@@ -95,7 +96,7 @@ def paused_replay(run: rundir.RunDir) -> DdptopApp:
     """Paused until the whole run is in: a table widens its columns for the longest text it has
     shown, and what a tick shows mid-replay depends on the machine's speed."""
     app = DdptopApp(ReplaySource(run), "replay", run.path)
-    app.paused = True
+    app.main.set_reactive(MainScreen.paused, True)  # before it is mounted: no watcher to run yet
     return app
 
 
@@ -111,10 +112,10 @@ def replay_64(tmp_path, ddptop_home, utc) -> DdptopApp:
 
 async def replayed(pilot) -> None:
     await until(lambda: pilot.app.stream_ended, "the whole run replayed")
-    pilot.app.paused = False
-    pilot.app.redraw()  # the layout for the whole run's ranks, whatever the ticks did
+    pilot.app.main.paused = False
+    pilot.app.main.redraw()  # the layout for the whole run's ranks, whatever the ticks did
     await pilot.pause()
-    pilot.app.draw_plots()
+    pilot.app.main.draw_plots()
     await pilot.pause()  # until the app is idle: the charts redrawn at their final size
 
 
