@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import zstandard
 
@@ -74,7 +74,7 @@ class EventLog:
     def _open(self) -> int:
         return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
-    def append(self, record: wire.Frame) -> None:
+    def append(self, record: wire.Record) -> None:
         self.write(wire.encode(record))
 
     def write(self, data: bytes) -> None:
@@ -230,16 +230,16 @@ def open_segment(path: Path) -> BinaryIO:
     return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
 
 
-def read_all(current: Path) -> Iterator[wire.Frame]:
+def read_all(current: Path) -> Iterator[wire.Record]:
     """Every record of a run's log, rotated segments first."""
     if not current.exists() and not _segment_files(current):
         return
     for path in closed_segments(current):
         with open_segment(path) as stream:
-            yield from wire.read_frames(stream)
+            yield from _records(stream)
     if current.exists():
         with current.open("rb") as stream:
-            yield from wire.read_frames(stream)
+            yield from _records(stream)
 
 
 def end_position(current: Path) -> Position:
@@ -249,7 +249,7 @@ def end_position(current: Path) -> Position:
     return (max((index for index, _ in closed), default=0) + 1, size)
 
 
-def read_after(current: Path, position: Position) -> Iterator[wire.Frame] | None:
+def read_after(current: Path, position: Position) -> Iterator[wire.Record] | None:
     """The records logged after position; None when the log does not reach it (another run's, or cut short)."""
     segment, offset = position
     closed = [(index, path) for path in closed_segments(current) if (index := _index(path)) >= segment]
@@ -270,11 +270,17 @@ def _index(path: Path) -> int:
     return int(match[1]) if match else 0
 
 
-def _read_parts(parts: list[tuple[Path, int]]) -> Iterator[wire.Frame]:
+def _read_parts(parts: list[tuple[Path, int]]) -> Iterator[wire.Record]:
     for path, skip in parts:
         if not path.exists() and not path.with_name(path.name + ".zst").exists():
             continue
         with open_segment(path) as stream:
             while skip > 0 and (chunk := stream.read(min(skip, BUFFER_BYTES))):
                 skip -= len(chunk)
-            yield from wire.read_frames(stream)
+            yield from _records(stream)
+
+
+def _records(stream: BinaryIO) -> Iterator[wire.Record]:
+    """The log's frames as the records they are: the supervisor wrote only records it had
+    checked (schemas.validate) or made itself."""
+    return cast(Iterator[wire.Record], wire.read_frames(stream))

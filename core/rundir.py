@@ -19,7 +19,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +90,8 @@ class RunDir:
         return self.path / "stacks" / "raw"
 
     def read_meta(self) -> dict[str, Any]:
-        return json.loads(self.meta_path.read_text())
+        meta: dict[str, Any] = json.loads(self.meta_path.read_text())
+        return meta
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         """Atomically: a reader never sees half a file."""
@@ -137,7 +138,7 @@ def _alive(pid: Any, started: Any) -> bool:
         return False
 
 
-def single_node(meta: dict[str, Any]) -> bool:
+def single_node(meta: Mapping[str, Any]) -> bool:
     """Whether a run's job is one node's (its --nnodes as given: "1", or the range "1:1")."""
     return str(meta.get("nnodes", "1")) in ("1", "1:1")
 
@@ -201,7 +202,7 @@ def all_runs() -> Iterator[RunDir]:
     return iter(run for _, run in sorted(runs, key=lambda item: item[0]))
 
 
-def read_events(run: RunDir) -> Iterator[dict[str, Any]]:
+def read_events(run: RunDir) -> Iterator[wire.Record]:
     """Every record of the run, rotated segments included (eventlog.py)."""
     return read_all(run.events_path)
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import cast
 
 from ddptop.control import open_connection, parser_for, rank_options
+from ddptop.core import wire
 from ddptop.core.model import profiles
 from ddptop.core.rundir import RunDirError
 from ddptop.core.wire.stream import socket_frames
@@ -52,9 +54,9 @@ def wait(sock: object, name: str) -> profiles.Capture:
     """The capture asked for, once every rank has answered (or the job ended first)."""
     captures: dict[str, profiles.Capture] = {}
     ours: str | None = None
-    for record in socket_frames(sock, time.monotonic() + WAIT_S):  # type: ignore[arg-type]
-        kind = record["type"]
-        if kind == "capture" and ours in (None, record["id"]):
+    for frame in socket_frames(sock, time.monotonic() + WAIT_S):  # type: ignore[arg-type]
+        record = cast(wire.Record, frame)  # the supervisor's own records, as it sends every viewer
+        if record["type"] == "capture" and ours in (None, record["id"]):
             capture = profiles.fold(captures, record)
             if capture.state == "refused":
                 raise RunDirError(f"run {name}: {capture.text}")
@@ -62,11 +64,11 @@ def wait(sock: object, name: str) -> profiles.Capture:
             print(f"ddptop: {capture.text}", flush=True)
             if capture.state == "done":
                 return capture
-        elif kind == "profile" and record["id"] == ours:
+        elif record["type"] == "profile" and record["id"] == ours:
             profiles.fold(captures, record)
             told = f"trace {record['path']}" if "path" in record else f"no capture: {record.get('error')}"
             print(f"ddptop: rank {record['rank']}: {told}", flush=True)
-        elif kind == "exit":
+        elif record["type"] == "exit":
             break
     if ours is None:
         raise RunDirError(f"run {name}: its supervisor said nothing of the capture (it ended, or it is another version of ddptop)")

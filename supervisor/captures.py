@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ddptop.core import wire
 from ddptop.core.model.job import JobState
+from ddptop.core.wire import records
 from ddptop.core.wire.records import asked_ranks
 from ddptop.supervisor.watching.verdict import ranks_text
 from ddptop.trainer.profiling import MAX_S, MAX_STEPS
@@ -30,7 +31,7 @@ DEFAULT_STEPS = 10
 WAIT_S = MAX_S + 120.0
 """Longest a capture waits for its ranks: the capture's own bound, then writing the trace."""
 
-Tell = Callable[[int, wire.Frame], bool]
+Tell = Callable[[int, records.RankCommand], bool]
 """Sends a frame to one of this node's ranks; False when it is not connected."""
 
 
@@ -49,9 +50,9 @@ class InFlight:
 class Captures:
     def __init__(
         self,
-        record: Callable[[wire.Frame], None],
+        record: Callable[[wire.Record], None],
         tell_rank: Tell,
-        forward: Callable[[int, wire.Frame], bool],
+        forward: Callable[[int, records.Command], bool],
         owner: Callable[[int], int | None],
         folder: Path,
         clock: Callable[[], float] = time.monotonic,
@@ -62,7 +63,7 @@ class Captures:
         self._numbers = itertools.count(1)
         self.flying: InFlight | None = None
 
-    def ask(self, command: wire.Frame, state: JobState) -> None:
+    def ask(self, command: records.Command, state: JobState) -> None:
         """A viewer's request (ranks, or one rank, or none for all; steps), or the aggregator's
         for this node's ranks (it carries the capture's id: only asked, not tracked here)."""
         if command.get("id"):
@@ -97,23 +98,29 @@ class Captures:
         )
         for rank in ranks:
             owner = self._owner(rank)
-            forwarded = {"type": "command", "action": "profile", "ranks": [rank], "steps": steps, "id": capture_id, "from_step": from_step}
+            forwarded: records.Command = {
+                "type": "command",
+                "action": "profile",
+                "ranks": [rank],
+                "steps": steps,
+                "id": capture_id,
+                "from_step": from_step,
+            }
             if owner is None:
                 if not self._tell(capture_id, rank, steps, from_step):
                     self._answer(rank, "not connected")
             elif not self._forward(owner, forwarded):
                 self._answer(rank, f"its node {owner} cannot be reached")
 
-    def observe(self, record: wire.Frame) -> None:
+    def observe(self, record: wire.Record) -> None:
         flying = self.flying
         if flying is None:
             return
-        kind = record["type"]
-        if kind == "profile" and record["id"] == flying.id and record["rank"] in flying.attempts:
+        if record["type"] == "profile" and record["id"] == flying.id and record["rank"] in flying.attempts:
             self._answer(record["rank"], f"failed: {record['error']}" if "error" in record and "path" not in record else "captured")
-        elif kind == "rank_hello" and record["rank"] in flying.attempts and record["restart"] != flying.attempts[record["rank"]]:
+        elif record["type"] == "rank_hello" and record["rank"] in flying.attempts and record["restart"] != flying.attempts[record["rank"]]:
             self._answer(record["rank"], "restarted before its capture was done")
-        elif kind == "rank_gone" and record["rank"] in flying.attempts:
+        elif record["type"] == "rank_gone" and record["rank"] in flying.attempts:
             self._answer(record["rank"], "went before its capture was done")
 
     def tick(self) -> None:
@@ -125,7 +132,7 @@ class Captures:
                     self._answer(rank, f"no answer within {WAIT_S:.0f} s")
 
     def _tell(self, capture_id: str, rank: int, steps: int, from_step: int) -> bool:
-        frame = {
+        frame: records.RankCommand = {
             "type": "rank_command",
             "action": "profile",
             "id": capture_id,

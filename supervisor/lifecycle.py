@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass
 from typing import Literal
 
-from ddptop.core import wire
+from ddptop.core.wire import records
 
 EndState = Literal["finished", "stopped", "failed"]
 
@@ -107,15 +107,15 @@ class RestartGate:
     until the group's first rank is up (there is nothing to kill before)."""
 
     def __init__(self) -> None:
-        self.held: list[wire.Frame] = []
+        self.held: list[records.GroupRestart] = []
         """torchrun's group_restart records, each held by its node's probe."""
         self.asked: str | None = None
         """A restart asked between attempts, in words."""
 
-    def hold(self, restart: wire.Frame) -> None:
+    def hold(self, restart: records.GroupRestart) -> None:
         self.held.append(restart)
 
-    def release(self) -> list[wire.Frame]:
+    def release(self) -> list[records.GroupRestart]:
         """The held restarts, let go: what each node's probe is told (restart_go)."""
         released, self.held = self.held, []
         return released

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from ddptop.core import wire
+from ddptop.core.wire import records
 
 
 def load_nvml() -> ModuleType | None:
@@ -28,7 +28,8 @@ def load_nvml() -> ModuleType | None:
         pynvml.nvmlInit()
     except Exception:  # noqa: BLE001 - NVML raises its own error types, and a driver may lack any call
         return None
-    return pynvml
+    nvml: ModuleType = pynvml
+    return nvml
 
 
 def release_nvml(nvml: ModuleType | None) -> None:
@@ -71,8 +72,8 @@ class NvmlReader:
             self._warn(f"NVML cannot read {field} ({exc}); shown as N/A")
             return None
 
-    def gpus(self) -> list[dict[str, Any]]:
-        nvml, out = self._nvml, []
+    def gpus(self) -> list[records.SampleGpu]:
+        nvml, out = self._nvml, list[records.SampleGpu]()
         for index, handle in enumerate(self._handles):
             name = self._read("name", nvml.nvmlDeviceGetName, handle)
             util = self._read("utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
@@ -146,7 +147,7 @@ class Sampler:
     def has_gpus(self) -> bool:
         return self._reader is not None
 
-    def sample(self, rank_pids: dict[int, int], rank_gpus: dict[int, str] | None = None) -> wire.Frame:
+    def sample(self, rank_pids: dict[int, int], rank_gpus: dict[int, str] | None = None) -> records.Sample:
         """One reading of every rank process and GPU, as a "sample" record; rank_gpus: the GPU
         UUID each rank told, to find its memory where NVML's pids are not the ranks'."""
         gpu_procs: dict[int, tuple[int, int | None]] = {}
@@ -156,7 +157,7 @@ class Sampler:
             gpu_procs = rank_gpu_memory(self._reader.process_memory(), rank_pids, indices)
         procs = []
         for rank, pid in rank_pids.items():
-            entry: dict[str, Any] = {"rank": rank, "pid": pid}
+            entry: records.SampleProc = {"rank": rank, "pid": pid}
             proc = self._process(pid)
             if proc is not None:
                 try:
@@ -191,7 +192,8 @@ class Sampler:
         self._io[proc.pid] = (now, moved)
         if last is None or now <= last[0]:
             return None
-        return max(0, moved - last[1]) / (now - last[0])
+        rate: float = max(0, moved - last[1]) / (now - last[0])
+        return rate
 
     def _process(self, pid: int) -> psutil.Process | None:
         """The same Process object across samples, as cpu_percent needs."""

@@ -20,13 +20,14 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from ddptop.core import wire
 from ddptop.core.model import goodput, summary
 from ddptop.core.model.events import restart_text
 from ddptop.core.policy import WatchPolicy
 from ddptop.core.rundir import RunDir, own_log_tail, rank_log_tail, rank_log_written
+from ddptop.core.wire import records
 from ddptop.core.wire.records import NO_STACKS, CommandAction, RecordKind, asked_ranks
 from ddptop.supervisor import duties, heap
 from ddptop.supervisor.captures import Captures
@@ -96,7 +97,7 @@ class Supervisor:
         self._verdicts: list[Verdict] = []
         self.lifecycle = Lifecycle()
         self.restarts = RestartGate()
-        self._stopping: asyncio.Task | None = None
+        self._stopping: asyncio.Task[None] | None = None
         """torchrun being stopped, once a stop was asked."""
         self.meta: dict[str, Any] = {}
         """What meta.json says of the run (launch.py writes it first)."""
@@ -106,32 +107,32 @@ class Supervisor:
             self.hub.note(text)
         self.outlets.notify = self._notice
 
-    def on_command(self, command: wire.Frame) -> None:
+    def on_command(self, command: records.Command) -> None:
         """A dashboard's request: stop the job, restart the group, kill a rank, a rank's stacks,
         log tail or profile, each by its own handler (COMMANDS)."""
         COMMANDS[command["action"]](self, command)
 
-    def _source(self, command: wire.Frame) -> str:
+    def _source(self, command: records.Command) -> str:
         """Who asked, in words."""
         return (
             f"from the shell (ddptop {command['action'].replace('_rank', '')})" if command.get("origin") == "shell" else self.role.commander
         )
 
-    def _stacks_asked(self, command: wire.Frame) -> None:
+    def _stacks_asked(self, command: records.Command) -> None:
         """A dashboard's, of one rank; node 0's aggregator's, of this node's ranks."""
         self._in_background(self._stacks(asked_ranks(command, [])))
 
-    def _log_tail_asked(self, command: wire.Frame) -> None:
+    def _log_tail_asked(self, command: records.Command) -> None:
         self._log_tail(command.get("rank"))
 
-    def _profile_asked(self, command: wire.Frame) -> None:
+    def _profile_asked(self, command: records.Command) -> None:
         self.captures.ask(command, self.state)
 
-    def _stop_asked(self, command: wire.Frame) -> None:
+    def _stop_asked(self, command: records.Command) -> None:
         self._note(None, f"stop requested {self._source(command)}")
         self._request_stop(signal.SIGTERM)
 
-    def _kill_asked(self, command: wire.Frame) -> None:
+    def _kill_asked(self, command: records.Command) -> None:
         """A restart of the group, or a kill of one rank: killing ranks is how a restart is asked
         of torchrun, which restarts the whole worker group while its --max-restarts budget lasts."""
         restart = command["action"] == "restart"
@@ -181,7 +182,7 @@ class Supervisor:
         """
         self.watchdog.expect_group_restart()
         owner = None if only is None else self.role.owner(only)
-        if owner is not None:
+        if owner is not None and only is not None:
             self.role.command(owner, {"type": "command", "action": "kill_rank", "rank": only})
             return 1
         ours = self.torchrun.descendants()
@@ -201,7 +202,7 @@ class Supervisor:
         if not self.lifecycle.stopping:
             self._note(None, "lost node 0's supervisor; this node's ranks run on, unwatched")
 
-    def _observe(self, record: wire.Frame) -> None:
+    def _observe(self, record: wire.Record) -> None:
         """Every record the hub takes, as it takes it: what the supervisor does of its kind
         (SEEN), then the watchdog's look, then what waits for that look (JUDGED)."""
         kind = record["type"]
@@ -213,7 +214,7 @@ class Supervisor:
         if (judged := JUDGED.get(kind)) is not None:
             judged(self, record)
 
-    def _agent_noted(self, record: wire.Frame) -> None:
+    def _agent_noted(self, record: records.AgentNote) -> None:
         text = record["text"] if record["node"] == 0 else f"node {record['node']}: {record['text']}"
         if self.role.judges:  # one notice in the job's log, however many nodes say it
             self.hub.note(text)
@@ -221,7 +222,7 @@ class Supervisor:
         if record["text"].startswith(TORCHRUN_FAILED):
             self.lifecycle.torchrun_failed = text
 
-    def _rank_noted(self, record: wire.Frame) -> None:
+    def _rank_noted(self, record: records.RankNote) -> None:
         if record["text"] in self._rank_notes:
             return
         self._rank_notes.add(record["text"])  # every rank says it: once in the job's log
@@ -229,28 +230,28 @@ class Supervisor:
             self.hub.note(record["text"])
         self.say(record["text"])
 
-    def _restart_held(self, record: wire.Frame) -> None:
+    def _restart_held(self, record: records.GroupRestart) -> None:
         """Another node's restart too (its node field is torchrun's group rank, not ours): a probe
         lets through only its own number's go."""
         self.restarts.hold(record)
 
-    def _stack_came(self, record: wire.Frame) -> None:
+    def _stack_came(self, record: records.Stack) -> None:
         if (waiter := self._stack_waiters.pop(record["rank"], None)) is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _judge_now(self, record: wire.Frame) -> None:
+    def _judge_now(self, record: records.GroupRestart | records.RankGone) -> None:
         """torchrun waits for the failure's judgement before it restarts: give it as soon as the
         failed attempt has said all it will (crash.py), not at the next tick."""
         if self.role.judges and self.watchdog.judging():
             self._in_background(self._watch())
 
-    def _rank_up(self, record: wire.Frame) -> None:
+    def _rank_up(self, record: records.RankHello) -> None:
         """A restart asked between attempts ends this attempt, once the watchdog has seen its hello."""
         if (asked := self.restarts.up()) is not None:
             self.hub.stopping_for({"asked": asked})
             self._kill_ranks()
 
-    def _crash_log(self, failure: wire.Frame) -> LogTail:
+    def _crash_log(self, failure: records.WorkerFailure) -> LogTail:
         """A failed rank's stderr tail, and when it was written, from this node's logs of the
         attempt the failure names: the rank's own hello of that attempt may not have been
         read yet, or ever (a rank that dies at once). Another node's rank: its
@@ -269,7 +270,7 @@ class Supervisor:
         if self.restarts.held and not self.watchdog.judging() and not self.lifecycle.stopping:
             for held in self.restarts.release():
                 self.say(restart_text(held, going=True))
-                go: wire.Frame = {"type": "restart_go", "restart": held["restart"]}
+                go: records.RestartGo = {"type": "restart_go", "restart": held["restart"]}
                 if held.get("asked"):
                     go["now"] = True
                 self.hub.collector.tell_agents(go)
@@ -333,7 +334,12 @@ class Supervisor:
         self.record({"type": "stack", "rank": rank, "wall": time.time(), "source": source, "text": text})
 
     def _note(self, rank: int | None, text: str, kind: str | None = None) -> None:
-        self.record({"type": "action", "wall": time.time(), "rank": rank, "text": text} | ({"kind": kind} if kind else {}))
+        action: records.Action = {"type": "action", "wall": time.time(), "text": text}
+        if rank is not None:
+            action["rank"] = rank
+        if kind:
+            action["kind"] = kind
+        self.record(action)
         self.say(text)
 
     async def main(self, meta: dict[str, Any]) -> int:
@@ -346,7 +352,7 @@ class Supervisor:
         background = await self.role.start()
         if self.prometheus_address is not None:
             self._start_exporter(*self.prometheus_address)
-        self.record({"type": "run", **meta})
+        self.record(cast(records.Run, {"type": "run", **meta}))  # meta.json's fields: launch.py writes what Run declares
         await self.torchrun.start()
         self.lifecycle.started()
         self._update_meta(torchrun_pid=self.torchrun.pid)
@@ -484,7 +490,7 @@ class Supervisor:
         heap.trim()
 
 
-COMMANDS: dict[CommandAction, Callable[[Supervisor, wire.Frame], None]] = {
+COMMANDS: dict[CommandAction, Callable[[Supervisor, records.Command], None]] = {
     "stacks": Supervisor._stacks_asked,
     "log_tail": Supervisor._log_tail_asked,
     "profile": Supervisor._profile_asked,
@@ -494,7 +500,8 @@ COMMANDS: dict[CommandAction, Callable[[Supervisor, wire.Frame], None]] = {
 }
 """What each command a dashboard (or node 0's aggregator) may send does: one handler an action."""
 
-SEEN: dict[RecordKind, Callable[[Supervisor, wire.Frame], None]] = {
+# Each handler takes its kind's own record (records.py): the tables' values take Any for it.
+SEEN: dict[RecordKind, Callable[[Supervisor, Any], None]] = {
     "agent_note": Supervisor._agent_noted,
     "rank_note": Supervisor._rank_noted,
     "group_restart": Supervisor._restart_held,
@@ -502,7 +509,7 @@ SEEN: dict[RecordKind, Callable[[Supervisor, wire.Frame], None]] = {
 }
 """What the supervisor does of a record, by its kind, before the watchdog looks at it."""
 
-JUDGED: dict[RecordKind, Callable[[Supervisor, wire.Frame], None]] = {
+JUDGED: dict[RecordKind, Callable[[Supervisor, Any], None]] = {
     "group_restart": Supervisor._judge_now,
     "rank_gone": Supervisor._judge_now,
     "rank_hello": Supervisor._rank_up,

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddptop.core import wire
+from ddptop.core.wire import records
 from ddptop.trainer import sampled
 
 MAX_STEPS = 100
@@ -55,7 +56,7 @@ Send = Callable[[wire.Frame], None]
 class Capture:
     """One capture's state, on the training thread."""
 
-    def __init__(self, request: wire.Frame, rank: int, attempt: int) -> None:
+    def __init__(self, request: records.RankCommand, rank: int, attempt: int) -> None:
         self.id: str = request["id"]
         self.steps = max(1, min(int(request["steps"]), MAX_STEPS))
         self.from_step = int(request.get("from_step", 0))
@@ -102,7 +103,7 @@ class Captures:
         self._running: Capture | None = None
         self._writing: threading.Thread | None = None
 
-    def ask(self, request: wire.Frame) -> None:
+    def ask(self, request: records.RankCommand) -> None:
         """A rank_command to profile, on the sender's thread."""
         if self.active or (self._writing is not None and self._writing.is_alive()):
             refused = Capture(request, self.rank, self.attempt)

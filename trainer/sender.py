@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from ddptop.core import wire
-from ddptop.core.wire import unixpath
+from ddptop.core.wire import records, unixpath
 
 FLUSH_S = 0.1
 SUPERVISOR_FRAMES_PER_S = 2048
@@ -78,7 +78,7 @@ class Sender:
         heartbeat: Callable[[], wire.Frame],
         queue_max: int = QUEUE_MAX,
         collect: Callable[[], None] = lambda: None,
-        on_command: Callable[[wire.Frame], None] = lambda frame: None,
+        on_command: Callable[[records.RankCommand], None] = lambda command: None,
     ) -> None:
         self._address = address
         self._hello = hello
@@ -165,8 +165,8 @@ class Sender:
             return
         try:
             for frame in self._decoder.feed(data):
-                if frame.get("type") == "rank_command":
-                    self._on_command(wire.validate(frame))
+                if frame.get("type") == "rank_command" and (command := wire.validate(frame))["type"] == "rank_command":
+                    self._on_command(command)
         except wire.FrameError:
             self._decoder = wire.FrameDecoder()  # a frame this rank cannot read is dropped, with what followed it
 

@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import cast
 
 from ddptop.core import wire
 from ddptop.core.eventlog import end_position
 from ddptop.core.model import snapshot
-from ddptop.core.model.job import JobState
+from ddptop.core.model.job import Ingested, JobState
 from ddptop.core.rundir import RunDir
-from ddptop.core.wire import unixpath
+from ddptop.core.wire import records, unixpath
 from ddptop.core.wire.stream import frames
 
 CLOSE_WAIT_S = 2.0
@@ -48,13 +49,13 @@ class LiveSource:
         with unixpath.usable(str(self.socket_path)) as short:
             return await asyncio.open_unix_connection(short, limit=1 << 20)
 
-    async def records(self) -> AsyncIterator[wire.Frame]:
+    async def records(self) -> AsyncIterator[Ingested]:
         reader, self._writer = await self._open()
         self._writer.write(wire.encode({"type": "viewer_hello", "snapshot": True}))
         await self._writer.drain()
         try:
             async for frame in frames(reader):
-                yield frame
+                yield cast(Ingested, frame)  # the supervisor's records and its state's frames, as it made them
         finally:
             self._ended.set()
 
@@ -64,7 +65,7 @@ class LiveSource:
         is an answer, not an error."""
         if self._writer is None or self._writer.is_closing():
             return False
-        frame: wire.Frame = {"type": "command", "action": action}
+        frame: records.Command = {"type": "command", "action": cast(records.CommandAction, action)}
         if rank is not None:
             frame["rank"] = rank
         try:
@@ -103,11 +104,11 @@ class ReplaySource:
         self.run = run
         self.read_whole = False
 
-    def _start(self) -> Iterator[wire.Frame]:
+    def _start(self) -> Iterator[Ingested]:
         records, self.read_whole = snapshot.replayed(self.run.snapshot_path, self.run.events_path)
         return records
 
-    async def records(self) -> AsyncIterator[wire.Frame]:
+    async def records(self) -> AsyncIterator[Ingested]:
         for record in self._start():
             yield record  # the app gives keys their turn as it folds (app.YIELD_EVERY), live or replayed
 

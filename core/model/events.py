@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 
-from ddptop.core import wire
+from ddptop.core.wire import records
 
 
 def exit_status(code: int) -> int:
@@ -25,7 +25,7 @@ def exit_reason(exitcode: int) -> str:
     return f"exit code {exitcode}"
 
 
-def restart_text(record: wire.Frame, going: bool = False) -> str:
+def restart_text(record: records.GroupRestart, going: bool = False) -> str:
     """A group_restart record in words: count, cause and backoff (none for a restart the user asked for).
 
     torchrun's probe asks, and holds the restart until the watchdog has judged

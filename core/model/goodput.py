@@ -42,6 +42,7 @@ from typing import Any
 from ddptop.core import wire
 from ddptop.core.format import span
 from ddptop.core.model.stats import median
+from ddptop.core.wire import records
 
 STALL_FACTOR = 20.0
 STALL_MIN_S = 15.0
@@ -99,29 +100,28 @@ class Goodput:
     minutes, and taken as the pace it would hide any stall in the next hundred."""
     _steps: int = 0
 
-    def observe(self, record: wire.Frame) -> None:
-        kind = record.get("type")
-        if kind == "step":
+    def observe(self, record: wire.Record) -> None:
+        if record["type"] == "step":
             if record["rank"] == RANK:
                 self._step(record)
-        elif kind == "run" and self.started is None:
-            self.started = record.get("wall")
-        elif kind == "rank_hello" and record["rank"] == RANK:
+        elif record["type"] == "run" and self.started is None:
+            self.started = record["wall"]
+        elif record["type"] == "rank_hello" and record["rank"] == RANK:
             self.attempt = record["restart"]
             self.paused_at = None  # a pause of the attempt before is over
-        elif kind == "checkpoint" and record["rank"] == RANK:
+        elif record["type"] == "checkpoint" and record["rank"] == RANK:
             self.write_ms.append(record["write_ms"])
-        elif kind == "exit":
+        elif record["type"] == "exit":
             self.ended = record["wall"]
-        elif kind == "notice" and record.get("kind") == "pause" and self.paused_at is None:
+        elif record["type"] == "notice" and record.get("kind") == "pause" and self.paused_at is None:
             self.paused_at = record["wall"]
-        elif kind == "alert" and record.get("kind") in STUCK_KINDS:
+        elif record["type"] == "alert" and record.get("kind") in STUCK_KINDS:
             self.stuck_at = record["wall"]
             stuck = self.attempts.get(self.attempt)
             if stuck is not None:
                 stuck.stuck_until = record["wall"]
 
-    def _step(self, record: wire.Frame) -> None:
+    def _step(self, record: records.Step) -> None:
         seconds, end, step = record["step_ms"] / 1000.0, record["wall"], record["step"]
         after_pause = self.paused_at is not None and end >= self.paused_at
         after_stuck = self.stuck_at is not None and end >= self.stuck_at

@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from ddptop.core.wire import records
+
 NAN = float("nan")
 RECENT_POINTS = 600
 """The recent timeline: ten minutes of per-second summaries."""
@@ -162,7 +164,7 @@ class History:
         self.whole = Timeline(WHOLE_POINTS, grows=True)
         self.marks: deque[Mark] = deque(maxlen=MARKS)
 
-    def add_summary(self, record: dict) -> None:
+    def add_summary(self, record: records.Summary) -> None:
         job = {key: float(value) for key, value in record.get("metrics", {}).items() if value is not None}
         ranks = {series: unpack(data) for series in RANK_SERIES if isinstance(data := record.get(f"rank_{series}"), bytes)}
         point = Point(record["wall"], 1, job, ranks)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
 
 from ddptop.core import wire
 from ddptop.core.model import profiles, snapshot
@@ -22,8 +22,11 @@ from ddptop.core.model.metrics import JOB_METRICS, Metric
 from ddptop.core.model.rank import SAMPLED, GpuState, RankState, replicas_told
 from ddptop.core.model.stats import RollingWindow, StepPoint, median
 from ddptop.core.model.totals import JobTotals
+from ddptop.core.wire import records
 from ddptop.core.wire.records import LATEST, WINDOWED
 
+Ingested = wire.Record | snapshot.SnapshotFrame
+"""What a JobState folds: records, and the frames of a snapshot of another JobState."""
 EVENT_TYPES = frozenset({"alert", "action", "notice", "wire_error", "exit", "group_restart", "capture"})
 """Records the dashboard's alert panel lists."""
 
@@ -33,7 +36,8 @@ class JobState:
         self.ranks: dict[int, RankState] = {}
         self.gpus: dict[tuple[int, int], GpuState] = {}
         """(node, index) -> the GPU's last reading; node is the sampling supervisor's."""
-        self.meta: dict[str, Any] = {}
+        self.meta: Mapping[str, Any] = {}
+        """The run record, once it came (records.Run): the launch's metadata."""
         self.world_size = 0
         self.total_steps: int | None = None
         self.started = time.time()
@@ -41,9 +45,9 @@ class JobState:
         self.records = 0
         self.alerts = 0
         self.alert_kinds: Counter[str] = Counter()
-        self.events: deque[wire.Frame] = deque(maxlen=200)
+        self.events: deque[wire.Record] = deque(maxlen=200)
         self.history = History()
-        self.exit: wire.Frame | None = None
+        self.exit: records.Exit | None = None
         self.checkpoint_step: int | None = None
         self.goodput = Goodput()
         self.captures: dict[str, profiles.Capture] = {}
@@ -60,12 +64,15 @@ class JobState:
             state = self.ranks[rank] = RankState(rank)
         return state
 
-    def ingest(self, record: wire.Frame) -> None:
-        """Fold one record (live or replayed) into the state."""
-        kind = record.get("type", "")
-        if kind not in snapshot.SNAPSHOT_TYPES:  # a snapshot carries the count it stands for
-            self.records += 1
-        if isinstance(record.get("wall"), (int, float)):
+    def ingest(self, frame: Ingested) -> None:
+        """Fold one record (live or replayed), or a frame of a snapshot, into the state."""
+        if frame["type"] in snapshot.SNAPSHOT_TYPES:  # a snapshot carries the count it stands for
+            snapshot.restore(self, cast(snapshot.SnapshotFrame, frame))
+            return
+        record = cast(wire.Record, frame)
+        kind = record["type"]
+        self.records += 1
+        if "wall" in record and record["wall"] is not None:
             self.last_wall = max(self.last_wall, record["wall"])
         if kind in EVENT_TYPES:
             self.events.append(record)
@@ -75,11 +82,11 @@ class JobState:
         if kind in GOODPUT_TYPES:
             self.goodput.observe(record)
 
-    def _on_run(self, record: wire.Frame) -> None:
+    def _on_run(self, record: records.Run) -> None:
         self.meta = record
         self.started = self.last_wall = record.get("wall", self.started)
 
-    def _on_hello(self, record: wire.Frame) -> None:
+    def _on_hello(self, record: records.RankHello) -> None:
         state = self.rank(record["rank"])
         if record["restart"] != state.restart:
             # A new attempt's figures are its own: the last one's steps would stretch its rates
@@ -96,7 +103,7 @@ class JobState:
         state.exited = False
         self.world_size = max(self.world_size, record["world_size"])
 
-    def _on_step(self, record: wire.Frame) -> None:
+    def _on_step(self, record: records.Step) -> None:
         state = self.rank(record["rank"])
         if record["step"] <= state.step:  # within one attempt steps only go up; a resume says hello first
             state.data_problems += 1
@@ -137,13 +144,13 @@ class JobState:
         else:
             state.window.add(StepPoint(record["wall"], record["step_ms"], **{key: record.get(key) for key in WINDOWED}))
 
-    def _on_notice(self, record: wire.Frame) -> None:
+    def _on_notice(self, record: records.Notice) -> None:
         """A pause: every rank's step in progress holds it (the pause is told while no rank finishes one)."""
         if record.get("kind") == "pause":
             for state in self.ranks.values():
                 state.paused_at = record["wall"]
 
-    def _on_heartbeat(self, record: wire.Frame) -> None:
+    def _on_heartbeat(self, record: records.Heartbeat) -> None:
         state = self.rank(record["rank"])
         state.phase, state.phase_step = record["phase"], record["step"]
         if record.get("where") is not None:  # an exiting rank sends none: where it last was stands
@@ -158,7 +165,7 @@ class JobState:
         if (replicas := replicas_told(record.get("replicas"))) is not None:
             state.replicas = replicas
 
-    def _on_sample(self, record: wire.Frame) -> None:
+    def _on_sample(self, record: records.Sample) -> None:
         """One node's readings. Its GPUs first, so each of its ranks takes its GPU's new reading
         (a rank's GPU is on its own node: the other nodes' ranks have nothing new here)."""
         node = record.get("node") or 0
@@ -168,15 +175,18 @@ class JobState:
             if proc["rank"] in self.ranks:
                 state = self.ranks[proc["rank"]]
                 # A process that just exited has no reading: keep its last one.
-                for key, attr in (("cpu", "cpu_percent"), ("rss", "rss"), ("gpu_mem", "gpu_mem")):
-                    if proc.get(key) is not None:
-                        setattr(state, attr, proc[key])
+                if proc.get("cpu") is not None:
+                    state.cpu_percent = proc["cpu"]
+                if proc.get("rss") is not None:
+                    state.rss = proc["rss"]
+                if proc.get("gpu_mem") is not None:
+                    state.gpu_mem = proc["gpu_mem"]
                 if proc.get("gpu") is not None:
                     state.gpu = (node, proc["gpu"])
                 if state.gpu is not None:
                     state.gpu_reading = self.gpus.get(state.gpu)
 
-    def _on_alert(self, record: wire.Frame) -> None:
+    def _on_alert(self, record: records.Alert) -> None:
         self.alerts += 1
         self.history.mark(record["wall"], "alert", str(record.get("kind") or record.get("text", "")))
         self.alert_kinds[str(record.get("kind"))] += 1
@@ -184,34 +194,34 @@ class JobState:
             if rank in self.ranks:
                 self.ranks[rank].alerts += 1
 
-    def _on_wire_error(self, record: wire.Frame) -> None:
+    def _on_wire_error(self, record: records.WireError) -> None:
         if record.get("rank") in self.ranks:
             self.ranks[record["rank"]].data_problems += 1
 
-    def _on_gone(self, record: wire.Frame) -> None:
+    def _on_gone(self, record: records.RankGone) -> None:
         self.rank(record["rank"]).exited = True
 
-    def _on_stack(self, record: wire.Frame) -> None:
+    def _on_stack(self, record: records.Stack) -> None:
         rank = self.rank(record["rank"])
         rank.stack, rank.stack_source, rank.stack_wall = record.get("text"), record["source"], record["wall"]
 
-    def _on_capture(self, record: wire.Frame) -> None:
+    def _on_capture(self, record: records.Capture | records.Profile) -> None:
         self.latest_capture = profiles.fold(self.captures, record)
 
-    def _on_log_tail(self, record: wire.Frame) -> None:
+    def _on_log_tail(self, record: records.LogTail) -> None:
         if record["rank"] in self.ranks:
             self.ranks[record["rank"]].log_tail = record["lines"]
 
-    def _on_checkpoint(self, record: wire.Frame) -> None:
+    def _on_checkpoint(self, record: records.Checkpoint) -> None:
         self.checkpoint_step = record["step"]
 
-    def _on_resume(self, record: wire.Frame) -> None:
+    def _on_resume(self, record: records.Resume) -> None:
         """Every rank resumes from the same file: one event for the job, from rank 0."""
         self.checkpoint_step = record["step"]
         if record["rank"] == 0:
             self.events.append(record)
 
-    def _on_summary(self, record: wire.Frame) -> None:
+    def _on_summary(self, record: records.Summary) -> None:
         self.history.add_summary(record)
         counts = bool(record.get("own_counts_compute"))
         if counts and not self.own_counts_compute:  # own work jumps by the compute here: not a slowdown
@@ -220,15 +230,15 @@ class JobState:
         for state in self.ranks.values():
             state.start_interval()
 
-    def _on_group_restart(self, record: wire.Frame) -> None:
+    def _on_group_restart(self, record: records.GroupRestart) -> None:
         self.history.mark(record["wall"], "restart", "restart")
 
-    def _on_exit(self, record: wire.Frame) -> None:
+    def _on_exit(self, record: records.Exit) -> None:
         self.exit = record
         for state in self.ranks.values():
             state.exited = True
 
-    def summary(self, wall: float) -> wire.Frame:
+    def summary(self, wall: float) -> records.Summary:
         """The per-second summary record: the job's totals, and each rank's step and comm
         time since the last one (indexed by rank), for the charts' history."""
         record = self.totals().record(wall)
@@ -291,7 +301,7 @@ class JobState:
         )
 
 
-_HANDLERS = {
+_HANDLERS: dict[str, Callable[[JobState, Any], None]] = {
     "run": JobState._on_run,
     "rank_hello": JobState._on_hello,
     "step": JobState._on_step,
@@ -309,6 +319,5 @@ _HANDLERS = {
     "group_restart": JobState._on_group_restart,
     "capture": JobState._on_capture,
     "profile": JobState._on_capture,
-    **dict.fromkeys(snapshot.SNAPSHOT_TYPES, snapshot.restore),
     "exit": JobState._on_exit,
 }

@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from ddptop.core import wire
+from ddptop.core.wire import records
 
 PHASES = (
     ("data", "data wait"),
@@ -43,11 +43,11 @@ class Capture:
     text: str = ""
     ranks: list[int] = field(default_factory=list)
     steps: int = 0
-    results: dict[int, wire.Frame] = field(default_factory=dict)
+    results: dict[int, records.Profile] = field(default_factory=dict)
     """rank -> its profile record."""
 
 
-def fold(captures: dict[str, Capture], record: wire.Frame) -> Capture:
+def fold(captures: dict[str, Capture], record: records.Capture | records.Profile) -> Capture:
     """A capture or profile record into the captures by id; the capture it concerns."""
     capture = captures.get(record["id"])
     if capture is None:
@@ -61,7 +61,7 @@ def fold(captures: dict[str, Capture], record: wire.Frame) -> Capture:
     return capture
 
 
-def rank_lines(profile: wire.Frame) -> list[str]:
+def rank_lines(profile: records.Profile) -> list[str]:
     """One rank's capture in a few lines: its steps and their phases, its top ops, its trace."""
     rank = profile["rank"]
     if "path" not in profile:
@@ -89,7 +89,7 @@ def rank_lines(profile: wire.Frame) -> list[str]:
     return lines
 
 
-def differences(results: dict[int, wire.Frame]) -> dict[int, str]:
+def differences(results: dict[int, records.Profile]) -> dict[int, str]:
     """Each captured rank against the median rank, for two or more ranks with phases: what is
     slower (phases, then the ops behind it), or that it is within WITHIN of the median."""
     timed = _timed(results)
@@ -131,10 +131,10 @@ def summary_lines(capture: Capture) -> list[str]:
     return lines
 
 
-def _timed(results: dict[int, wire.Frame]) -> dict[int, wire.Frame]:
+def _timed(results: dict[int, records.Profile]) -> dict[int, records.Profile]:
     """The ranks' profiles that have phases: those DDP timed."""
     return {rank: profile for rank, profile in results.items() if (profile.get("phases") or {}).get("step")}
 
 
-def _median_step(timed: dict[int, wire.Frame]) -> float:
-    return statistics.median(profile["phases"]["step"] for profile in timed.values())
+def _median_step(timed: dict[int, records.Profile]) -> float:
+    return float(statistics.median(profile["phases"]["step"] for profile in timed.values()))

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddptop.core.model.stats import RollingWindow, bus_bandwidth, median
+from ddptop.core.wire.records import WindowedValue
 
-SAMPLED = ("comm_ms", "comm_overlap_ms", "comm_bytes", "compute_ms")
+SAMPLED: tuple[WindowedValue, ...] = ("comm_ms", "comm_overlap_ms", "comm_bytes", "compute_ms")
 """The step values that come from DDP's sampled iterations (wire/records.py), kept together."""
 
 DDP_WARMUP_STEPS = 10
@@ -56,7 +57,7 @@ class RankState:
     dropped: int = 0
     last_wall: float = 0.0
     latest: dict[str, float] = field(default_factory=dict)
-    """The last value of each per-step value kept "latest" (wire/records.py STEP_VALUES: loss, grad norm, GPU memory...)."""
+    """The last value of each per-step value kept "latest" (wire/records.py LATEST: loss, grad norm, GPU memory...)."""
     cpu_percent: float | None = None
     rss: int | None = None
     gpu: tuple[int, int] | None = None

@@ -26,9 +26,9 @@ import itertools
 import os
 from array import array
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, final
 
 from ddptop.core import wire
 from ddptop.core.eventlog import Position, read_after, read_all
@@ -37,11 +37,59 @@ from ddptop.core.model.goodput import TYPICAL_KEPT, Attempt, Goodput
 from ddptop.core.model.history import RANK_SERIES, Filling, History, Point, pack, unpack
 from ddptop.core.model.rank import GpuState, RankState, replicas_told
 from ddptop.core.model.stats import StepPoint
+from ddptop.core.wire import records
 
 if TYPE_CHECKING:
     from ddptop.core.model.job import JobState
 
 SNAPSHOT_TYPES = frozenset({"snapshot", "snapshot_ranks", "snapshot_points", "snapshot_capture"})
+
+
+@final
+class SnapshotJob(TypedDict):
+    """The first frame: the job's own fields, its counts, events, GPUs, goodput and marks."""
+
+    type: Literal["snapshot"]
+    version: int
+    steps_done: int | None
+    job: dict[str, Any]
+    alert_kinds: dict[str, int]
+    events: list[wire.Record]
+    gpus: list[list[Any]]
+    goodput: dict[str, Any]
+    marks: list[list[Any]]
+    whole_span: int
+    filling: dict[str, Any]
+
+
+@final
+class SnapshotRanks(TypedDict):
+    """Some of the ranks, each by field name (_rank)."""
+
+    type: Literal["snapshot_ranks"]
+    ranks: list[dict[str, Any]]
+
+
+@final
+class SnapshotCapture(TypedDict):
+    """The latest profiler capture, and some of its ranks' profile records."""
+
+    type: Literal["snapshot_capture"]
+    capture: dict[str, Any]
+    results: list[records.Profile]
+
+
+@final
+class SnapshotPoints(TypedDict):
+    """Some of the charts' points, of the recent or the whole timeline."""
+
+    type: Literal["snapshot_points"]
+    tier: str
+    points: list[list[Any]]
+
+
+SnapshotFrame = SnapshotJob | SnapshotRanks | SnapshotCapture | SnapshotPoints
+"""What a snapshot is made of: plain data a JobState folds as it folds records (restore)."""
 VERSION = 4
 """The layout of the frames below. 4: goodput's fold keeps time paused apart from stalled,
 and a rank's window the steps it left out as pauses;
@@ -60,7 +108,7 @@ _RANK_SKIP = frozenset({"window", "gpu_reading", "gpu"})
 _JOB_FIELDS = ("meta", "world_size", "total_steps", "started", "last_wall", "records", "alerts", "exit", "checkpoint_step")
 
 
-def frames(state: JobState) -> Iterator[wire.Frame]:
+def frames(state: JobState) -> Iterator[SnapshotFrame]:
     """The state as frames: the job first, then its ranks, the latest profiler capture (what
     a rank's detail shows), then the charts' points."""
     history = state.history
@@ -106,17 +154,17 @@ def save(path: Path, state: JobState, position: Position) -> None:
         raise
 
 
-def load(path: Path) -> tuple[Position, list[wire.Frame]] | None:
+def load(path: Path) -> tuple[Position, list[SnapshotFrame]] | None:
     """A saved state and its position; None when there is none, or it cannot be read whole."""
     with contextlib.suppress(OSError, wire.FrameError, KeyError, TypeError, IndexError), path.open("rb") as stream:
         found = list(wire.read_frames(stream))
         head = found[0]
         if head["type"] == "position" and all(f.get("type") in SNAPSHOT_TYPES for f in found[1:]) and readable(found[1]):
-            return (head["segment"], head["offset"]), found[1:]
+            return (head["segment"], head["offset"]), cast(list[SnapshotFrame], found[1:])
     return None
 
 
-def replayed(saved: Path, events: Path) -> tuple[Iterator[wire.Frame], bool]:
+def replayed(saved: Path, events: Path) -> tuple[Iterator[wire.Record | SnapshotFrame], bool]:
     """A run's records as a replay folds them: its saved state and the records logged after it,
     or the whole log where there is no saved state that fits it (then True: the state folded
     from it is worth saving, for the next reader)."""
@@ -140,46 +188,46 @@ def steps_done(path: Path) -> int | None:
     return None
 
 
-def readable(first: wire.Frame) -> bool:
+def readable(first: Mapping[str, object]) -> bool:
     """Whether a snapshot's first frame is of the layout this reader knows."""
     return first.get("type") == "snapshot" and first.get("version") == VERSION
 
 
-def unreadable_text(first: wire.Frame) -> str:
+def unreadable_text(first: Mapping[str, object]) -> str:
     return (
         f"the supervisor sent its state in snapshot layout {first.get('version', 1)} and this dashboard reads "
         f"layout {VERSION}: run the same ddptop on both sides to see the job's history; live records follow"
     )
 
 
-def restore(state: JobState, record: wire.Frame) -> None:
+def restore(state: JobState, record: SnapshotFrame) -> None:
     """Fold one snapshot frame into a state; the first ("snapshot") starts it afresh."""
-    kind = record["type"]
-    if kind == "snapshot":
+    if record["type"] == "snapshot":
         state.snapshot_unreadable = not readable(record)
         if state.snapshot_unreadable:
-            state.events.append({"type": "notice", "wall": state.last_wall, "text": unreadable_text(record)})
+            notice: records.Notice = {"type": "notice", "wall": state.last_wall, "text": unreadable_text(record)}
+            state.events.append(notice)
             return
         _restore_job(state, record)
     elif state.snapshot_unreadable:
         return
-    elif kind == "snapshot_ranks":
+    elif record["type"] == "snapshot_ranks":
         for data in record["ranks"]:
             rank = _restored_rank(data)
             if rank.gpu is not None:
                 rank.gpu_reading = state.gpus.get(rank.gpu)
             state.ranks[rank.rank] = rank
-    elif kind == "snapshot_capture":
-        state.latest_capture = profiles.fold(state.captures, {"type": "capture", **record["capture"]})
+    elif record["type"] == "snapshot_capture":
+        state.latest_capture = profiles.fold(state.captures, cast(records.Capture, {"type": "capture", **record["capture"]}))
         for result in record["results"]:
             profiles.fold(state.captures, result)
-    elif kind == "snapshot_points":
+    elif record["type"] == "snapshot_points":
         timeline = state.history.timeline(whole=record["tier"] == "whole")
         for wall, span, job, ranks in record["points"]:
             timeline.points.append(Point(wall, span, job, {k: unpack(v) for k, v in ranks.items()}))
 
 
-def _restore_job(state: JobState, record: wire.Frame) -> None:
+def _restore_job(state: JobState, record: SnapshotJob) -> None:
     for name, value in record["job"].items():
         if name in _JOB_FIELDS:
             setattr(state, name, value)
@@ -196,7 +244,7 @@ def _restore_job(state: JobState, record: wire.Frame) -> None:
     state.history.whole.filling = _restored_filling(record["filling"])
 
 
-def _capture(capture: profiles.Capture | None) -> Iterator[wire.Frame]:
+def _capture(capture: profiles.Capture | None) -> Iterator[SnapshotCapture]:
     """The capture as it stands, and the ranks' profile records as they came (a rank's op
     names are its own, so 1,024 ranks' split into several frames, each with the capture)."""
     if capture is None:

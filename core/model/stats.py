@@ -43,7 +43,7 @@ def bus_bandwidth(nbytes: float, seconds: float, world_size: int) -> float | Non
 
 class StepPoint:
     """One step as a window keeps it: its wall time, step time and the values
-    STEP_VALUES keeps in the window (wire/records.py), so a new one needs no
+    the step record keeps in the window (WINDOWED, wire/records.py), so a new one needs no
     change here. Slots, since a window holds 100 per rank."""
 
     FIELDS = ("wall", "step_ms", *WINDOWED)
@@ -176,4 +176,5 @@ class RollingWindow:
         span = self._span(points[0].wall, points[-1].wall) + self._open(until)
         if span <= 0:
             return None
-        return sum(getattr(p, attr) for p in points[1:]) / span
+        counted: float = sum(getattr(p, attr) for p in points[1:])
+        return counted / span

@@ -9,9 +9,10 @@ needs no new field here or in the summary record's schema.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
-from ddptop.core import wire
 from ddptop.core.model.metrics import Metric
+from ddptop.core.wire import records
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,6 @@ class JobTotals:
     def of(self, metric: Metric) -> float | None:
         return self.metrics.get(metric.key)
 
-    def record(self, wall: float) -> wire.Frame:
+    def record(self, wall: float) -> records.Summary:
         """The per-second summary record that dashboards plot."""
-        return {"type": "summary", "wall": wall, **asdict(self)}
+        return cast(records.Summary, {"type": "summary", "wall": wall, **asdict(self)})

@@ -7,6 +7,7 @@ the standard library and msgpack, since every training rank imports it.
 """
 
 from ddptop.core.wire.frames import MAX_BATCH, MAX_FRAME, Frame, FrameDecoder, FrameError, encode, last_frame, read_frames
+from ddptop.core.wire.records import Record
 from ddptop.core.wire.schemas import AGENT_RECORD_TYPES, COMMANDS, FORWARDED_TYPES, RANK_RECORD_TYPES, SCHEMAS, validate
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "Frame",
     "FrameDecoder",
     "FrameError",
+    "Record",
     "encode",
     "last_frame",
     "read_frames",

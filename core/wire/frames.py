@@ -11,7 +11,7 @@ loaded inside every training rank.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
 
 import msgpack
@@ -31,9 +31,9 @@ class FrameError(ValueError):
     """A frame that is oversized, undecodable or does not fit its schema."""
 
 
-def encode(frame: Frame) -> bytes:
+def encode(frame: Mapping[str, Any]) -> bytes:
     """Pack one frame, header included."""
-    body = msgpack.packb(frame, use_bin_type=True)
+    body: bytes = msgpack.packb(frame, use_bin_type=True)
     if len(body) > MAX_FRAME:
         raise FrameError(f"frame of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
     return _HEADER.pack(len(body)) + body

@@ -6,78 +6,78 @@ and the tests' record builders (tests/builders.py) are derived from these
 definitions, so a field is declared once. NotRequired fields may be absent
 (or None); `type` names the record.
 
-A rank's step record is the one that grows: what a step measures is a row
-of STEP_VALUES, which says how the supervisor keeps it (in each rank's
-rolling window of steps, or its latest value). A new per-step metric is a
-row there, the line in the trainer that measures it, and a row of the
-metric table (model/metrics.py) where it shows.
+A rank's step record is the one that grows: what a step measures is a field
+of Step named in WindowedValue or LatestValue, which says how the supervisor
+keeps it (in each rank's rolling window of steps, or its latest value). A new
+per-step metric is that field, the line in the trainer that measures it, and
+a row of the metric table (model/metrics.py) where it shows.
+
+Past the codec every consumer takes these types (Record, or the one its
+handler is for): mypy checks each field it reads. Each is final, so that mypy
+narrows a Record by the fields it has (`"rank" in record`) as by its type.
 
 Only the standard library here: every training rank imports the wire.
 """
 
 import sys
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, final, get_args
 
+# NotRequired is re-exported: schemas.py reads it off the definitions' hints.
 if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
+    from typing import NotRequired as NotRequired
+    from typing import TypedDict
 else:  # pragma: no cover - Python 3.10's TypedDict does not know NotRequired
-    from typing_extensions import NotRequired, TypedDict
+    from typing_extensions import NotRequired as NotRequired
+    from typing_extensions import TypedDict
 
 
-@dataclass(frozen=True)
-class StepValue:
-    """One thing a step measures, as its record carries it and the supervisor keeps it."""
-
-    name: str
-    type: type[int] | type[float]
-    kept: Literal["window", "latest"]
-    """window: in each rank's rolling window of steps, for means, rates and percentiles;
-    latest: the rank's last value (a step without it leaves the last one standing)."""
-    doc: str
+WindowedValue = Literal["data_ms", "samples", "tokens", "comm_ms", "comm_overlap_ms", "comm_bytes", "compute_ms"]
+"""What a step measures that the supervisor keeps in each rank's rolling window of steps, for
+means, rates and percentiles."""
+LatestValue = Literal["loss", "grad_norm", "lr", "mem_alloc", "mem_reserved", "mem_peak"]
+"""What a step measures that the supervisor keeps as the rank's last value: a step without it
+leaves the last one standing."""
+WINDOWED: tuple[WindowedValue, ...] = get_args(WindowedValue)
+LATEST: tuple[LatestValue, ...] = get_args(LatestValue)
 
 
-STEP_VALUES: tuple[StepValue, ...] = (
-    StepValue(
-        "data_ms",
-        float,
-        "window",
-        "waiting for data: from the previous step's end to this one's first forward, less an evaluation (eval_ms)",
-    ),
-    StepValue("samples", int, "window", "the forward inputs' batch dimension, summed over the step's forwards"),
-    StepValue("tokens", int, "window", "elements of the forwards' token ids (a 2-D integer input)"),
-    StepValue(
-        "comm_ms", float, "window", "sampled: DDP's gradient all-reduces, from the first bucket's launch to the last's end (comm_step)"
-    ),
-    StepValue("comm_overlap_ms", float, "window", "sampled: how much of comm_ms ran beside the backward's compute (comm_step)"),
-    StepValue("comm_bytes", int, "window", "sampled: bytes DDP's gradient buckets all-reduce in a step (comm_step)"),
-    StepValue(
-        "compute_ms",
-        float,
-        "window",
-        "sampled: DDP's forward and backward compute, without the all-reduce's wait (comm_step); times the step's "
-        "micro-batches where it accumulated gradients (DDP times the synced one alone)",
-    ),
-    StepValue("loss", float, "latest", "what backward() was called on, summed over the step, or what monitor.step() said"),
-    StepValue("grad_norm", float, "latest", "the global gradient norm before clipping, unscaled"),
-    StepValue("lr", float, "latest", "the learning rate of the optimizer's first parameter group, as the step used it"),
-    StepValue("mem_alloc", int, "latest", "GPU bytes allocated by the rank's tensors"),
-    StepValue("mem_reserved", int, "latest", "GPU bytes the caching allocator holds"),
-    StepValue("mem_peak", int, "latest", "the allocator's peak of allocated bytes"),
-)
-WINDOWED = tuple(v.name for v in STEP_VALUES if v.kept == "window")
-LATEST = tuple(v.name for v in STEP_VALUES if v.kept == "latest")
-
-
+@final
 class Step(TypedDict):
-    """One training step of one rank, built by the trainer's step tracker (trainer/steps.py);
-    what it measured besides these fields is in STEP_VALUES."""
+    """One training step of one rank, built by the trainer's step tracker (trainer/steps.py).
+    Each value it measured is WINDOWED or LATEST: how the supervisor keeps it."""
 
     type: Literal["step"]
     rank: int
     step: int
     wall: float
     step_ms: float
+    data_ms: NotRequired[float]
+    """Waiting for data: from the previous step's end to this one's first forward, less an evaluation (eval_ms)."""
+    samples: NotRequired[int]
+    """The forward inputs' batch dimension, summed over the step's forwards."""
+    tokens: NotRequired[int]
+    """Elements of the forwards' token ids (a 2-D integer input)."""
+    comm_ms: NotRequired[float]
+    """Sampled: DDP's gradient all-reduces, from the first bucket's launch to the last's end (comm_step)."""
+    comm_overlap_ms: NotRequired[float]
+    """Sampled: how much of comm_ms ran beside the backward's compute (comm_step)."""
+    comm_bytes: NotRequired[int]
+    """Sampled: bytes DDP's gradient buckets all-reduce in a step (comm_step)."""
+    compute_ms: NotRequired[float]
+    """Sampled: DDP's forward and backward compute, without the all-reduce's wait (comm_step); times
+    the step's micro-batches where it accumulated gradients (DDP times the synced one alone)."""
+    loss: NotRequired[float]
+    """What backward() was called on, summed over the step, or what monitor.step() said."""
+    grad_norm: NotRequired[float]
+    """The global gradient norm before clipping, unscaled."""
+    lr: NotRequired[float]
+    """The learning rate of the optimizer's first parameter group, as the step used it."""
+    mem_alloc: NotRequired[int]
+    """GPU bytes allocated by the rank's tensors."""
+    mem_reserved: NotRequired[int]
+    """GPU bytes the caching allocator holds."""
+    mem_peak: NotRequired[int]
+    """The allocator's peak of allocated bytes."""
     total_steps: NotRequired[int]
     eval_ms: NotRequired[float]
     """An evaluation between the step before and this one's first forward (DDP forwards that were
@@ -108,6 +108,7 @@ class Step(TypedDict):
     those ranks, whose checksums this one is compared with. Absent: every rank's."""
 
 
+@final
 class RankHello(TypedDict):
     """A rank introduces itself once per connection."""
 
@@ -122,6 +123,7 @@ class RankHello(TypedDict):
     started: NotRequired[float]
 
 
+@final
 class Heartbeat(TypedDict):
     """About once a second: liveness and where the rank is."""
 
@@ -148,13 +150,14 @@ class Heartbeat(TypedDict):
     tensor-parallel shard's replicas, FSDP over one dimension of a mesh): those ranks. They do
     its work on other samples; the other stages or shards saw the same samples, which the job
     counts once."""
-    collectives: NotRequired[list[Any]]
+    collectives: NotRequired[list["Collective"]]
     """Collective, one per process group the rank is in: the last collective it entered and
     completed there, from torch's flight recorder; only from a rank that has sat on one step a
     while (trainer/flightrecorder.py)."""
     dropped: int
 
 
+@final
 class RankNote(TypedDict):
     """What a rank's instrumentation wants the user to know, once (how a NaN step is handled on its optimizer)."""
 
@@ -164,6 +167,7 @@ class RankNote(TypedDict):
     text: str
 
 
+@final
 class Phase(TypedDict):
     """A rank's start-up, step by step: torch imported ("torch"), its process group joined ("group")."""
 
@@ -173,6 +177,7 @@ class Phase(TypedDict):
     phase: str
 
 
+@final
 class AgentHello(TypedDict):
     """torchrun's own agent, through ddptop's probe (supervisor/launching/torchrun_probe.py)."""
 
@@ -180,6 +185,7 @@ class AgentHello(TypedDict):
     node: int
 
 
+@final
 class AgentPhase(TypedDict):
     """A step of starting the workers of attempt `restart` that only the agent sees: the old workers "stopped", the "rendezvous" done, the new workers "started"."""
 
@@ -190,6 +196,7 @@ class AgentPhase(TypedDict):
     wall: float
 
 
+@final
 class AgentNote(TypedDict):
     """What the user should know of how the agent starts workers (the template's fallback)."""
 
@@ -199,6 +206,7 @@ class AgentNote(TypedDict):
     text: str
 
 
+@final
 class WorkerFailure(TypedDict):
     """A worker process ended with a failure: what only torchrun knows. restart: the job's attempt it ran in (the probe's count, the same on every node)."""
 
@@ -216,6 +224,7 @@ class WorkerFailure(TypedDict):
     in the attempt, as torchrun's memory cgroup counts them; absent when none, or not counted."""
 
 
+@final
 class GroupRestart(TypedDict):
     """torchrun restarts its worker group (restart counts from 1), after backoff_s, because rank failed with exitcode (torchrun's view: the first it saw)."""
 
@@ -236,6 +245,7 @@ class GroupRestart(TypedDict):
     the restart waits out no backoff (added by the supervisor)."""
 
 
+@final
 class RestartGo(TypedDict):
     """The supervisor to torchrun's probe: it has judged the failure behind restart number `restart` and not stopped the job, so the restart may go ahead."""
 
@@ -245,6 +255,7 @@ class RestartGo(TypedDict):
     """Go without waiting out the rest of the backoff: a restart the user asked for."""
 
 
+@final
 class Checkpoint(TypedDict):
     """monitor.checkpoint() wrote a checkpoint (rank 0) / monitor.resume() loaded one."""
 
@@ -257,6 +268,7 @@ class Checkpoint(TypedDict):
     write_ms: float
 
 
+@final
 class Resume(TypedDict):
     """A rank goes on from a checkpoint after `step`: monitor.resume() loaded `path` (skipping
     the `damaged` ones), or the script restored its own optimizer state (optimizer_step.RESUMED_FROM)."""
@@ -269,6 +281,7 @@ class Resume(TypedDict):
     damaged: list[Any]
 
 
+@final
 class Uncaught(TypedDict):
     """The traceback of an exception the script did not catch (its end)."""
 
@@ -281,6 +294,7 @@ class Uncaught(TypedDict):
     "exit" from then on, as the interpreter shuts down."""
 
 
+@final
 class Batch(TypedDict):
     """A rank's records, sent together so the socket sees a few frames a second."""
 
@@ -288,6 +302,7 @@ class Batch(TypedDict):
     items: list[Any]
 
 
+@final
 class ViewerHello(TypedDict):
     """A dashboard introduces itself; with history, it first gets the run so far. history: the run's records so far first; snapshot: the job's state as a few frames instead (model/snapshot.py), what a dashboard asks for."""
 
@@ -302,13 +317,14 @@ profile ranks, dump a rank's stacks now; and what the aggregator asks of a node'
 collect stacks, read a rank's log's end, start a capture on its ranks."""
 
 
+@final
 class Command(TypedDict):
     """What a dashboard may ask of the supervisor, and the job's aggregator of a node's supervisor (stacks: collect those ranks' Python stacks)."""
 
     type: Literal["command"]
-    action: str
+    action: CommandAction
     rank: NotRequired[int]
-    ranks: NotRequired[list[Any]]
+    ranks: NotRequired[list[int]]
     origin: NotRequired[str]
     steps: NotRequired[int]
     """profile: the steps to capture."""
@@ -318,14 +334,15 @@ class Command(TypedDict):
     """profile, from the aggregator to a node: the step the capture starts at."""
 
 
-def asked_ranks(command: Any, default: list[int]) -> list[int]:
+def asked_ranks(command: "Command", default: list[int]) -> list[int]:
     """The ranks a command names: its ranks, else its one rank, else default (a command of
     every rank, or of none)."""
     if command.get("ranks"):
         return list(command["ranks"])
-    return [command["rank"]] if command.get("rank") is not None else default
+    return [command["rank"]] if "rank" in command and command["rank"] is not None else default
 
 
+@final
 class RankCommand(TypedDict):
     """The supervisor to one rank, over the rank's own connection (trainer/sender.py reads it)."""
 
@@ -340,6 +357,7 @@ class RankCommand(TypedDict):
     """Where the rank writes its trace: the run directory's profiles/ on its own node."""
 
 
+@final
 class Profile(TypedDict):
     """A rank's capture (trainer/profiling.py), or why it has none (error)."""
 
@@ -359,6 +377,7 @@ class Profile(TypedDict):
     """The top ops by self time: [name, self CPU ms, self CUDA ms, calls], a step's mean."""
 
 
+@final
 class Capture(TypedDict):
     """The supervisor on a capture asked for: started on ranks, refused (text says why), or done."""
 
@@ -371,6 +390,7 @@ class Capture(TypedDict):
     steps: NotRequired[int]
 
 
+@final
 class Auth(TypedDict):
     """Over TCP, the first frame of every connection: the run's token."""
 
@@ -378,6 +398,7 @@ class Auth(TypedDict):
     token: str
 
 
+@final
 class NodeHello(TypedDict):
     """A node's supervisor joins the job's aggregator (node 0's supervisor), which answers node_welcome, or refused and closes; then the node forwards records."""
 
@@ -388,6 +409,7 @@ class NodeHello(TypedDict):
     pid: int
 
 
+@final
 class NodeWelcome(TypedDict):
     """The aggregator takes a node in: the job's run id, for the node's own run directory."""
 
@@ -396,6 +418,7 @@ class NodeWelcome(TypedDict):
     run: str
 
 
+@final
 class Refused(TypedDict):
     """The aggregator turns a node away (a bad token, a node number taken), and why."""
 
@@ -403,6 +426,7 @@ class Refused(TypedDict):
     reason: str
 
 
+@final
 class RankGone(TypedDict):
     """A rank's connection closed: the first of the records a supervisor makes, which a node forwards to the aggregator."""
 
@@ -411,16 +435,18 @@ class RankGone(TypedDict):
     wall: float
 
 
+@final
 class Sample(TypedDict):
     """One node's rank processes and GPUs, read by its supervisor (SampleProc, SampleGpu)."""
 
     type: Literal["sample"]
     wall: float
-    procs: list[Any]
-    gpus: list[Any]
+    procs: list["SampleProc"]
+    gpus: list["SampleGpu"]
     node: NotRequired[int]
 
 
+@final
 class Stack(TypedDict):
     """A rank's stacks, as `source` (py-spy, faulthandler) dumped them: a stuck rank's, or one a dashboard asked for."""
 
@@ -431,6 +457,7 @@ class Stack(TypedDict):
     text: str
 
 
+@final
 class LogTail(TypedDict):
     """The end of a rank's own log (its attempt's stdout and stderr), read on its node at a dashboard's asking (command log_tail): sent to the dashboards, not kept in the event log."""
 
@@ -441,6 +468,7 @@ class LogTail(TypedDict):
     lines: list[Any]
 
 
+@final
 class Action(TypedDict):
     """What the supervisor did (a restart, a stop, a rank killed), in words."""
 
@@ -453,6 +481,7 @@ class Action(TypedDict):
     """What a reader acts on, where one does: NO_STACKS."""
 
 
+@final
 class Notice(TypedDict):
     """What the supervisor wants the user to know that is no alert (its own trouble, a pause)."""
 
@@ -464,6 +493,7 @@ class Notice(TypedDict):
     """The watchdog verdict it tells of ("pause", "world-size", "no-ranks"): goodput counts a pause's time apart from stalls."""
 
 
+@final
 class WireError(TypedDict):
     """A frame refused from a peer, and why; its connection is closed."""
 
@@ -474,6 +504,7 @@ class WireError(TypedDict):
     node: NotRequired[int]
 
 
+@final
 class Run(TypedDict):
     """What the supervisor makes itself. The run record opens every event log: the launch's metadata (meta.json as it was at the start)."""
 
@@ -502,6 +533,7 @@ class Run(TypedDict):
     version: NotRequired[str]
 
 
+@final
 class Alert(TypedDict):
     """A watchdog verdict; the fields after action are the kind's own details."""
 
@@ -525,6 +557,7 @@ class Alert(TypedDict):
     traceback: NotRequired[str]
 
 
+@final
 class Summary(TypedDict):
     """The job's totals, once a second (model/totals.py); metrics: the metric table's job figures by key, so a new metric needs no schema of its own."""
 
@@ -555,6 +588,7 @@ class Summary(TypedDict):
     starts to once DDP has timed every rank's compute, and the ranks' chart marks when."""
 
 
+@final
 class Exit(TypedDict):
     """The job is over: torchrun's exit status, or 128+N when stopped by signal N."""
 
@@ -562,7 +596,7 @@ class Exit(TypedDict):
     wall: float
     code: int
     stopped_by_signal: NotRequired[int]
-    goodput: NotRequired[dict[str, Any]]
+    goodput: NotRequired[dict[str, Any] | None]
 
 
 NO_STACKS = "no-stacks"
@@ -573,6 +607,7 @@ DEFAULT_GROUP = "0"
 ids count the groups a process made, in the order every rank makes them (torch requires it)."""
 
 
+@final
 class Collective(TypedDict):
     """Where a rank stands in one process group's collectives: sequence numbers count the
     group's collectives from 1, the same on every rank of the group."""
@@ -591,6 +626,7 @@ class Collective(TypedDict):
     """Its input's size."""
 
 
+@final
 class SampleProc(TypedDict):
     """One rank process in a sample record."""
 
@@ -602,19 +638,20 @@ class SampleProc(TypedDict):
     """Bytes a second it read from and wrote to storage since the last sample (the kernel's
     read_bytes and write_bytes: page-cache misses and pages it dirtied, not pipes or sockets)."""
     gpu: NotRequired[int]
-    gpu_mem: NotRequired[int]
+    gpu_mem: NotRequired[int | None]
 
 
+@final
 class SampleGpu(TypedDict):
     """One GPU in a sample record (NVML's figures)."""
 
     index: int
     name: NotRequired[str]
-    util: NotRequired[float]
-    mem_used: NotRequired[int]
-    mem_total: NotRequired[int]
-    temperature: NotRequired[float]
-    power_w: NotRequired[float]
+    util: NotRequired[float | None]
+    mem_used: NotRequired[int | None]
+    mem_total: NotRequired[int | None]
+    temperature: NotRequired[float | None]
+    power_w: NotRequired[float | None]
 
 
 RecordKind = Literal[
@@ -695,3 +732,42 @@ RECORDS: dict[RecordKind, type] = {
     "exit": Exit,
 }
 """Every record type by the name its `type` field carries."""
+
+Record = (
+    Step
+    | RankHello
+    | Heartbeat
+    | Phase
+    | RankNote
+    | RankCommand
+    | Profile
+    | Capture
+    | AgentHello
+    | AgentPhase
+    | AgentNote
+    | WorkerFailure
+    | GroupRestart
+    | RestartGo
+    | Checkpoint
+    | Resume
+    | Uncaught
+    | Batch
+    | ViewerHello
+    | Command
+    | Auth
+    | NodeHello
+    | NodeWelcome
+    | Refused
+    | RankGone
+    | Sample
+    | Stack
+    | LogTail
+    | Action
+    | Notice
+    | WireError
+    | Run
+    | Alert
+    | Summary
+    | Exit
+)
+"""Any record, as the codec's check hands it on: its `type` tells which (mypy narrows on it)."""

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from ddptop.core import wire
+from ddptop.core.wire import records
 
 
 @dataclass
@@ -33,7 +34,7 @@ class _Node:
 
 
 class Aggregator:
-    def __init__(self, sink: Callable[[wire.Frame], None], node: int, nnodes: int, run_id: str) -> None:
+    def __init__(self, sink: Callable[[wire.Record], None], node: int, nnodes: int, run_id: str) -> None:
         self._sink = sink
         self.node = node
         self.nnodes = nnodes
@@ -51,7 +52,7 @@ class Aggregator:
         found = self._nodes.get(node)
         return set() if found is None else set(found.ranks)
 
-    def command(self, node: int, frame: wire.Frame) -> bool:
+    def command(self, node: int, frame: records.Command) -> bool:
         """Send a command to one node's supervisor; False if it is not connected."""
         found = self._nodes.get(node)
         if found is None or found.writer.is_closing():
@@ -59,11 +60,11 @@ class Aggregator:
         found.writer.write(wire.encode(frame))
         return True
 
-    def command_all(self, frame: wire.Frame) -> None:
+    def command_all(self, frame: records.Command) -> None:
         for node in list(self._nodes):
             self.command(node, frame)
 
-    def _refusal(self, hello: wire.Frame) -> str | None:
+    def _refusal(self, hello: records.NodeHello) -> str | None:
         node = hello["node"]
         if hello["nnodes"] != self.nnodes:
             return f"node {node} says --nnodes {hello['nnodes']}, the job has {self.nnodes}"
@@ -75,7 +76,7 @@ class Aggregator:
             return f"node rank {node} is already taken by {self._nodes[node].host}"
         return None
 
-    async def serve(self, hello: wire.Frame, stream: AsyncIterator[wire.Frame], writer: asyncio.StreamWriter) -> None:
+    async def serve(self, hello: records.NodeHello, stream: AsyncIterator[wire.Frame], writer: asyncio.StreamWriter) -> None:
         """One node's supervisor, from its hello until it leaves (the collector's node handler)."""
         node, host = hello["node"], hello["host"]
         reason = self._refusal(hello)
@@ -98,18 +99,18 @@ class Aggregator:
                     self._sink({"type": "rank_gone", "rank": rank, "wall": time.time()})
 
     def _forwarded(self, entry: _Node, node: int, frame: wire.Frame) -> None:
-        wire.validate(frame)
-        kind = frame["type"]
-        if kind not in wire.FORWARDED_TYPES:
-            raise wire.FrameError(f"node {node} forwarded a {kind!r} record")
-        if kind == "rank_hello":
-            entry.ranks.add(frame["rank"])
-            self._owner[frame["rank"]] = node
-        elif kind == "rank_gone":
-            entry.ranks.discard(frame["rank"])
-        elif kind in ("sample", "action", "notice", "wire_error"):
-            frame["node"] = node  # said by that node's supervisor, whatever it claims
-        self._sink(frame)
+        record = wire.validate(frame)
+        if record["type"] not in wire.FORWARDED_TYPES:
+            raise wire.FrameError(f"node {node} forwarded a {record['type']!r} record")
+        if record["type"] == "rank_hello":
+            entry.ranks.add(record["rank"])
+            self._owner[record["rank"]] = node
+        elif record["type"] == "rank_gone":
+            entry.ranks.discard(record["rank"])
+        elif record["type"] in ("sample", "action", "notice", "wire_error"):
+            # said by that node's supervisor, whatever it claims
+            record["node"] = node
+        self._sink(record)
 
     def _note(self, text: str) -> None:
         self._sink({"type": "notice", "wall": time.time(), "text": text})

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from ddptop.core import launch_env
 from ddptop.core.usage import UsageError
+from ddptop.core.wire import records
 from ddptop.supervisor.cluster import endpoints, uplink
 from ddptop.supervisor.cluster.slurm import Rendezvous
 
@@ -112,7 +113,13 @@ def plan(opts: ClusterOptions) -> Cluster:
                     f"node {cluster.node} needs the job's token to join node 0's supervisor: "
                     f"set {launch_env.TOKEN} (the same on every node) or give --token-file"
                 )
-            hello = {"type": "node_hello", "node": cluster.node, "nnodes": nnodes, "host": socket.gethostname(), "pid": os.getpid()}
+            hello: records.NodeHello = {
+                "type": "node_hello",
+                "node": cluster.node,
+                "nnodes": nnodes,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+            }
             cluster.uplink = uplink.join(host, port, token, hello, opts.join_timeout)
     if cluster.listener is None and opts.listen:
         cluster.listener = endpoints.listen(*endpoints.parse(opts.listen, what="--listen"), "the wire (--listen)")

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from ddptop.core import wire
+from ddptop.core.wire import records
 from ddptop.supervisor.cluster.aggregator import Aggregator
 from ddptop.supervisor.cluster.placement import Cluster
 from ddptop.supervisor.cluster.uplink import Uplink
@@ -30,11 +30,11 @@ class NodeRole(Protocol):
         """The other node a rank runs on; None for this node's own (or unknown) ranks."""
         ...
 
-    def command(self, node: int, frame: wire.Frame) -> bool:
+    def command(self, node: int, frame: records.Command) -> bool:
         """Send a command to another node's supervisor; False if it cannot be reached."""
         ...
 
-    def command_all(self, frame: wire.Frame) -> None: ...
+    def command_all(self, frame: records.Command) -> None: ...
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Start what the role runs in the background; its tasks."""
@@ -52,10 +52,10 @@ class SingleNode:
     def owner(self, rank: int) -> int | None:
         return None
 
-    def command(self, node: int, frame: wire.Frame) -> bool:
+    def command(self, node: int, frame: records.Command) -> bool:
         return False
 
-    def command_all(self, frame: wire.Frame) -> None:
+    def command_all(self, frame: records.Command) -> None:
         return None
 
     async def start(self) -> list[asyncio.Task[None]]:
@@ -74,10 +74,10 @@ class Aggregating(SingleNode):
     def owner(self, rank: int) -> int | None:
         return self.aggregator.owner(rank)
 
-    def command(self, node: int, frame: wire.Frame) -> bool:
+    def command(self, node: int, frame: records.Command) -> bool:
         return self.aggregator.command(node, frame)
 
-    def command_all(self, frame: wire.Frame) -> None:
+    def command_all(self, frame: records.Command) -> None:
         self.aggregator.command_all(frame)
 
     def close(self) -> None:
@@ -101,7 +101,7 @@ class Forwarding(SingleNode):
         self.uplink.close()
 
 
-def role_of(cluster: Cluster, hub: Hub, on_command: Callable[[wire.Frame], None], on_lost: Callable[[], None]) -> NodeRole:
+def role_of(cluster: Cluster, hub: Hub, on_command: Callable[[records.Command], None], on_lost: Callable[[], None]) -> NodeRole:
     """The role the cluster's placement gives this supervisor, joined to its hub."""
     if cluster.aggregates:
         aggregator = Aggregator(hub.record, cluster.node, cluster.nnodes, hub.run.id)

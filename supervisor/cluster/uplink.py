@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from ddptop.core import wire
 from ddptop.core.usage import UsageError
+from ddptop.core.wire import records
 from ddptop.core.wire.stream import frames, socket_frames
 from ddptop.supervisor.cluster import endpoints
 
@@ -27,7 +28,7 @@ WRITE_BUFFER_MAX = 16 << 20
 """Bytes queued for the aggregator before records are dropped, not queued."""
 
 
-def join(host: str, port: int, token: str, hello: wire.Frame, timeout: float) -> socket.socket:
+def join(host: str, port: int, token: str, hello: records.NodeHello, timeout: float) -> socket.socket:
     """The welcomed connection to the aggregator, or UsageError saying why not."""
     where = endpoints.text(host, port)
     deadline = time.monotonic() + timeout
@@ -61,7 +62,7 @@ def join(host: str, port: int, token: str, hello: wire.Frame, timeout: float) ->
 
 
 class Uplink:
-    def __init__(self, sock: socket.socket, on_command: Callable[[wire.Frame], None], on_lost: Callable[[], None]) -> None:
+    def __init__(self, sock: socket.socket, on_command: Callable[[records.Command], None], on_lost: Callable[[], None]) -> None:
         self._sock = sock
         self._on_command = on_command
         self._on_lost = on_lost
@@ -69,7 +70,7 @@ class Uplink:
         self._writer: asyncio.StreamWriter | None = None
         self.dropped = 0
 
-    def forward(self, frame: wire.Frame, data: bytes) -> None:
+    def forward(self, frame: wire.Record, data: bytes) -> None:
         """A record the hub made (data: its encoding); this node's own summaries stay here."""
         writer = self._writer
         if writer is None or writer.is_closing() or frame["type"] not in wire.FORWARDED_TYPES:
@@ -88,9 +89,9 @@ class Uplink:
         assert self._reader is not None and self._writer is not None
         try:
             async for frame in frames(self._reader):
-                wire.validate(frame)
-                if frame["type"] == "command":
-                    self._on_command(frame)
+                record = wire.validate(frame)
+                if record["type"] == "command":
+                    self._on_command(record)
         except (wire.FrameError, ConnectionError):
             pass
         finally:

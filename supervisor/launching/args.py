@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ddptop.core.policy import (
     CRASH_LOOP,
@@ -72,7 +73,7 @@ SUMMARY_EVERY_S = 5.0
 """Seconds between the summary lines a headless supervisor prints."""
 
 # (spellings, argparse keyword arguments); the first spelling names the dest.
-OPTIONS: list[tuple[tuple[str, ...], dict]] = [
+OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--gpus",), {"type": _positive_int, "help": "ranks on this node, one GPU each (CPU ranks on gloo without a GPU)"}),
     (("--nproc-per-node", "--nproc_per_node"), {"type": _positive_int, "help": "ranks on this node (torchrun's spelling)"}),
     (

@@ -19,6 +19,7 @@ from typing import Any
 
 from ddptop.core import launch_env, wire
 from ddptop.core.model.events import exit_status
+from ddptop.core.wire import records
 from ddptop.supervisor.launching import console_tail, oom_kills, template
 from ddptop.trainer.sender import connect
 
@@ -34,7 +35,8 @@ def backoff_s(restart: int, base: float) -> float:
     """Wait before restart number `restart` (from 1): none for the first, then base, 2x base..."""
     if restart <= 1 or base <= 0:
         return 0.0
-    return min(base * 2 ** (restart - 2), BACKOFF_MAX_S)
+    wait: float = min(base * 2 ** (restart - 2), BACKOFF_MAX_S)
+    return wait
 
 
 class Reporter:
@@ -54,7 +56,7 @@ class Reporter:
         """That count when the last failures were reported (at first, before any worker)."""
         self._sock = sock
 
-    def send(self, frame: wire.Frame) -> None:
+    def send(self, frame: wire.Record) -> None:
         if self.address is None:
             return
         try:
@@ -112,7 +114,7 @@ class Reporter:
         if (now := oom_kills.count(self.oom_counter)) is not None:
             killed, self.oom_seen = now - (self.oom_seen or 0), now
         for rank, failure in result.failures.items():
-            frame: wire.Frame = {
+            frame: records.WorkerFailure = {
                 "type": "worker_failure",
                 "node": group_rank,
                 "restart": self.restarts,
@@ -161,7 +163,7 @@ def install(reporter: Reporter, backoff_base: float) -> None:
         reporter.restarts += 1
         count = reporter.restarts
         wait = backoff_s(count, backoff_base)
-        frame: wire.Frame = {
+        frame: records.GroupRestart = {
             "type": "group_restart",
             "node": worker_group.group_rank or 0,
             "restart": count,
@@ -246,7 +248,7 @@ def main(argv: list[str]) -> int:
         # The script's own options come after it; torchrun's argparse would take
         # `--start` or `--max` as an abbreviation of its own and stop the launch.
         parser.allow_abbrev = False
-        run.run(parser.parse_args(argv))
+        run.run(parser.parse_args(argv))  # type: ignore[no-untyped-call]  # torch's own, untyped
     except ChildFailedError as err:
         _, first = err.get_first_failure()
         return exit_status(first.exitcode) or 1

@@ -26,9 +26,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from ddptop.core import wire
-from ddptop.core.wire import unixpath
+from ddptop.core.wire import records, unixpath
 from ddptop.core.wire.stream import frames
 from ddptop.supervisor.serving.viewers import CommandHandler, Viewers
 
@@ -36,9 +37,21 @@ BACKLOG = 4096
 """Connections the socket queues before accepting: every rank of a large
 job connects at once (the default of 100 refuses the rest)."""
 
-Sink = Callable[[wire.Frame], None]
+Sink = Callable[[wire.Record], None]
 
-PeerHandler = Callable[[wire.Frame, AsyncIterator[wire.Frame], asyncio.StreamWriter], Awaitable[None]]
+RankRecord = (
+    records.Step
+    | records.Heartbeat
+    | records.Uncaught
+    | records.Checkpoint
+    | records.Resume
+    | records.Phase
+    | records.RankNote
+    | records.Profile
+)
+"""What a rank's batch carries (schemas.RANK_RECORD_TYPES): every one names its rank."""
+
+PeerHandler = Callable[[records.NodeHello, AsyncIterator[wire.Frame], asyncio.StreamWriter], Awaitable[None]]
 """Serves a connection from its hello on: the hello, the rest of its frames, its writer."""
 
 
@@ -67,9 +80,9 @@ class Collector:
         self.node_handler: PeerHandler | None = None
         """Set on node 0's supervisor of a multi-node job: the other nodes' supervisors join it."""
         self._servers: list[asyncio.AbstractServer] = []
-        self._connections: set[asyncio.Task] = set()
-        self._job_connections: set[asyncio.Task] = set()
-        self._rank_connections: dict[int, tuple[int, asyncio.Task]] = {}
+        self._connections: set[asyncio.Task[None]] = set()
+        self._job_connections: set[asyncio.Task[None]] = set()
+        self._rank_connections: dict[int, tuple[int, asyncio.Task[None]]] = {}
         """rank -> (attempt, connection) of the connection that speaks for it."""
         self._rank_writers: dict[int, asyncio.StreamWriter] = {}
         """rank -> the writing end of that connection, for what the supervisor asks of the rank."""
@@ -122,7 +135,7 @@ class Collector:
         if not self._closing:
             self._sink({"type": "rank_gone", "rank": rank, "wall": time.time()})
 
-    def _claim(self, hello: wire.Frame) -> None:
+    def _claim(self, hello: records.RankHello) -> None:
         """One connection per rank and attempt: a second one is a broken or lying peer.
 
         A restarted rank (the next attempt) takes over from its predecessor,
@@ -144,7 +157,7 @@ class Collector:
         assert task is not None
         task.add_done_callback(lambda _: writers.pop(key, None) if writers.get(key) is writer else None)
 
-    def tell_rank(self, rank: int, frame: wire.Frame) -> bool:
+    def tell_rank(self, rank: int, frame: records.RankCommand) -> bool:
         """Send a frame to one rank of this node over its own connection (its sender reads it
         between batches); False when the rank is not connected."""
         writer = self._rank_writers.get(rank)
@@ -153,7 +166,7 @@ class Collector:
         writer.write(wire.encode(frame))
         return True
 
-    def tell_agents(self, frame: wire.Frame) -> None:
+    def tell_agents(self, frame: records.RestartGo) -> None:
         """Send a frame to torchrun's probe on every node that has one connected."""
         data = wire.encode(frame)
         for writer in self.agents.values():
@@ -171,7 +184,10 @@ class Collector:
             self.bad_frames += 1
             error = str(exc) if peer.authenticated else f"refused a TCP connection from {peer.address}: {exc}"
             # A rank's broken frames are a data problem of that rank (the job model counts them).
-            self._sink({"type": "wire_error", "wall": time.time(), "error": error, "rank": peer.rank})
+            report: records.WireError = {"type": "wire_error", "wall": time.time(), "error": error}
+            if peer.rank is not None:
+                report["rank"] = peer.rank
+            self._sink(report)
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
@@ -181,46 +197,48 @@ class Collector:
     async def _read_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: _Peer, token: str | None) -> None:
         """peer gets the rank a connection's hello claims, for the error report."""
         stream = frames(reader)
-        hello: wire.Frame | None = None
+        hello: records.RankHello | records.AgentHello | None = None
         async for frame in stream:
             if not peer.authenticated:
                 assert token is not None
                 _authenticate(frame, token, writer)
                 peer.authenticated = True
                 continue
-            wire.validate(frame)
-            if hello is None and frame["type"] == "viewer_hello" and self._viewers is not None:
+            record = wire.validate(frame)
+            if hello is None and record["type"] == "viewer_hello" and self._viewers is not None:
                 assert self._on_command is not None
-                await self._viewers.serve(frame, stream, writer, self._on_command)
+                await self._viewers.serve(record, stream, writer, self._on_command)
                 return
-            if hello is None and frame["type"] == "node_hello" and self.node_handler is not None:
-                await self.node_handler(frame, stream, writer)
+            if hello is None and record["type"] == "node_hello" and self.node_handler is not None:
+                await self.node_handler(record, stream, writer)
                 return
             if hello is None:
                 if token is not None:
-                    raise wire.FrameError(f"over TCP only dashboards and nodes connect, not {frame['type']!r}")
-                if frame["type"] not in ("rank_hello", "agent_hello"):
-                    raise wire.FrameError(f"expected a hello, got {frame['type']!r}")
-                if frame["type"] == "rank_hello":
-                    peer.rank = frame["rank"]
-                    self._claim(frame)  # before tracking: a refused twin must not report the rank gone
-                    self._hold(self._rank_writers, frame["rank"], writer)
-                    self._sink(frame)
+                    raise wire.FrameError(f"over TCP only dashboards and nodes connect, not {record['type']!r}")
+                if record["type"] == "rank_hello":
+                    peer.rank = record["rank"]
+                    self._claim(record)  # before tracking: a refused twin must not report the rank gone
+                    self._hold(self._rank_writers, record["rank"], writer)
+                    self._sink(record)
+                    self._track_job_connection(record["rank"])
+                elif record["type"] == "agent_hello":
+                    self._hold(self.agents, record["node"], writer)
+                    self._track_job_connection(None)
                 else:
-                    self._hold(self.agents, frame["node"], writer)
-                hello = frame
-                self._track_job_connection(frame.get("rank"))
+                    raise wire.FrameError(f"expected a hello, got {record['type']!r}")
+                hello = record
             elif hello["type"] == "agent_hello":
-                if frame["type"] not in wire.AGENT_RECORD_TYPES:
-                    raise wire.FrameError(f"unexpected {frame['type']!r} from torchrun's probe")
-                self._sink(frame)
-            elif frame["type"] == "batch":
-                for item in frame["items"]:
+                if record["type"] not in wire.AGENT_RECORD_TYPES:
+                    raise wire.FrameError(f"unexpected {record['type']!r} from torchrun's probe")
+                self._sink(record)
+            elif record["type"] == "batch":
+                # validate checked each item: a rank record (schemas.RANK_RECORD_TYPES)
+                for item in cast(list[RankRecord], record["items"]):
                     if item["rank"] != hello["rank"]:
                         raise wire.FrameError(f"rank {hello['rank']} sent a record for rank {item['rank']}")
                     self._sink(item)
             else:
-                raise wire.FrameError(f"unexpected {frame['type']!r} after hello")
+                raise wire.FrameError(f"unexpected {record['type']!r} after hello")
 
 
 def _authenticate(frame: wire.Frame, token: str, writer: asyncio.StreamWriter) -> None:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import cast
 
 from ddptop.core import wire
 from ddptop.core.eventlog import EventLog
 from ddptop.core.model import snapshot
 from ddptop.core.model.job import JobState
 from ddptop.core.rundir import RunDir
+from ddptop.core.wire import records
 from ddptop.supervisor.outlets import Outlets
 from ddptop.supervisor.serving.collector import Collector
 from ddptop.supervisor.serving.viewers import CommandHandler, Viewers
@@ -39,7 +41,7 @@ class Hub:
         self,
         run: RunDir,
         on_command: CommandHandler,
-        observer: Callable[[wire.Frame], None] | None = None,
+        observer: Callable[[wire.Record], None] | None = None,
         outlets: Outlets | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -62,14 +64,14 @@ class Hub:
         """The attempt the supervisor is stopping itself, and why (stopping_for)."""
         self._attempt = 0
         """The latest attempt torchrun started: its group_restart comes before any of its hellos."""
-        self.taps: list[Callable[[wire.Frame, bytes], None]] = []
+        self.taps: list[Callable[[wire.Record, bytes], None]] = []
         """Also given every record and its encoding: a node's uplink to the aggregator."""
 
-    def record(self, frame: wire.Frame) -> None:
+    def record(self, frame: wire.Record) -> None:
         if frame["type"] == "group_restart":
             self._attempt = max(self._attempt, frame["restart"])
             if self._stopping_for is not None:
-                frame = {**frame, **self._stopping_for[1]}
+                frame = cast(records.GroupRestart, {**frame, **self._stopping_for[1]})  # ordered or asked: both GroupRestart's
         elif frame["type"] == "rank_hello" and self._stopping_for is not None and frame["restart"] > self._stopping_for[0]:
             self._stopping_for = None  # the restarted group is up
         data = wire.encode(frame)
@@ -126,9 +128,10 @@ class Hub:
         await self.collector.ranks_done()
         self.record_totals()
         now = time.time() if now is None else now
-        self.record(
-            {"type": "exit", "wall": now, "code": code, "stopped_by_signal": stopped_by_signal, "goodput": self.state.goodput.split(now)}
-        )
+        end: records.Exit = {"type": "exit", "wall": now, "code": code, "goodput": self.state.goodput.split(now)}
+        if stopped_by_signal is not None:
+            end["stopped_by_signal"] = stopped_by_signal
+        self.record(end)
         self.viewers.close_all()
         await self.collector.close()
         if self.outlets.write(EVENT_LOG, self.log.close):

@@ -18,12 +18,13 @@ from typing import BinaryIO
 
 from ddptop.core import wire
 from ddptop.core.eventlog import EventLog
+from ddptop.core.wire import records
 
 QUEUE_MAX = 20_000
 """Frames a viewer may lag behind before it is dropped."""
 HISTORY_CHUNK = 1 << 20
 
-CommandHandler = Callable[[wire.Frame], None]
+CommandHandler = Callable[[records.Command], None]
 
 
 class Viewers:
@@ -67,7 +68,7 @@ class Viewers:
         self._queues.clear()
 
     async def serve(
-        self, hello: wire.Frame, stream: AsyncIterator[wire.Frame], writer: asyncio.StreamWriter, on_command: CommandHandler
+        self, hello: records.ViewerHello, stream: AsyncIterator[wire.Frame], writer: asyncio.StreamWriter, on_command: CommandHandler
     ) -> None:
         """Stream to one viewer until the job ends or it leaves.
 
@@ -133,7 +134,7 @@ class Viewers:
 async def _read_commands(stream: AsyncIterator[wire.Frame], on_command: CommandHandler) -> None:
     """Commands from a dashboard, until it disconnects."""
     async for frame in stream:
-        wire.validate(frame)
-        if frame["type"] != "command":
-            raise wire.FrameError(f"a viewer may send commands only, not {frame['type']!r}")
-        on_command(frame)
+        record = wire.validate(frame)
+        if record["type"] != "command":
+            raise wire.FrameError(f"a viewer may send commands only, not {record['type']!r}")
+        on_command(record)

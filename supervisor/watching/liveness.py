@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ddptop.core import wire
+from ddptop.core.wire import records
 
 BUSY_CPU = 50.0
 """A rank's CPU percent over the supervisor's last sample (one core is 100) that says it works."""
@@ -40,7 +41,7 @@ class Liveness:
     it entered and that has not completed: a busy CPU there is a wait (CUDA's spin), not work."""
     forwards: dict[int, int] = field(default_factory=dict)
     """rank -> its model's forwards so far, as its last heartbeat counted them."""
-    collectives: dict[int, list[wire.Frame]] = field(default_factory=dict)
+    collectives: dict[int, list[records.Collective]] = field(default_factory=dict)
     """rank -> where it stands in each of its process groups' collectives (records.Collective),
     from its heartbeat (only ranks that sat on one step a while send it)."""
     completed: dict[str, int] = field(default_factory=dict)
@@ -64,9 +65,8 @@ class Liveness:
     world_size: int = 0
     """The newest attempt's world size, as its ranks' hellos tell it: the ranks to hear from."""
 
-    def observe(self, record: wire.Frame, now: float) -> None:
-        kind = record.get("type")
-        if kind == "rank_hello":
+    def observe(self, record: wire.Record, now: float) -> None:
+        if record["type"] == "rank_hello":
             rank = record["rank"]
             newest = self.newest_attempt()
             if record["restart"] > newest:
@@ -86,19 +86,19 @@ class Liveness:
             self.raised_in.pop(rank, None)
             self.exiting.discard(rank)
             self.gone.pop(rank, None)
-        elif kind == "step":
+        elif record["type"] == "step":
             rank = record["rank"]
             self.heard[rank] = now
             self._finished(rank, record["step"], now)
-        elif kind == "heartbeat":
+        elif record["type"] == "heartbeat":
             self._heartbeat(record, now)
-        elif kind == "sample":
+        elif record["type"] == "sample":
             self._busy(record, now)
-        elif kind == "exception":
+        elif record["type"] == "exception":
             self.exceptions[record["rank"]] = record["text"]
             if "phase" in record:
                 self.raised_in[record["rank"]] = record["phase"]
-        elif kind == "rank_gone":
+        elif record["type"] == "rank_gone":
             self.gone[record["rank"]] = now
 
     def _finished(self, rank: int, step: int, now: float) -> None:
@@ -107,7 +107,7 @@ class Liveness:
             self.progress[rank] = self.moved[rank] = now
             self.stepped.add(rank)
 
-    def _heartbeat(self, record: wire.Frame, now: float) -> None:
+    def _heartbeat(self, record: records.Heartbeat, now: float) -> None:
         rank = record["rank"]
         self.heard[rank] = now
         if rank not in self.done:  # the first since hello: where a resumed rank starts, no step yet
@@ -136,7 +136,7 @@ class Liveness:
             self.exiting.discard(rank)
         self.waiting[rank] = record.get("inside") is not None or self.entered(rank) is not None
 
-    def entered(self, rank: int) -> wire.Frame | None:
+    def entered(self, rank: int) -> records.Collective | None:
         """The collective the rank's flight recorder says it entered and has not completed
         (DDP's all-reduce in its backward), as its last heartbeat told it; None when none.
 
@@ -154,7 +154,7 @@ class Liveness:
         completed = self.completed
         return next((c for c in self.collectives.get(rank, ()) if c["enqueued"] > max(c["completed"], completed.get(c["group"], 0))), None)
 
-    def _busy(self, record: wire.Frame, now: float) -> None:
+    def _busy(self, record: records.Sample, now: float) -> None:
         """A rank that kept a CPU busy over the last second, or moved data to or from storage,
         outside any collective, is working even where its stack reads the same at every
         heartbeat: rank 0 evaluating through `model.module` (no DDP forward to count) a model

@@ -14,10 +14,10 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from ddptop.core import wire
 from ddptop.core.format import nbytes
 from ddptop.core.model.job import JobState
 from ddptop.core.model.rank import RankState
+from ddptop.core.wire import records
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.stacks import process_state
 from ddptop.supervisor.watching.verdict import ranks_text
@@ -103,7 +103,8 @@ def standing(rank: int, state: JobState, seen: Liveness) -> Standing:
     done = seen.done.get(rank, -1)
     entered = seen.entered(rank)
     if inside is not None or entered is not None:
-        return Standing(True, (inside or (entered or {}).get("op") or "collective").replace("_", "-"), where, done)
+        op = entered.get("op") if entered is not None else None
+        return Standing(True, (inside or op or "collective").replace("_", "-"), where, done)
     return Standing(False, phase, where, done)
 
 
@@ -139,7 +140,7 @@ def _order(place: Standing) -> tuple[bool, str, str, int]:
     return place.waiting, place.what, place.where or "", place.done
 
 
-def in_collectives(reports: dict[int, list[wire.Frame]]) -> list[str]:
+def in_collectives(reports: dict[int, list[records.Collective]]) -> list[str]:
     """Per process group that has ranks waiting in a collective: which collective, and who
     never entered it. "default group: ranks 0,1,2 in all_reduce #5512 (25 MB); rank 3 never
     entered it, its last: all_reduce #5511". Sequence numbers count a group's collectives
@@ -147,7 +148,7 @@ def in_collectives(reports: dict[int, list[wire.Frame]]) -> list[str]:
     A rank that told nothing of its collectives (a stopped rank, one holding the GIL in native
     code) is not named here: the verdict says once what it did tell, and for how long it has
     said nothing."""
-    groups: dict[str, dict[int, wire.Frame]] = {}
+    groups: dict[str, dict[int, records.Collective]] = {}
     for rank, entries in reports.items():
         for entry in entries:
             groups.setdefault(entry["group"], {})[rank] = entry

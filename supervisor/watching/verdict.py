@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from ddptop.core import wire
 from ddptop.core.policy import Action
+from ddptop.core.wire import records
 
 Kind = Literal["nan", "desync", "stall", "pause", "hang", "straggler", "crash", "crash-loop", "no-progress", "world-size", "no-ranks"]
 """What a rule found; an alert record's `kind` (a pause, a world size and no ranks are notices)."""
@@ -27,20 +27,24 @@ class Verdict:
     notice: bool = False
     """What the watchdog saw and explains, but does not alert on (a pause between steps)."""
 
-    def record(self) -> wire.Frame:
+    def record(self) -> records.Alert | records.Notice:
         if self.notice:
             return {"type": "notice", "wall": time.time(), "text": self.text, "kind": self.kind}
-        return {
-            "type": "alert",
-            "wall": time.time(),
-            "kind": self.kind,
-            "rank": self.ranks[0] if len(self.ranks) == 1 else None,
-            "ranks": self.ranks,
-            "step": self.step,
-            "text": self.text,
-            "action": self.action,
-            **self.details,
-        }
+        # details are the kind's own fields, each declared in Alert: no literal mypy could check.
+        return cast(
+            records.Alert,
+            {
+                "type": "alert",
+                "wall": time.time(),
+                "kind": self.kind,
+                "rank": self.ranks[0] if len(self.ranks) == 1 else None,
+                "ranks": self.ranks,
+                "step": self.step,
+                "text": self.text,
+                "action": self.action,
+                **self.details,
+            },
+        )
 
 
 def ranks_text(ranks: list[int]) -> str:

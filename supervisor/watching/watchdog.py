@@ -16,6 +16,7 @@ from collections.abc import Callable
 from ddptop.core import wire
 from ddptop.core.model.job import JobState
 from ddptop.core.policy import WatchPolicy
+from ddptop.core.wire import records
 from ddptop.supervisor.watching.failures import LogTail
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.rules import Rule
@@ -35,7 +36,7 @@ class Watchdog:
         self,
         policy: WatchPolicy,
         state: JobState,
-        log_tail: Callable[[wire.Frame], LogTail] = lambda failure: LogTail([]),
+        log_tail: Callable[[records.WorkerFailure], LogTail] = lambda failure: LogTail([]),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy
@@ -77,7 +78,7 @@ class Watchdog:
         """Whether failures are still gathered, not yet judged (a crash-loop stop may come)."""
         return self.crashes.judging()
 
-    def observe(self, record: wire.Frame) -> list[Verdict]:
+    def observe(self, record: wire.Record) -> list[Verdict]:
         now = self.clock()
         self.liveness.observe(record, now)
         rules = self._observers.get(record["type"])

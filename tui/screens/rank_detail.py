@@ -4,8 +4,9 @@ its log tail."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -68,7 +69,7 @@ def gpu_line(rank: RankState) -> str:
     return "  ".join(parts)
 
 
-def log_tail(run_dir: Path | None, meta: dict, rank: RankState, lines: int = LOG_LINES) -> list[str]:
+def log_tail(run_dir: Path | None, meta: Mapping[str, Any], rank: RankState, lines: int = LOG_LINES) -> list[str]:
     """The end of the rank's stdout and stderr in its own attempt, read from this run directory:
     a replay's, or a job's that has ended.
 

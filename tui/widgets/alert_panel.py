@@ -10,16 +10,18 @@ screen (key a).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from rich.text import Text
 from textual.widgets import Static
 
 from ddptop.core.model.events import restart_text
 from ddptop.core.model.job import JobState
+from ddptop.core.wire import records
 
 
-def describe(event: dict) -> tuple[str, str]:
+def describe(event: Mapping[str, Any]) -> tuple[str, str]:
     """(style, text) of one event record."""
     kind = event["type"]
     where = "".join(
@@ -35,7 +37,7 @@ def describe(event: dict) -> tuple[str, str]:
         code = event.get("code")
         return ("green" if code == 0 else "bold red"), f"job ended, exit {code}"
     if kind == "group_restart":
-        return "yellow", restart_text(event)
+        return "yellow", restart_text(cast(records.GroupRestart, event))
     if kind == "resume":
         damaged = event.get("damaged") or []
         passed = f" (passed over damaged {', '.join(damaged)})" if damaged else ""
@@ -49,7 +51,7 @@ PINNED = 2
 """Rows at most that keep older alerts in sight, of a panel of more rows than that."""
 
 
-def lines(events: Sequence[dict], rows: int) -> list[tuple[bool, dict]]:
+def lines(events: Sequence[Mapping[str, Any]], rows: int) -> list[tuple[bool, Mapping[str, Any]]]:
     """What a panel of `rows` rows shows: (pinned, event), pinned alerts first, then the newest events."""
     newest = list(reversed(events))
     older_alerts = [event for event in newest[rows:] if event["type"] == "alert"]

@@ -30,7 +30,7 @@ class Rule(Protocol):
     observes: frozenset[str]
     """The record types observe() is given: at 10,000 records a second, no rule sees what it ignores."""
 
-    def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
+    def observe(self, record: wire.Record, now: float) -> list[Verdict]:
         """Verdicts a record completes (most records complete none)."""
         ...
 

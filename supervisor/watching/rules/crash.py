@@ -22,6 +22,7 @@ from ddptop.core.model.events import exit_reason
 from ddptop.core.model.job import JobState
 from ddptop.core.policy import WatchPolicy
 from ddptop.core.rundir import single_node
+from ddptop.core.wire import records
 from ddptop.supervisor.watching.failures import (
     LogTail,
     exception_line,
@@ -62,7 +63,7 @@ class CrashRule:
         policy: WatchPolicy,
         state: JobState,
         liveness: Liveness,
-        log_tail: Callable[[wire.Frame], LogTail],
+        log_tail: Callable[[records.WorkerFailure], LogTail],
         clock: Callable[[], float],
     ) -> None:
         self.state = state
@@ -71,7 +72,7 @@ class CrashRule:
         self.liveness = liveness
         self.log_tail = log_tail
         self.loop = CrashLoop(policy)
-        self._failures: list[wire.Frame] = []
+        self._failures: list[records.WorkerFailure] = []
         self._failures_since = 0.0
         self._complete = False
         """The failures gathered are all there will be (a one-node group is restarting): judge now."""
@@ -92,7 +93,7 @@ class CrashRule:
     def judging(self) -> bool:
         return bool(self._failures)
 
-    def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
+    def observe(self, record: wire.Record, now: float) -> list[Verdict]:
         if record["type"] == "step":
             self._progressed.add(self.liveness.attempt.get(record["rank"], 0))
             return []
@@ -101,7 +102,7 @@ class CrashRule:
             # the attempt is in, and waiting out the gather would only hold the restart back.
             self._complete = single_node(self.state.meta)
             return []
-        if record["pid"] not in self._expected_deaths and record["restart"] > self._ended:
+        if record["type"] == "worker_failure" and record["pid"] not in self._expected_deaths and record["restart"] > self._ended:
             if not self._failures:
                 self._failures_since = now
             self._failures.append(record)
@@ -192,7 +193,7 @@ class CrashRule:
         seen = self.liveness
         return self._complete and all(rank in seen.gone for rank, a in seen.attempt.items() if a == attempt)
 
-    def _rank_of(self, failure: wire.Frame, spawned: tuple[int, int | None] | None) -> int:
+    def _rank_of(self, failure: records.WorkerFailure, spawned: tuple[int, int | None] | None) -> int:
         """The rank a failure is of: torchrun's worker, or, for a script that starts
         its own ranks (the failed worker is their parent), the child its spawn names
         as the one that failed (its index among this node's ranks); failing that, the
@@ -208,7 +209,7 @@ class CrashRule:
         said = [r for r in ranks if r in seen.exceptions]
         return min(said or ranks, key=lambda r: seen.gone.get(r, float("inf")), default=failure["rank"])
 
-    def _cause_first(self, failure: wire.Frame) -> tuple[int, float, float]:
+    def _cause_first(self, failure: records.WorkerFailure) -> tuple[int, float, float]:
         """A rank killed by a hard signal (SIGKILL, SIGSEGV...) is a cause, never
         a consequence: the others die of a collective's error or of torchrun's
         SIGTERM. A rank that exited with a status of its own comes before one
@@ -219,7 +220,7 @@ class CrashRule:
         order = 2 if code in STOPPED else 1 if code > 0 else 0
         return order, self.liveness.gone.get(failure["rank"], float("inf")), failure["wall"]
 
-    def _error_line(self, failure: wire.Frame, tail: list[str] | None = None) -> str | None:
+    def _error_line(self, failure: records.WorkerFailure, tail: list[str] | None = None) -> str | None:
         """The line of a failed rank's own exception that names it, or of its stderr (tail, if already read)."""
         error = self.liveness.exceptions.get(failure["rank"]) or failure.get("message")
         if error and error.strip():

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ddptop.core import wire
 from ddptop.core.model.job import JobState
 from ddptop.core.model.rank import replicas_told
+from ddptop.core.wire import records
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.rules.per_step import PerStepRule
 from ddptop.supervisor.watching.verdict import Verdict, ranks_text
@@ -31,7 +31,7 @@ class DesyncRule(PerStepRule):
         self._desynced: dict[Replicas, frozenset[int]] = {}
         """The ranks named in each group's latest divergence."""
 
-    def value(self, record: wire.Frame) -> Any:
+    def value(self, record: records.Step) -> Any:
         checksum = record.get("checksum")
         if checksum is None:
             return None

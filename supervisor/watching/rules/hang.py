@@ -36,7 +36,7 @@ class HangRule:
         self._reported = False
         """One verdict per hang: a step or a new hello ends it."""
 
-    def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
+    def observe(self, record: wire.Record, now: float) -> list[Verdict]:
         self._reported = False
         return []
 

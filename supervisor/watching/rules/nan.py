@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddptop.core import wire
 from ddptop.core.model.job import JobState
 from ddptop.core.policy import WatchPolicy
+from ddptop.core.wire import records
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.rules.per_step import PerStepRule
 from ddptop.supervisor.watching.verdict import Verdict, ranks_text
@@ -48,7 +48,7 @@ class NanRule(PerStepRule):
         self._run: tuple[int, int] | None = None
         """The first and last step of the latest run of consecutive non-finite steps."""
 
-    def value(self, record: wire.Frame) -> Any:
+    def value(self, record: records.Step) -> Any:
         """(its own loss was non-finite, it skipped the step, its gradients were sharded), for a non-finite step."""
         if not record.get("nonfinite"):
             return None

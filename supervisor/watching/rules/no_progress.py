@@ -35,15 +35,14 @@ class NoProgressRule:
         self._stuck: list[int] = []
         """The latest attempts, in a row, that made no progress."""
 
-    def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
-        kind = record["type"]
-        if kind == "group_restart":
+    def observe(self, record: wire.Record, now: float) -> list[Verdict]:
+        if record["type"] == "group_restart":
             return self._judge(record["restart"] - 1)
-        attempt = self.liveness.attempt.get(record["rank"], 0)
-        if kind == "step":
+        if record["type"] == "step":
+            attempt = self.liveness.attempt.get(record["rank"], 0)
             self._furthest[attempt] = max(self._furthest.get(attempt, -1), record["step"])
-        else:
-            self._checkpointed.add(attempt)
+        elif record["type"] == "checkpoint":
+            self._checkpointed.add(self.liveness.attempt.get(record["rank"], 0))
         return []
 
     def _judge(self, attempt: int) -> list[Verdict]:

@@ -6,6 +6,7 @@ from typing import Any
 
 from ddptop.core import wire
 from ddptop.core.model.job import JobState
+from ddptop.core.wire import records
 from ddptop.supervisor.watching.liveness import Liveness
 from ddptop.supervisor.watching.verdict import Verdict
 
@@ -32,15 +33,15 @@ class PerStepRule:
         self._pending: dict[tuple[int, int], _Gather] = {}
         """(attempt, step) -> the values gathered so far."""
 
-    def value(self, record: wire.Frame) -> Any:
+    def value(self, record: records.Step) -> Any:
         """The value a step record gives this rule; None: it gives none."""
         raise NotImplementedError
 
     def judge(self, step: int, values: dict[int, Any]) -> Verdict | None:
         raise NotImplementedError
 
-    def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
-        if (value := self.value(record)) is None:
+    def observe(self, record: wire.Record, now: float) -> list[Verdict]:
+        if record["type"] != "step" or (value := self.value(record)) is None:
             return []
         rank = record["rank"]
         key = (self.liveness.attempt.get(rank, 0), record["step"])

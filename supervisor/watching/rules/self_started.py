@@ -28,7 +28,9 @@ class SelfStartedRule:
         self._said_none = False
         self._said_world = False
 
-    def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
+    def observe(self, record: wire.Record, now: float) -> list[Verdict]:
+        if record["type"] != "rank_hello":
+            return []
         self._ranks += 1
         world, gpus = record["world_size"], self.started.gpus
         if self.started.style != "spawn" or self._said_world or gpus is None or world == gpus:

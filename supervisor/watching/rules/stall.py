@@ -55,7 +55,7 @@ class StallRule:
         """When the last step before the stall or pause said last finished: one verdict and one notice each."""
         self._noted: float | None = None
 
-    def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
+    def observe(self, record: wire.Record, now: float) -> list[Verdict]:
         return []
 
     def final(self) -> list[Verdict]:

@@ -43,7 +43,7 @@ class StragglerRule:
         """rank -> when it went over the alert ratio, without a tick under it since."""
         self._straggling: set[int] = set()
 
-    def observe(self, record: wire.Frame, now: float) -> list[Verdict]:
+    def observe(self, record: wire.Record, now: float) -> list[Verdict]:
         return []
 
     def final(self) -> list[Verdict]:
