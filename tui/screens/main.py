@@ -168,7 +168,7 @@ class MainScreen(Screen[None]):
         if self.view != "auto":
             return self.view == "nodes"
         # What the screen could give the table, not what it has: the table is sized to its rows.
-        fits = self.size.height - FIXED_ROWS - 1
+        fits = self.app.size.height - FIXED_ROWS - 1
         nodes = {r.node for r in self.state.ranks.values()}
         return len(nodes) > 1 and len(self.state.ranks) > fits
 
@@ -194,7 +194,7 @@ class MainScreen(Screen[None]):
 
     def share_rows(self, table_rows: int) -> None:
         """Rows for the table first, the rest for the charts (see the module's docstring)."""
-        height, width = self.size.height, self.size.width
+        height, width = self.app.size.height, self.app.size.width  # the terminal's: a screen not yet laid out has none
         left = height - FIXED_ROWS
         want = table_rows + 1
         charts_height: int | None = None
