@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 SOCKET_WAIT_S = 30.0
 
 USAGE = """\
-usage: ddptop launch [options] SCRIPT [script args]   run a DDP job under torchrun and supervise it
+usage: ddptop [top]                                   the dashboard on every PyTorch distributed job on this host
+       ddptop launch [options] SCRIPT [script args]   run a DDP job under torchrun and supervise it
        ddptop attach [RUN | HOST:PORT[,...]] [--readonly]   the dashboard on a running job (default: newest)
        ddptop replay RUN                              the dashboard over a run's recorded events
        ddptop ls [--running] [--json]                 list runs, newest last, and how each ended
@@ -188,6 +189,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "profile": lambda argv: _command("ddptop.profile", "profile", argv),
     "stacks": lambda argv: _command("ddptop.stacks", "stacks", argv),
     "ps": lambda argv: _command("ddptop.ps", "ps", argv),
+    "top": lambda argv: _command("ddptop.top", "top", argv),
 }
 
 
@@ -204,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if not argv and sys.stdin.isatty() and sys.stdout.isatty():  # a person at a terminal: the top of every job
+        argv = ["top"]
     if not argv or argv[0] in ("-h", "--help"):
         print(_launch_help())
         return 0 if argv else 2

@@ -44,7 +44,7 @@ class DdptopApp(App[str | None]):
     stream_ended: reactive[bool] = reactive(False, init=False)
     """The records have all come: the job ended, its supervisor is gone, or the replay is read."""
 
-    def __init__(self, source: Source, mode: str, run_dir: Path | None = None, readonly: bool = False) -> None:
+    def __init__(self, source: Source, mode: str, run_dir: Path | None = None, readonly: bool = False, back: bool = False) -> None:
         super().__init__()
         self.source = source
         self.mode = mode
@@ -55,6 +55,8 @@ class DdptopApp(App[str | None]):
         self.state = JobState()
         self.stopping = False
         """In `launch`, the user chose to stop the job: the dashboard closes when it has ended."""
+        self.back = back
+        """Opened from the job list (`ddptop`): escape on the main screen goes back to it (the result "back")."""
         self.leaving = False
         """Set as the app begins to leave: the job's end and a second q may both ask it to, once."""
         self.main = MainScreen(self.state, run_dir, replay=not source.live, readonly=readonly)
@@ -113,6 +115,10 @@ class DdptopApp(App[str | None]):
             self.notify(message.done)
         else:
             self.notify(GONE, severity="warning")
+
+    async def on_main_screen_left(self, message: MainScreen.Left) -> None:
+        if self.back:
+            await self.leave("back")
 
     async def on_rank_detail_screen_asked(self, message: RankDetailScreen.Asked) -> None:
         """A rank's detail asks for its log tail, a capture or its stacks: sent to the supervisor."""

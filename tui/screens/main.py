@@ -258,7 +258,12 @@ class MainScreen(Screen[None]):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.table.focus()
 
+    class Left(Message):
+        """Escape with nothing left to clear: back to the job list, where the app came from one."""
+
     def action_clear_filter(self) -> None:
+        if not self.filter_box.has_class("shown") and self.table.only_node is None:
+            self.post_message(self.Left())
         self.filter_box.value = ""
         self.filter_box.remove_class("shown")
         if self.table.only_node is not None:  # back from a drill-down to the rollup
