@@ -30,6 +30,9 @@ SOCKET_WAIT_S = 30.0
 def top(argv: list[str]) -> int:
     parser = OneLineParser(prog="ddptop top", description="the dashboard on every PyTorch distributed job on this host")
     parser.parse_args(argv)
+    # A terminal closed under the dashboard: leave through the finally clauses, which end the
+    # watcher and remove its folder.
+    signal.signal(signal.SIGHUP, lambda signum, frame: sys.exit(128 + signum))
     from ddptop.supervisor.outside import looks
     from ddptop.supervisor.outside.discovery import discover
     from ddptop.tui.job_list import JobList, JobRow
@@ -63,6 +66,7 @@ def top(argv: list[str]) -> int:
 
 def _open(job_id: int, run_dir: str | None, back: bool) -> str | None:
     """The dashboard on one job, until it is left; "back" when escape asked for the list."""
+    from ddptop.supervisor.launching.torchrun import die_with
     from ddptop.tui.app import DdptopApp
     from ddptop.tui.source import LiveSource
 
@@ -71,11 +75,13 @@ def _open(job_id: int, run_dir: str | None, back: bool) -> str | None:
         return DdptopApp(LiveSource(run.socket_path), "attach", run.path, back=back).run()
     folder = Path(tempfile.mkdtemp(prefix="ddptop-top-"))
     with (folder / "watcher.log").open("w") as log:
+        me = os.getpid()
         watcher = subprocess.Popen(
             [sys.executable, "-m", "ddptop.supervisor.outside.watch", str(job_id), str(folder)],
             stdout=subprocess.DEVNULL,
             stderr=log,
             start_new_session=True,
+            preexec_fn=lambda: die_with(me),  # ends with this dashboard, however it ends
         )
     try:
         run = rundir.RunDir(folder)

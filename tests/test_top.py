@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from support import SCRIPTS, free_port, until, wait_for
 from test_outside import stop
+from textual.widgets import Log
 
 from ddptop.core.rundir import RunDir
 from ddptop.supervisor.outside.discovery import Job, Rank
 from ddptop.supervisor.outside.judge import MEMORY_SAMPLES, ODD_S, STALLED_S, Judge
 from ddptop.supervisor.outside.looks import Place
-from ddptop.supervisor.outside.watch import launch_command
+from ddptop.supervisor.outside.watch import NO_LOG, launch_command
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.job_list import JobList, JobRow
 from ddptop.tui.source import LiveSource
@@ -129,7 +130,7 @@ async def test_a_job_ddptop_did_not_launch_is_watched_in_the_dashboard(tmp_path:
             table = app.query_one(RankTable)
             await until(lambda: table.row_count == 3, "the three ranks", timeout=20)
             await until(
-                lambda: table.cell(2, "where").strip() == "hang_at_collective.py:46 in wait_for_checkpoint",
+                lambda: table.cell(2, "where").startswith("hang_at_collective.py:46 in wait_for_checkpoint"),
                 "rank 2's own frame",
                 timeout=20,
             )
@@ -141,8 +142,12 @@ async def test_a_job_ddptop_did_not_launch_is_watched_in_the_dashboard(tmp_path:
             )
             [odd] = [t for t in texts() if t.startswith("rank 2 in ")]
             assert "; ranks 0-1 in all_reduce (hang_at_collective.py:87 in main) for " in odd, odd
+            await until(lambda: table.cell(2, "where").rstrip().endswith(" s)"), "how long it has been there", timeout=10)
             [told] = [t for t in texts() if "watched from outside" in t]
             assert f"ddptop launch --gpus 3 {SCRIPTS / 'hang_at_collective.py'} --mode skip --mark {mark}" in told, told
+            await pilot.press("down", "down", "enter")  # rank 2's detail: no log of a job ddptop did not launch
+            await until(lambda: NO_LOG in "\n".join(app.screen.query_one(Log).lines), "the log's absence, said", timeout=10)
+            await pilot.press("escape")
             rank2 = app.state.ranks[2].pid
             os.kill(rank2, signal.SIGSTOP)
             try:

@@ -599,6 +599,10 @@ class Exit(TypedDict):
     goodput: NotRequired[dict[str, Any] | None]
 
 
+OUTSIDE = "outside"
+"""The launch_style of a job ddptop did not launch, watched from outside (supervisor/outside/watch.py):
+its ranks send no steps, so a dashboard gives the room of the charts to its ranks."""
+
 NO_STACKS = "no-stacks"
 """An action's kind where a rank gave no stack dump: `ddptop stacks` takes it as that rank's answer."""
 

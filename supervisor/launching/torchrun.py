@@ -150,8 +150,8 @@ def _torch_version() -> str | None:
         return None
 
 
-def _die_with(supervisor_pid: int) -> None:
-    """In the forked child, before exec: SIGKILL when the supervisor dies."""
+def die_with(supervisor_pid: int) -> None:
+    """In the forked child, before exec: SIGKILL when its parent (the supervisor) dies."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() != supervisor_pid:  # it died before the line above
@@ -168,7 +168,7 @@ class Torchrun:
             *command(self.plan),
             env=environment(self.plan),
             start_new_session=True,
-            preexec_fn=functools.partial(_die_with, os.getpid()),
+            preexec_fn=functools.partial(die_with, os.getpid()),
         )
 
     @property

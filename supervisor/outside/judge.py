@@ -83,6 +83,11 @@ class Judge:
         said += self._stalled(job, now)
         return said
 
+    def since(self, pid: int) -> float | None:
+        """When the rank went where the looks last found it; None before they found it anywhere."""
+        seen = self._seen.get(pid)
+        return None if seen is None or seen.place is None else seen.place_since
+
     def _states(self, rank: Rank, seen: _Seen, now: float) -> list[Verdict]:
         held = now - seen.state_since
         if rank.status in ("stopped", "tracing-stop") and self._say((rank.status, rank.pid)):

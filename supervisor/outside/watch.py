@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import math
+import os
 import shlex
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from ddptop.core.rundir import RunDir
 from ddptop.core.wire import records
@@ -32,24 +37,33 @@ from ddptop.supervisor.serving.hub import Hub
 
 LOOK_S = 1.0
 """How often the job's processes are read, and a share of its ranks' stacks."""
+REDISCOVER_S = 5.0
+"""How often the whole system is searched for the job's ranks (a rank restarted, or started late)."""
 LOOK_EVERY_S = 2.0
 """How often, at most, one rank's stack is read: a look reads the ranks whose turn it is."""
 STATE_WORDS = {"disk-sleep": "disk wait", "tracing-stop": "stopped", "dead": "gone"}
 """psutil's state names the rank table shows otherwise (running, sleeping, stopped, zombie)."""
+HELD_SHOWN_S = 5.0
+"""A rank in one place this long has its time there beside it in WHERE: "train.py:88 in load (42 s)"."""
 NO_STEPS = "step times, loss and grad norm are not seen from outside"
 
 
-def launch_command(job: Job) -> str:
-    """The `ddptop launch` command that runs this job with every figure: its script and the
-    script's own arguments, from the launcher's command line, and its ranks on this node."""
+def script_of(job: Job) -> list[str]:
+    """The job's script and the script's own arguments, from its launcher's command line
+    (a `-m module` where it runs a module)."""
     words = job.command
     start = next((i for i, word in enumerate(words) if word.endswith(".py") and i > 0), None)
     module = next((i for i, word in enumerate(words[:-1]) if word == "-m" and not words[i + 1].startswith("torch.distributed")), None)
     if start is None and module is not None:
         start = module
-    script = words[start:] if start is not None else words[-1:]
+    return words[start:] if start is not None else words[-1:]
+
+
+def launch_command(job: Job) -> str:
+    """The `ddptop launch` command that runs this job with every figure: its script, the
+    script's own arguments and its ranks on this node."""
     ranks = job.local_world_size or len(job.ranks)
-    return shlex.join(["ddptop", "launch", "--gpus", str(ranks), *script])
+    return shlex.join(["ddptop", "launch", "--gpus", str(ranks), *script_of(job)])
 
 
 @dataclass
@@ -75,15 +89,20 @@ class Watch:
         """pid -> when its stack was last read."""
         self.stacks: dict[int, list[str]] = {}
         """pid -> the stack its last heartbeat carried (a heartbeat carries one when it changed)."""
-        self.turn = 0
+        self.job: Job | None = None
+        self.discovered = 0.0
+        """When the system was last searched for the job's ranks."""
 
     def start(self, job: Job) -> None:
+        script = script_of(job)
         run: records.Run = {
             "type": "run",
             "wall": time.time(),
             "id": self.hub.run.id,
-            "script": shlex.join(job.command),
-            "launch_style": f"outside: {job.launcher}",
+            "script": script[0],
+            "args": script[1:],
+            "launch_style": records.OUTSIDE,
+            "launch_reason": f"started by {job.launcher}, watched from outside",
         }
         self.hub.record(run)
         self.hub.note(f"job {job.id}, {job.launcher}: watched from outside. {NO_STEPS}: {launch_command(job)} gives them")
@@ -91,14 +110,14 @@ class Watch:
     def gather(self) -> Look | None:
         """Read the job off the system, on a thread of its own (py-spy's reads take a while);
         None once the job is gone."""
-        job = next((j for j in discover().jobs if j.key == self.key), None)
+        now = time.time()
+        job = self._job(now)
         if job is None:
             return None
-        now = time.time()
         sample = self.sampler.sample({r.rank: r.pid for r in job.ranks})
-        cpu = {proc["pid"]: proc.get("cpu") for proc in sample["procs"]}
+        read = {proc["pid"]: proc for proc in sample["procs"]}
         for rank in job.ranks:
-            rank.cpu_percent = cpu.get(rank.pid)
+            rank.cpu_percent, rank.rss = read[rank.pid].get("cpu"), read[rank.pid].get("rss", rank.rss)
         due = self._due(job, now)
         return Look(job, sample, looks.each(looks.look, due), set(due), now)
 
@@ -128,9 +147,10 @@ class Watch:
                 }
                 self.hub.record(hello)
         self.hub.record(look.sample)
+        verdicts = self.judge.observe(job, look.places, now)
         for rank in job.ranks:
             self._heartbeat(rank.rank, rank.pid, rank.status, look.places.get(rank.pid), rank.pid in look.read)
-        for verdict in self.judge.observe(job, look.places, now):
+        for verdict in verdicts:
             alert: records.Alert = {
                 "type": "alert",
                 "wall": now,
@@ -143,6 +163,21 @@ class Watch:
                 alert["rank"] = verdict.ranks[0]
             self.hub.record(alert)
         return True
+
+    def _job(self, now: float) -> Job | None:
+        """The job now: every REDISCOVER_S from the whole system (a rank started since), and in
+        between its known ranks' states alone (reading every process's environment each second
+        cost the job a share of a core on a small host)."""
+        if self.job is None or now - self.discovered >= REDISCOVER_S:
+            self.discovered = now
+            self.job = next((j for j in discover().jobs if j.key == self.key), None)
+            return self.job
+        ranks = []
+        for rank in self.job.ranks:
+            with contextlib.suppress(psutil.Error):  # gone: the next look tells it
+                ranks.append(dataclasses.replace(rank, status=psutil.Process(rank.pid).status()))
+        self.job = dataclasses.replace(self.job, ranks=ranks) if ranks else None
+        return self.job
 
     def _due(self, job: Job, now: float) -> list[int]:
         """The ranks whose stack is read this look: those not read for LOOK_EVERY_S, at most a
@@ -164,7 +199,9 @@ class Watch:
             "dropped": 0,
         }
         if place is not None:
-            beat["where"] = place.where or "library code"
+            since = self.judge.since(pid)
+            held = 0.0 if since is None else beat["wall"] - since
+            beat["where"] = (place.where or "library code") + (f" ({held:.0f} s)" if held >= HELD_SHOWN_S else "")
             if place.inside is not None:
                 beat["inside"] = place.inside
             stack = list(reversed(place.stack))  # a heartbeat's stack is outermost first
@@ -175,13 +212,22 @@ class Watch:
         self.hub.record(beat)
 
 
+NO_LOG = "(ddptop did not launch this job: its ranks' output goes where its launcher sent it)"
+
+
+def answer(hub: Hub, command: records.Command) -> None:
+    """A dashboard asks a rank's log tail of any supervisor: this one has none to read."""
+    if command["action"] == "log_tail" and "rank" in command:
+        hub.record({"type": "log_tail", "rank": command["rank"], "wall": time.time(), "restart": 0, "lines": [NO_LOG]})
+
+
 async def watch(job_id: int, run_dir: Path) -> int:
     job = next((j for j in discover().jobs if j.id == job_id), None)
     if job is None:
         print(f"ddptop: no PyTorch distributed job {job_id} on this host", file=sys.stderr)
         return 1
     run = RunDir(run_dir)
-    hub = Hub(run, lambda command: None)
+    hub = Hub(run, lambda command: answer(hub, command))
     await hub.start()
     watcher = Watch(hub, job, Sampler(load_nvml()))
     watcher.start(job)
@@ -199,6 +245,10 @@ def main() -> None:
     parser.add_argument("job", type=int)
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args()
+    # The job comes first: on a host its ranks keep busy, the watch and its py-spy reads take
+    # only the CPU they leave (the children inherit the priority).
+    with contextlib.suppress(OSError):
+        os.nice(19)
     raise SystemExit(asyncio.run(watch(args.job, args.run_dir)))
 
 

@@ -28,6 +28,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
 from ddptop.core.model.job import JobState
+from ddptop.core.wire.records import OUTSIDE
 from ddptop.tui.screens.alerts import AlertsScreen
 from ddptop.tui.screens.dialogs import ConfirmScreen
 from ddptop.tui.screens.help import HelpScreen
@@ -207,6 +208,8 @@ class MainScreen(Screen[None]):
             rows = 2 if charts_height - 1 >= 2 * CHART_ROWS else 1
         else:
             rows = 0
+        if self.state.meta.get("launch_style") == OUTSIDE:  # no steps to chart: the ranks take the room
+            rows, charts_height = 0, None
         many = many_ranks(self.state)
         arrangement = (rows, width, charts_height or 0, many, want)
         if arrangement == self.arranged:
