@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 SOCKET_WAIT_S = 30.0
 
 USAGE = """\
-usage: ddptop [top]                                   the dashboard on every PyTorch distributed job on this host
-       ddptop launch [options] SCRIPT [script args]   run a DDP job under torchrun and supervise it
+usage: ddptop launch [options] SCRIPT [script args]   run a DDP job under torchrun and supervise it
+       ddptop [top]                                   the dashboard on every PyTorch distributed job on this host
        ddptop attach [RUN | HOST:PORT[,...]] [--readonly]   the dashboard on a running job (default: newest)
        ddptop replay RUN                              the dashboard over a run's recorded events
        ddptop ls [--running] [--json]                 list runs, newest last, and how each ended
