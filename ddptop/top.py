@@ -54,7 +54,10 @@ def top(argv: list[str]) -> int:
                 )
                 for job in seen.jobs
             ]
-            picked = JobList(rows).run()
+            unread = seen.unreadable
+            picked = JobList(
+                rows, f"{unread} Python processes of other users could not be read (the same user, or CAP_SYS_PTRACE)" if unread else ""
+            ).run()
             if picked is None:
                 return 0
             chosen = picked

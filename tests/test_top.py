@@ -21,7 +21,7 @@ from ddptop.core.rundir import RunDir
 from ddptop.supervisor.outside.discovery import Job, Rank
 from ddptop.supervisor.outside.judge import MEMORY_SAMPLES, ODD_S, STALLED_S, Judge
 from ddptop.supervisor.outside.looks import Place
-from ddptop.supervisor.outside.watch import NO_LOG, launch_command
+from ddptop.supervisor.outside.watch import NO_LOG, launch_command, unreadable
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.job_list import JobList, JobRow
 from ddptop.tui.source import LiveSource
@@ -94,10 +94,16 @@ def test_the_launch_command_keeps_the_script_and_its_own_arguments():
     assert launch_command(spawn) == "ddptop launch --gpus 3 /x/spawn_it.py --steps 9"
 
 
+def test_a_rank_py_spy_cannot_read_is_said_with_how_to_allow_it():
+    said = unreadable(2, 4242)
+    assert said.startswith("py-spy could not read rank 2 (pid 4242): ") and "CAP_SYS_PTRACE" in said and "ptrace_scope" in said
+
+
 async def test_the_job_list_opens_the_job_under_the_cursor_and_escape_leaves():
     rows = [JobRow(11, "torchrun", "2 of 2", "torchrun train.py"), JobRow(22, "mp.spawn", "4 of 4", "python spawn.py", "rank 1 stopped")]
-    app = JobList(rows)
+    app = JobList(rows, "3 Python processes of other users could not be read")
     async with app.run_test(size=(120, 20)) as pilot:
+        assert "3 Python processes of other users could not be read" in str(app.query_one("#job-list-title").render())
         await pilot.press("down", "enter")
     assert app.return_value == 1
     app = JobList(rows)

@@ -35,12 +35,14 @@ class JobList(App[int | None]):
         Binding("escape,q", "leave", "quit"),
     ]
 
-    def __init__(self, rows: list[JobRow]) -> None:
+    def __init__(self, rows: list[JobRow], aside: str = "") -> None:
+        """aside: one line under the title, of what could not be read."""
         super().__init__()
-        self.rows = rows
+        self.rows, self.aside = rows, aside
 
     def compose(self) -> ComposeResult:
-        yield Static(f"{len(self.rows)} PyTorch distributed jobs on this host: enter opens one", id="job-list-title")
+        title = f"{len(self.rows)} PyTorch distributed jobs on this host: enter opens one"
+        yield Static(title + (f"\n[dim]{self.aside}[/]" if self.aside else ""), id="job-list-title")
         table: DataTable[str] = DataTable(id="job-list", cursor_type="row", zebra_stripes=True)
         table.add_columns("JOB", "LAUNCHER", "RANKS", "SEEN", "COMMAND")
         for row in self.rows:

@@ -34,6 +34,7 @@ from ddptop.supervisor.outside.discovery import Job, discover
 from ddptop.supervisor.outside.judge import Judge
 from ddptop.supervisor.sampler import Sampler, load_nvml
 from ddptop.supervisor.serving.hub import Hub
+from ddptop.supervisor.watching.stacks import py_spy
 
 LOOK_S = 1.0
 """How often the job's processes are read, and a share of its ranks' stacks."""
@@ -89,6 +90,8 @@ class Watch:
         """pid -> when its stack was last read."""
         self.stacks: dict[int, list[str]] = {}
         """pid -> the stack its last heartbeat carried (a heartbeat carries one when it changed)."""
+        self.said_unread = False
+        """Whether the notice of a rank py-spy cannot read was given: once for the job."""
         self.job: Job | None = None
         self.discovered = 0.0
         """When the system was last searched for the job's ranks."""
@@ -147,6 +150,10 @@ class Watch:
                 }
                 self.hub.record(hello)
         self.hub.record(look.sample)
+        unread = [r for r in job.ranks if r.pid in look.read and look.places.get(r.pid) is None and r.status != "zombie"]
+        if unread and not self.said_unread:
+            self.said_unread = True
+            self.hub.note(unreadable(unread[0].rank, unread[0].pid))
         verdicts = self.judge.observe(job, look.places, now)
         for rank in job.ranks:
             self._heartbeat(rank.rank, rank.pid, rank.status, look.places.get(rank.pid), rank.pid in look.read)
@@ -210,6 +217,16 @@ class Watch:
         elif read:
             beat["where"] = "(py-spy could not read it)"
         self.hub.record(beat)
+
+
+def unreadable(rank: int, pid: int) -> str:
+    """Why WHERE is missing for a rank, and how to allow it, in one line."""
+    if py_spy() is None:
+        return "py-spy is not installed: WHERE cannot be read from outside (pip install py-spy)"
+    return (
+        f"py-spy could not read rank {rank} (pid {pid}): reading another process's stacks needs the same user, "
+        "or CAP_SYS_PTRACE; where yama's ptrace_scope is 1 or more, `sudo sysctl kernel.yama.ptrace_scope=0` allows it"
+    )
 
 
 NO_LOG = "(ddptop did not launch this job: its ranks' output goes where its launcher sent it)"
