@@ -19,6 +19,7 @@ import psutil
 from ddptop.control import Connection, open_connection, parser_for, rank_options
 from ddptop.core import wire
 from ddptop.core.rundir import RunDirError
+from ddptop.core.stack_groups import grouped, ranks_span
 from ddptop.core.usage import UsageError
 from ddptop.core.wire import records
 from ddptop.supervisor.watching.stacks import DUMP_WAIT_S, PY_SPY_TIMEOUT_S
@@ -57,9 +58,9 @@ def outside(pid: int, rank: int | None = None, ranks: list[int] | None = None) -
         )
     read = looks.each(looks.dump, (r.pid for r in chosen))
     dumps = {r.rank: read[r.pid] for r in chosen}
-    print(f"job {job.id} ({job.launcher}), {looks.ranks_span([r.rank for r in chosen])}:")
-    for group, text in looks.grouped(dumps):
-        print(f"\n{looks.ranks_span(group)}:\n{text}")
+    print(f"job {job.id} ({job.launcher}), {ranks_span([r.rank for r in chosen])}:")
+    for group, text in grouped(dumps):
+        print(f"\n{ranks_span(group)}:\n{text}")
     return 1 if any(text is None for text in dumps.values()) else 0
 
 

@@ -24,6 +24,7 @@ from ddptop.supervisor.outside.looks import Place
 from ddptop.supervisor.outside.watch import NO_LOG, launch_command, unreadable
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.job_list import JobList, JobRow
+from ddptop.tui.screens.stacks import StacksScreen
 from ddptop.tui.source import LiveSource
 from ddptop.tui.widgets.rank_table import RankTable
 
@@ -153,6 +154,14 @@ async def test_a_job_ddptop_did_not_launch_is_watched_in_the_dashboard(tmp_path:
             assert f"ddptop launch --gpus 3 {SCRIPTS / 'hang_at_collective.py'} --mode skip --mark {mark}" in told, told
             await pilot.press("down", "down", "enter")  # rank 2's detail: no log of a job ddptop did not launch
             await until(lambda: NO_LOG in "\n".join(app.screen.query_one(Log).lines), "the log's absence, said", timeout=10)
+            await pilot.press("escape")
+            await pilot.press("D")  # every rank's stacks, read without pausing them, grouped
+            await until(lambda: isinstance(app.screen, StacksScreen), "the stacks screen")
+            shown = lambda: str(app.screen.query_one("#stacks-text").render())  # noqa: E731
+            await until(
+                lambda: "ranks 0-1:\n" in shown() and "\n\nrank 2:\n" in shown(), "the two ranks' stack once, rank 2's apart", timeout=20
+            )
+            assert shown().count("wait_for_checkpoint (") == 1, shown()
             await pilot.press("escape")
             rank2 = app.state.ranks[2].pid
             os.kill(rank2, signal.SIGSTOP)

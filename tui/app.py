@@ -110,8 +110,10 @@ class DdptopApp(App[str | None]):
         self.push_screen(HelpScreen())
 
     async def on_main_screen_asked(self, message: MainScreen.Asked) -> None:
-        """The user confirmed a restart or a kill: sent, and said what became of it."""
-        if self.may_act() and await self.source.command(message.action, message.rank):
+        """The user confirmed a restart or a kill, or asked a watched job's stacks: sent, and
+        said what became of it."""
+        allowed = self.job_running() if message.action == "stacks" else self.may_act()
+        if allowed and await self.source.command(message.action, message.rank):
             self.notify(message.done)
         else:
             self.notify(GONE, severity="warning")

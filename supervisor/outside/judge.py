@@ -15,8 +15,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ddptop.core.format import nbytes
+from ddptop.core.stack_groups import ranks_span
 from ddptop.supervisor.outside.discovery import Job, Rank
-from ddptop.supervisor.outside.looks import Place, ranks_span
+from ddptop.supervisor.outside.looks import Place
 
 DISK_WAIT_S = 10.0
 """A rank in state D this long is stuck in I/O (a hung NFS server), not reading a file."""

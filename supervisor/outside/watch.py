@@ -90,6 +90,8 @@ class Watch:
         """pid -> when its stack was last read."""
         self.stacks: dict[int, list[str]] = {}
         """pid -> the stack its last heartbeat carried (a heartbeat carries one when it changed)."""
+        self.dumping: asyncio.Task[None] | None = None
+        """Every rank's stacks being read, at a dashboard's asking (kept, so that the task runs to its end)."""
         self.said_unread = False
         """Whether the notice of a rank py-spy cannot read was given: once for the job."""
         self.job: Job | None = None
@@ -232,10 +234,22 @@ def unreadable(rank: int, pid: int) -> str:
 NO_LOG = "(ddptop did not launch this job: its ranks' output goes where its launcher sent it)"
 
 
-def answer(hub: Hub, command: records.Command) -> None:
-    """A dashboard asks a rank's log tail of any supervisor: this one has none to read."""
+def answer(hub: Hub, watcher: Watch, command: records.Command) -> None:
+    """What a dashboard asks of this watch: a rank's log tail, which it has none of; every rank's
+    stacks, read in non-blocking mode (the ranks are not held still) and told as they come."""
     if command["action"] == "log_tail" and "rank" in command:
         hub.record({"type": "log_tail", "rank": command["rank"], "wall": time.time(), "restart": 0, "lines": [NO_LOG]})
+    elif command["action"] == "stacks" and watcher.job is not None:
+        ranks = {r.pid: r.rank for r in watcher.job.ranks}
+        watcher.dumping = asyncio.get_running_loop().create_task(dump_stacks(hub, ranks))
+
+
+async def dump_stacks(hub: Hub, ranks: dict[int, int]) -> None:
+    """Every rank's threads, py-spy's full dump, as stack records."""
+    dumps = await asyncio.to_thread(looks.each, looks.dump, list(ranks))
+    for pid, text in dumps.items():
+        said = text if text is not None else "(py-spy could not read it: the same user, or CAP_SYS_PTRACE, is needed; or it is gone)"
+        hub.record({"type": "stack", "rank": ranks[pid], "wall": time.time(), "source": "py-spy --nonblocking", "text": said})
 
 
 async def watch(job_id: int, run_dir: Path) -> int:
@@ -244,7 +258,7 @@ async def watch(job_id: int, run_dir: Path) -> int:
         print(f"ddptop: no PyTorch distributed job {job_id} on this host", file=sys.stderr)
         return 1
     run = RunDir(run_dir)
-    hub = Hub(run, lambda command: answer(hub, command))
+    hub = Hub(run, lambda command: answer(hub, watcher, command))
     await hub.start()
     watcher = Watch(hub, job, Sampler(load_nvml()))
     watcher.start(job)

@@ -33,6 +33,7 @@ from ddptop.tui.screens.alerts import AlertsScreen
 from ddptop.tui.screens.dialogs import ConfirmScreen
 from ddptop.tui.screens.help import HelpScreen
 from ddptop.tui.screens.rank_detail import RankDetailScreen
+from ddptop.tui.screens.stacks import StacksScreen
 from ddptop.tui.widgets.alert_panel import AlertPanel
 from ddptop.tui.widgets.charts import Charts, many_ranks
 from ddptop.tui.widgets.job_header import JobHeader
@@ -75,6 +76,7 @@ class MainScreen(Screen[None]):
         Binding("a", "alerts", "alerts"),
         Binding("R", "restart_group", "restart"),
         Binding("K", "kill_rank", "kill rank"),
+        Binding("D", "stacks", "stacks"),
     ]
 
     class Asked(Message):
@@ -106,6 +108,7 @@ class MainScreen(Screen[None]):
         self.charts = Charts(id="charts")
         self.charts.whole = replay
         self.chart_turn = 0
+        self._outside = False
         self.arranged: tuple[int, int, int, bool, int] | None = None
         """The charts' rows, the width, the charts' height when fixed, heatmap or lines, the table's rows."""
         self.table = RankTable(id="ranks")
@@ -148,8 +151,15 @@ class MainScreen(Screen[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Restart and kill are left out of the footer, and their keys do nothing, where the
-        dashboard may not act on a job."""
+        dashboard may not act on a job; every rank's stacks are offered for a job watched from
+        outside (a rank's own, in its detail, for a job ddptop launched)."""
+        if action == "stacks":
+            return self.live and self.outside()
         return action not in ON_THE_JOB or self.acting
+
+    def outside(self) -> bool:
+        """A job ddptop did not launch, watched from outside (its run record says so)."""
+        return self.state.meta.get("launch_style") == OUTSIDE
 
     def now(self) -> float:
         """Wall time for ages and uptime: the clock while records come, else the last record's."""
@@ -174,6 +184,9 @@ class MainScreen(Screen[None]):
         return len(nodes) > 1 and len(self.state.ranks) > fits
 
     def tick(self) -> None:
+        if self.outside() != self._outside:  # the run record came: the footer offers the stacks
+            self._outside = not self._outside
+            self.refresh_bindings()
         if not self.paused:
             self.redraw()
 
@@ -208,7 +221,7 @@ class MainScreen(Screen[None]):
             rows = 2 if charts_height - 1 >= 2 * CHART_ROWS else 1
         else:
             rows = 0
-        if self.state.meta.get("launch_style") == OUTSIDE:  # no steps to chart: the ranks take the room
+        if self.outside():  # no steps to chart: the ranks take the room
             rows, charts_height = 0, None
         many = many_ranks(self.state)
         arrangement = (rows, width, charts_height or 0, many, want)
@@ -303,6 +316,11 @@ class MainScreen(Screen[None]):
             detail = RankDetailScreen(self.state, rank, self.run_dir, self.now, self.charts.whole, focus_log=logs)
             detail.live, detail.acting = self.live, self.acting
             self.app.push_screen(detail)
+
+    def action_stacks(self) -> None:
+        """Every rank's stacks, read now (in non-blocking mode) by the job's watcher, grouped."""
+        self.post_message(self.Asked("stacks", None, "every rank's stacks asked for: they show as they come"))
+        self.app.push_screen(StacksScreen(self.state))
 
     def action_restart_group(self) -> None:
         if not self.acting:
