@@ -80,8 +80,8 @@ class MainScreen(Screen[None]):
     ]
 
     class Asked(Message):
-        """The user confirmed an action on the job ("restart" or "kill_rank"): the app sends it
-        to the supervisor and says what became of it."""
+        """The user confirmed an action on the job ("restart" or "kill_rank"), or asked a watched
+        job's stacks ("stacks"): the app sends it to the supervisor and says what became of it."""
 
         def __init__(self, action: str, rank: int | None, done: str) -> None:
             super().__init__()
