@@ -21,7 +21,11 @@ KEYS = [
     ("w", "charts: the last ten minutes / the whole run (alerts red, restarts yellow on the time axis)"),
     ("l", "logs of the selected rank"),
     ("P", "in a rank's detail, while the job runs: capture its next 10 steps with torch.profiler (ddptop profile in a shell)"),
-    ("D", "in a rank's detail, while the job runs: dump its stacks now, every thread, native frames too (py-spy)"),
+    (
+        "D",
+        "in a rank's detail, while the job runs: dump its stacks now, every thread, native frames too (py-spy); "
+        "on a job watched from outside (ddptop alone), every rank's stacks, grouped",
+    ),
     ("a", "every alert and event of the job, newest first (the panel pins the latest alerts it has no room for)"),
     ("R", "restart the worker group, while the job runs (asks first)"),
     ("K", "kill the selected rank, while the job runs (asks first)"),
