@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddptop.core.policy import GuardPolicy
-from ddptop.trainer import hooks, late, patches
+from ddptop.trainer import hooks, late, loss, patches
 from ddptop.trainer.steps import StepTracker
 
 
@@ -189,9 +189,9 @@ def test_a_step_a_grad_scaler_skipped_sends_its_loss_through_the_ring(gpu):
 
 
 def test_the_losses_of_a_step_no_guard_packed_are_summed_on_the_device_and_read_late(gpu):
-    """late.losses: a closed step's backward() values (a step no optimizer closed): one copy,
+    """loss.unpacked: a closed step's backward() values (a step no optimizer closed): one copy,
     of their sum; a value that is no loss (a backward on a non-scalar) is left out."""
-    read = late.losses([on_gpu(torch.tensor(1.5)), on_gpu(torch.tensor(2.0)), on_gpu(torch.ones(3))])
+    read = loss.unpacked([on_gpu(torch.tensor(1.5)), on_gpu(torch.tensor(2.0)), on_gpu(torch.ones(3))])
     assert isinstance(read, late.RingRead) and gpu.ring.sent == 1 and not read.ready()
     gpu.device.catch_up()
     assert read.ready() and read.get() == 3.5 and gpu.device.waits == 0

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ddptop.trainer import torchapi
+from ddptop.trainer import loss, torchapi
 
 CLIP_EPS = 1e-6
 """Added to the norm before dividing, as clip_grad_norm_ does."""
@@ -114,10 +114,7 @@ class Layout:
             high, low = values[slots.checksum]
             out["checksum"] = (int(high) * _HALF + int(low)) % _MOD
         if self.losses:
-            loss = 0.0
-            for value, scaled in zip(losses, self.losses):
-                loss += value / scale if scaled else value
-            out["loss"] = loss / self.loss_divisor
+            out["loss"] = loss.packed(losses, self.losses, scale, self.loss_divisor)
         if "skipped" in out or norm is None:  # a step a scaler skipped, or one with no gradients: its losses
             return out
         if not math.isfinite(norm):

@@ -29,7 +29,7 @@ from ddptop.trainer import (
     batch,
     fsdp1,
     importwatch,
-    late,
+    loss,
     optimizer_step,
     patches,
     pipelining,
@@ -289,23 +289,11 @@ def _wrap_backward(probe: Probe) -> None:
             tracker.loss_ids.append(id(tensors))
             return result
         for tensor in (tensors,) if one else tensors:
-            if isinstance(tensor, tensor_type) and late.is_loss(tensor):
-                _hand_over(probe, tensor)
+            if isinstance(tensor, tensor_type) and loss.is_loss(tensor):
+                loss.hand_over(probe, tensor)
         return result
 
     patches.replace(torch.autograd, "backward", backward)
-
-
-def _hand_over(probe: Probe, tensor: torch.Tensor) -> None:
-    """One loss to the step, as a 0-d tensor, marked if a GradScaler scaled it."""
-    tracker = probe.tracker
-    known = probe.scaler.scaled.get(id(tensor)) if probe.scaler.scaled else None
-    if known is not None and known[0]() is tensor:
-        probe.scaler.scaled_at.append(len(tracker.losses))
-        tracker.loss_ids.append(known[1])
-    else:
-        tracker.loss_ids.append(id(tensor))
-    tracker.losses.append(tensor.reshape(()) if tensor.dim() else tensor)
 
 
 def _wrap_data_parallel(probe: Probe) -> None:

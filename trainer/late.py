@@ -167,40 +167,6 @@ def _first(values: list[Any]) -> Any:
     return values[0]
 
 
-def losses(values: list[Any]) -> Any:
-    """A closed step's backward() values that no guard packed (a backward after the guard had
-    taken the step's; a step a GradScaler skipped packs its own, optimizer_step.losses_only):
-    on a GPU, summed on the device and on their way to the host, a Late; on the CPU their sum,
-    read now (None when none was a loss).
-
-    A CPU step's losses are read on the training thread, not held for the sender's: tensors
-    held for another thread and freed there leave the training thread's next steps slower
-    (their graphs, and memory its allocator gets back on another thread). A loss a GradScaler
-    scaled goes as it is: without an optimizer step there is no scale to undo."""
-    if not getattr(values[0], "is_cuda", False):
-        return _loss_sum(values)
-    total: Any = None
-    for value in values:
-        if is_loss(value):
-            value = value.detach().float().reshape(()) if hasattr(value, "detach") else value
-            total = value if total is None else total + value
-    return None if total is None else scalar(total) if getattr(total, "is_cuda", False) else float(total)
-
-
-def _loss_sum(values: list[Any]) -> float | None:
-    """The sum of a CPU step's backward() values, read; None when none was a loss."""
-    read = [float(value.item()) if hasattr(value, "item") else float(value) for value in values if is_loss(value)]
-    return sum(read) if read else None
-
-
-def is_loss(value: Any) -> bool:
-    """Whether a backward() value can be a loss: a number, or a one-element real floating-point
-    tensor (a non-scalar called with a gradient, an integer or complex one are not)."""
-    if not hasattr(value, "numel"):
-        return True
-    return bool(value.numel() == 1 and value.is_floating_point())
-
-
 FIELDS = "fields"
 """The key of a step's Late values that read as a dict: the step record takes its fields from it."""
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ddptop.trainer import guard, late, torchapi
+from ddptop.trainer import guard, late, loss, torchapi
 from ddptop.trainer.probe import Gradients, Probe
 
 
@@ -183,7 +183,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     norms = len(parts)
     if script is not None:
         parts.append(script[0])
-    marks = _scaled_marks(probe, len(losses)) if probe.scaler.scaled_at else (False,) * len(losses)  # the usual step: no call
+    marks = loss.scaled_marks(probe, len(losses)) if probe.scaler.scaled_at else (False,) * len(losses)  # the usual step: no call
     parts += losses
     has_scale = False
     if scale is not None and (True in marks or bool(script and script[1])):
@@ -328,13 +328,6 @@ def _script_covers(probe: Probe, optimizer: Any, clipped: list[Any], key: tuple[
     return covers
 
 
-def _scaled_marks(probe: Probe, count: int) -> tuple[bool, ...]:
-    """Which of the step's count losses a GradScaler scaled, taken off the probe for the next step."""
-    marks = tuple(i in probe.scaler.scaled_at for i in range(count))
-    probe.scaler.scaled_at = []
-    return marks
-
-
 def losses_only(probe: Probe) -> dict[str, Any]:
     """The values of a step with no gradients (a GradScaler skipped its optimizer): the losses, unscaled."""
     tracker = probe.tracker
@@ -342,7 +335,7 @@ def losses_only(probe: Probe) -> dict[str, Any]:
     scale, probe.scaler.scale = probe.scaler.scale, None
     divisor, probe.pipeline.loss_divisor = probe.pipeline.loss_divisor, 1
     probe.clip.script_norm, probe.clip.clips, probe.clip.clipped = None, 0, []
-    marks = _scaled_marks(probe, len(losses))
+    marks = loss.scaled_marks(probe, len(losses))
     if not losses:
         return {}
     parts = [loss.detach() for loss in losses]

@@ -18,7 +18,7 @@ from types import CodeType
 from typing import Any
 
 from ddptop.core import wire
-from ddptop.trainer import late, where
+from ddptop.trainer import late, loss, where
 
 MAX_WAITING = 64
 """Records whose GPU values are not readable yet (a device that many steps behind the
@@ -225,7 +225,7 @@ class StepTracker:
         place, gives the step's loss itself, and reading one costs the training thread
         a torch call. What no such call took is read as the next training forward begins.
         They are read on this thread, not the sender's: a tensor held for another thread
-        and freed there leaves the training thread's next steps slower (late.losses)."""
+        and freed there leaves the training thread's next steps slower (loss.unpacked)."""
         self.optimizer_seen = True
         if self._held is not None:  # two steps closed with no forward between (two optimizers)
             self._take_held(self._held)
@@ -253,7 +253,7 @@ class StepTracker:
         if loss is not None and self.loss_ids == [id(loss)]:
             loss = None  # the step's one backward() loss: the guard's pack carries it, read or on its way
         if loss is not None:  # it wins over what backward() was called on, in the step it speaks for
-            try:  # a CPU tensor is read now (late.losses says why); a GPU one's copy to the host starts
+            try:  # a CPU tensor is read now (loss.unpacked says why); a GPU one's copy to the host starts
                 loss = late.scalar(loss)
             except (RuntimeError, TypeError, ValueError) as exc:
                 raise ValueError(f"monitor.step(loss=...) takes a number or a one-element tensor ({exc})") from None
@@ -312,7 +312,7 @@ class StepTracker:
     def _take_held(self, held: list[Any]) -> None:
         """Journal the held losses of the step closed last, summed (on the training thread)."""
         self._held = None
-        self.journal.append((self._loss_read, late.losses(held)))
+        self.journal.append((self._loss_read, loss.unpacked(held)))
 
     def _read(self) -> None:
         """Turn the journal's entries so far into steps: entries appended meanwhile wait
