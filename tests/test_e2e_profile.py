@@ -46,7 +46,9 @@ def test_a_capture_of_two_ranks_names_each_ones_cause_and_writes_traces_that_ope
         said = done.stdout
         [data] = [line for line in said.splitlines() if line.startswith("  rank 0: ")]
         [compute] = [line for line in said.splitlines() if line.startswith("  rank 1: ")]
-        assert data.startswith("  rank 0: +") and " ms in data wait; enumerate(DataLoader)" in data, said
+        # Under load another phase may pass the 5% floor too ("+3.7 ms in backward"): it comes
+        # between the data wait and the ops, each in its place.
+        assert data.startswith("  rank 0: +") and " ms in data wait; " in data and "; enumerate(DataLoader)" in data, said
         assert " ms in forward;" in compute and "aten::mm +" in compute and "waiting for the other ranks" in compute, said
         captures = wait_for(
             lambda: [r for r in recorded(run) if r["type"] == "profile"][1:] and [r for r in recorded(run) if r["type"] == "profile"],
