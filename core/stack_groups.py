@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 
+UNREADABLE = "(py-spy could not read it: the same user, or CAP_SYS_PTRACE, is needed; or it is gone)"
+"""What stands for a rank's stack that py-spy could not read."""
+
 
 def ranks_span(ranks: list[int]) -> str:
     """ "rank 3", or "ranks 0-2,4-7": runs of ranks as ranges, for a stack many ranks share."""
@@ -32,7 +35,7 @@ def grouped(dumps: dict[int, str | None]) -> list[tuple[list[int], str]]:
     groups: dict[str, list[int]] = {}
     for rank, text in dumps.items():
         if text is None:
-            key = "(py-spy could not read it: the same user, or CAP_SYS_PTRACE, is needed; or it is gone)"
+            key = UNREADABLE
         else:
             lines = [_THREAD_ID.sub("Thread ", line) for line in text.splitlines() if not _PROCESS_LINES.match(line)]
             key = "\n".join(lines).strip("\n")

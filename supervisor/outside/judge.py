@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ddptop.core.format import nbytes
 from ddptop.core.stack_groups import ranks_span
 from ddptop.supervisor.outside.discovery import Job, Rank
-from ddptop.supervisor.outside.looks import Place
+from ddptop.supervisor.outside.looks import STATE_WORDS, Place, odd_out
 
 DISK_WAIT_S = 10.0
 """A rank in state D this long is stuck in I/O (a hung NFS server), not reading a file."""
@@ -92,7 +92,7 @@ class Judge:
     def _states(self, rank: Rank, seen: _Seen, now: float) -> list[Verdict]:
         held = now - seen.state_since
         if rank.status in ("stopped", "tracing-stop") and self._say((rank.status, rank.pid)):
-            return [Verdict("stopped", [rank.rank], f"rank {rank.rank} (pid {rank.pid}) is stopped (state T: SIGSTOP, or a debugger)")]
+            return [Verdict("stopped", [rank.rank], f"rank {rank.rank} (pid {rank.pid}) is {STATE_WORDS[rank.status]}")]
         if rank.status == "disk-sleep" and held >= DISK_WAIT_S and self._say((rank.status, rank.pid)):
             return [
                 Verdict(
@@ -100,7 +100,7 @@ class Judge:
                 )
             ]
         if rank.status == "zombie" and self._say((rank.status, rank.pid)):
-            return [Verdict("zombie", [rank.rank], f"rank {rank.rank} (pid {rank.pid}) is a zombie: it exited and was not reaped")]
+            return [Verdict("zombie", [rank.rank], f"rank {rank.rank} (pid {rank.pid}) is {STATE_WORDS[rank.status]}")]
         grew = list(seen.rss)
         if len(grew) == MEMORY_SAMPLES and all(b >= a for a, b in itertools.pairwise(grew)):
             more = grew[-1] - grew[0]
@@ -111,15 +111,16 @@ class Judge:
 
     def _odd_out(self, job: Job, now: float) -> list[Verdict]:
         """One rank (or a few) elsewhere while at least two wait in a collective."""
-        placed = {r.rank: s for r in job.ranks if (s := self._seen[r.pid]).place is not None}
-        waiting = {rank: s for rank, s in placed.items() if s.place is not None and s.place[1] is not None}
-        others = {rank: s for rank, s in placed.items() if s.place is not None and s.place[1] is None}
-        if len(waiting) < 2 or not others or len(others) >= len(waiting):
+        placed = {r.rank: (s, s.place) for r in job.ranks if (s := self._seen[r.pid]).place is not None}
+        split = odd_out({rank: place[1] for rank, (_, place) in placed.items() if place is not None})
+        if split is None:
             return []
-        since = min(s.place_since for s in waiting.values())
-        where, inside = next(iter(waiting.values())).place or (None, None)
+        waiting, odd = split
+        since = min(placed[rank][0].place_since for rank in waiting)
+        where, inside = placed[waiting[0]][1] or (None, None)
         said = []
-        for rank, seen in sorted(others.items()):
+        for rank in odd:
+            seen = placed[rank][0]
             held = now - seen.place_since
             odd_where = (seen.place or (None, None))[0] or "library code"
             if held >= ODD_S and self._say(("odd", rank, odd_where)):

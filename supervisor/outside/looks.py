@@ -111,14 +111,23 @@ def verdicts(job: Job, places: dict[int, Place | None]) -> list[str]:
         present = {r.local_rank for r in job.ranks}
         missing = [n for n in range(local) if n not in present]
         said.append(f"local {ranks_text(missing)} of this node gone while the others run")
-    known = {r.rank: places[r.pid] for r in job.ranks if places.get(r.pid) is not None}
-    waiting = {rank: p for rank, p in known.items() if p is not None and p.inside is not None}
-    others = {rank: p for rank, p in known.items() if p is not None and p.inside is None}
-    if len(waiting) >= 2 and others and len(others) < len(waiting):
-        inside = next(iter(waiting.values()))
-        for rank, p in sorted(others.items()):
+    known = {r.rank: place for r in job.ranks if (place := places.get(r.pid)) is not None}
+    split = odd_out({rank: p.inside for rank, p in known.items()})
+    if split is not None:
+        waiting, odd = split
+        inside = known[waiting[0]]
+        for rank in odd:
             said.append(
-                f"rank {rank} at {p.where or 'library code'}; {ranks_text(sorted(waiting))} in {inside.inside}"
+                f"rank {rank} at {known[rank].where or 'library code'}; {ranks_text(waiting)} in {inside.inside}"
                 + (f" at {inside.where}" if inside.where else "")
             )
     return said
+
+
+def odd_out(inside: dict[int, str | None]) -> tuple[list[int], list[int]] | None:
+    """The odd ranks out, from what collective each rank is in (None: none): at least two ranks
+    inside one, and fewer outside. (those inside, those outside), each in rank order; None where
+    the ranks do not split so."""
+    waiting = sorted(rank for rank, collective in inside.items() if collective is not None)
+    odd = sorted(rank for rank, collective in inside.items() if collective is None)
+    return (waiting, odd) if len(waiting) >= 2 and odd and len(odd) < len(waiting) else None

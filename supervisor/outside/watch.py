@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 
 from ddptop.core.rundir import RunDir
+from ddptop.core.stack_groups import UNREADABLE
 from ddptop.core.wire import records
 from ddptop.supervisor.outside import looks
 from ddptop.supervisor.outside.discovery import Job, discover
@@ -248,7 +249,7 @@ async def dump_stacks(hub: Hub, ranks: dict[int, int]) -> None:
     """Every rank's threads, py-spy's full dump, as stack records."""
     dumps = await asyncio.to_thread(looks.each, looks.dump, list(ranks))
     for pid, text in dumps.items():
-        said = text if text is not None else "(py-spy could not read it: the same user, or CAP_SYS_PTRACE, is needed; or it is gone)"
+        said = text if text is not None else UNREADABLE
         hub.record({"type": "stack", "rank": ranks[pid], "wall": time.time(), "source": "py-spy --nonblocking", "text": said})
 
 
