@@ -21,7 +21,9 @@ from ddptop.core.rundir import RunDir
 from ddptop.supervisor.outside.discovery import Job, Rank
 from ddptop.supervisor.outside.judge import MEMORY_SAMPLES, ODD_S, STALLED_S, Judge
 from ddptop.supervisor.outside.looks import Place
-from ddptop.supervisor.outside.watch import NO_LOG, launch_command, unreadable
+from ddptop.supervisor.outside.watch import NO_LOG, Look, Watch, launch_command, unreadable
+from ddptop.supervisor.sampler import Sampler
+from ddptop.supervisor.serving.hub import Hub
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.job_list import JobList, JobRow
 from ddptop.tui.screens.stacks import StacksScreen
@@ -178,3 +180,23 @@ async def test_a_job_ddptop_did_not_launch_is_watched_in_the_dashboard(tmp_path:
             watcher.kill()
             watcher.wait(timeout=10)
         stop([job_proc])
+
+
+def watched(tmp_path: Path, places: dict[int, Place | None]) -> list[str]:
+    """The notices a watch gives on one look whose stack reads found places (pid -> place)."""
+    tmp_path.mkdir()
+    hub = Hub(RunDir(tmp_path), lambda command: None)
+    ranks = job(rank(0), rank(1))
+    watch = Watch(hub, ranks, Sampler(None))
+    sample = {"type": "sample", "wall": 1.0, "procs": [], "gpus": []}
+    watch.tell(Look(ranks, sample, places, set(places), 1.0))
+    hub.flush()
+    return [str(e["text"]) for e in hub.state.events if e["type"] == "notice"]
+
+
+def test_py_spy_kept_out_is_said_once_a_read_that_fails_now_and_then_is_not(tmp_path: Path):
+    """A busy rank's read fails now and then where ptrace is allowed: no notice of ptrace then.
+    Where no rank of the job can be read, one notice says why and how to allow it."""
+    assert watched(tmp_path / "one", {1000: WAITING, 1001: None}) == []
+    [said] = watched(tmp_path / "none", {1000: None, 1001: None})
+    assert said == unreadable(0, 1000)

@@ -95,6 +95,8 @@ class Watch:
         """Every rank's stacks being read, at a dashboard's asking (kept, so that the task runs to its end)."""
         self.said_unread = False
         """Whether the notice of a rank py-spy cannot read was given: once for the job."""
+        self.read_one = False
+        """Whether py-spy has read any rank of the job: then one it cannot read is a passing failure."""
         self.job: Job | None = None
         self.discovered = 0.0
         """When the system was last searched for the job's ranks."""
@@ -153,8 +155,11 @@ class Watch:
                 }
                 self.hub.record(hello)
         self.hub.record(look.sample)
+        # A busy rank's read can fail now and then: py-spy is kept out (ptrace refused, not
+        # installed) only where no rank of the job was ever read.
+        self.read_one = self.read_one or any(place is not None for place in look.places.values())
         unread = [r for r in job.ranks if r.pid in look.read and look.places.get(r.pid) is None and r.status != "zombie"]
-        if unread and not self.said_unread:
+        if unread and not self.read_one and not self.said_unread:
             self.said_unread = True
             self.hub.note(unreadable(unread[0].rank, unread[0].pid))
         verdicts = self.judge.observe(job, look.places, now)
