@@ -169,6 +169,7 @@ class Sampler:
                         if rss and proc.status() != psutil.STATUS_ZOMBIE:
                             entry["cpu"] = proc.cpu_percent()
                             entry["rss"] = rss
+                            entry["threads"] = proc.num_threads()
                             if (io := self._storage_rate(proc)) is not None:
                                 entry["io"] = io
                 except psutil.Error:

@@ -6,13 +6,16 @@ gloo that ddptop did not start, with the real dashboard attached to the watcher'
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from fake_pynvml import FakeNvml
 from support import SCRIPTS, free_port, until, wait_for
 from test_outside import stop
 from textual.widgets import Log
@@ -28,6 +31,7 @@ from ddptop.tui.app import DdptopApp
 from ddptop.tui.job_list import JobList, JobRow
 from ddptop.tui.screens.stacks import StacksScreen
 from ddptop.tui.source import LiveSource
+from ddptop.tui.widgets.job_header import FROM_OUTSIDE
 from ddptop.tui.widgets.rank_table import RankTable
 
 
@@ -200,3 +204,40 @@ def test_py_spy_kept_out_is_said_once_a_read_that_fails_now_and_then_is_not(tmp_
     assert watched(tmp_path / "one", {1000: WAITING, 1001: None}) == []
     [said] = watched(tmp_path / "none", {1000: None, 1001: None})
     assert said == unreadable(0, 1000)
+
+
+async def test_an_outside_job_s_table_shows_what_is_read_from_outside_and_nothing_else(tmp_path: Path):
+    """Two real processes watched as a job's ranks, NVML faked (no GPU here): the dashboard's
+    table has each rank's threads and its GPU's memory and use, and leaves out the per-step
+    columns, which cannot be read from outside, so WHERE fits 120 columns."""
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in range(2)]
+    pids = [p.pid for p in sleepers]
+    run = RunDir(tmp_path / "watch")
+    run.path.mkdir()
+    hub = Hub(run, lambda command: None)
+    await hub.start()
+    try:
+        ranks = [Rank(pid, n, n, 2, 2, 0, "sleeping", None, None, 1, 0.0, ["python", "train.py"], "me") for n, pid in enumerate(pids)]
+        watched = job(*ranks)
+        nvml = FakeNvml(gpus=2, processes={0: [(pids[0], 3 * 2**30)], 1: [(pids[1], 5 * 2**30)]})
+        watch = Watch(hub, watched, Sampler(nvml))
+        watch.job, watch.discovered = watched, time.time()
+        watch.start(watched)
+        assert watch.tell(await asyncio.to_thread(watch.gather))
+        hub.flush()
+        app = DdptopApp(LiveSource(run.socket_path), "attach", run.path, readonly=True)
+        async with app.run_test(size=(120, 30)):
+            table = app.query_one(RankTable)
+            await until(lambda: table.row_count == 2 and table.cell(1, "threads") != "-", "both ranks with their threads")
+            header = table.render_line(0).text.split()
+            assert header[:4] == ["NODE", "RANK", "PID", "STATE"] and header[-1] == "WHERE", header
+            assert {"THREADS", "GPU", "%", "RSS"} <= set(header), header
+            assert not {"STEP", "SAMPLES/S", "LOSS"} & set(header), header
+            assert [table.cell(n, "threads") for n in (0, 1)] == ["1", "1"]
+            assert "3.0 GiB" in table.cell(0, "gpu_used") and "5.0 GiB" in table.cell(1, "gpu_used"), table.cell(0, "gpu_used")
+            assert table.cell(0, "gpu_util") == "50" and table.cell(1, "gpu_util") == "51"
+            _, second = str(app.query_one("#header").render()).splitlines()
+            assert second.startswith(FROM_OUTSIDE + "  rss "), second
+    finally:
+        await hub.finish(0)
+        stop(sleepers)

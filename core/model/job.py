@@ -179,6 +179,8 @@ class JobState:
                     state.cpu_percent = proc["cpu"]
                 if proc.get("rss") is not None:
                     state.rss = proc["rss"]
+                if proc.get("threads") is not None:
+                    state.threads = proc["threads"]
                 if proc.get("gpu_mem") is not None:
                     state.gpu_mem = proc["gpu_mem"]
                 if proc.get("gpu") is not None:

@@ -62,6 +62,11 @@ class Prometheus:
 
 
 Plot = Literal["throughput", "step time", "loss", "memory"]
+
+Jobs = Literal["launched", "all", "outside"]
+"""Which jobs' rank tables show a column: "launched", measured inside the rank (steps, loss,
+comm); "all", read from outside its process by psutil or NVML, which is all that a job
+ddptop did not launch has; "outside", only for those, where little else is known (threads)."""
 """The job charts a metric can be drawn in (tui/widgets/charts.py adds the per-rank "ranks" chart)."""
 
 
@@ -87,6 +92,7 @@ class Metric:
     optional: bool = False
     """Its column is left out of the rank table until a rank has it (tokens/s: language models only;
     the GPU's figures: GPU jobs only)."""
+    jobs: Jobs = "launched"
     running: bool = False
     """The job's figure is what its running ranks make or hold now: while the job runs, a rank
     whose process has ended counts no more (throughput it no longer makes, memory it no longer
@@ -250,8 +256,8 @@ LEARNING_RATE = Metric(
     summary="lr {}",
 )
 # Optional: a CPU job has no GPU figures, and their empty columns would push CPU % and RSS off a narrow screen.
-GPU_UTIL = Metric("gpu_util", "percent", _gpu_util, number("{:.0f}"), column="GPU %", optional=True)
-GPU_USED = Metric("gpu_used", "bytes", _gpu_used, nbytes, column="GPU MEM used pk/total", cell=_gpu_memory_bar, optional=True)
+GPU_UTIL = Metric("gpu_util", "percent", _gpu_util, number("{:.0f}"), column="GPU %", optional=True, jobs="all")
+GPU_USED = Metric("gpu_used", "bytes", _gpu_used, nbytes, column="GPU MEM used pk/total", cell=_gpu_memory_bar, optional=True, jobs="all")
 GPU_ALLOCATED = Metric(
     "gpu_mem",
     "bytes",
@@ -283,6 +289,7 @@ CPU_PERCENT = Metric(
     number("{:.0f}"),
     column="CPU %",
     prometheus=Prometheus("cpu_percent", "CPU use of the rank's process, percent of one core"),
+    jobs="all",
 )
 RSS = Metric(
     "rss",
@@ -295,6 +302,16 @@ RSS = Metric(
     prometheus=Prometheus("resident_memory_bytes", "resident memory of the rank's process"),
     plot="memory",
     summary="rss {}",
+    jobs="all",
+)
+THREADS = Metric(
+    "threads",
+    "",
+    lambda r: r.threads,
+    number("{:.0f}"),
+    column="THREADS",
+    prometheus=Prometheus("threads", "threads of the rank's process"),
+    jobs="outside",
 )
 
 METRICS: tuple[Metric, ...] = (
@@ -316,6 +333,7 @@ METRICS: tuple[Metric, ...] = (
     GPU_PEAK,
     CPU_PERCENT,
     RSS,
+    THREADS,
 )
 """In the order columns, plots and summary parts appear."""
 

@@ -60,6 +60,7 @@ class RankState:
     """The last value of each per-step value kept "latest" (wire/records.py LATEST: loss, grad norm, GPU memory...)."""
     cpu_percent: float | None = None
     rss: int | None = None
+    threads: int | None = None
     gpu: tuple[int, int] | None = None
     """(node, index) of its GPU: GPU indices repeat on every node."""
     gpu_reading: GpuState | None = None

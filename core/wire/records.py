@@ -638,6 +638,7 @@ class SampleProc(TypedDict):
     pid: int
     cpu: NotRequired[float]
     rss: NotRequired[int]
+    threads: NotRequired[int]
     io: NotRequired[float]
     """Bytes a second it read from and wrote to storage since the last sample (the kernel's
     read_bytes and write_bytes: page-cache misses and pages it dirtied, not pipes or sockets)."""

@@ -8,11 +8,15 @@ from rich.markup import escape
 from rich.text import Text
 from textual.widgets import Static
 
-from ddptop.core.format import count, duration, ms
+from ddptop.core.format import count, duration, ms, nbytes
 from ddptop.core.model.job import JobState
-from ddptop.core.model.metrics import BUS_BANDWIDTH, COMM_MS, LOSS, SAMPLES_PER_S, STEP_MS_P50, STEP_MS_P95, TOKENS_PER_S
+from ddptop.core.model.metrics import BUS_BANDWIDTH, COMM_MS, LOSS, RSS, SAMPLES_PER_S, STEP_MS_P50, STEP_MS_P95, TOKENS_PER_S
 from ddptop.core.model.summary import guard_parts
 from ddptop.core.model.totals import JobTotals
+from ddptop.core.wire.records import OUTSIDE
+
+FROM_OUTSIDE = "watched from outside: no steps, loss or comm times"
+"""The second line of a job ddptop did not launch, in place of figures it cannot have."""
 
 
 def eta(state: JobState, totals: JobTotals) -> str:
@@ -82,8 +86,7 @@ class JobHeader(Static):
         self._last = (state, now, status)
         totals = state.totals()
         meta = state.meta
-        done = totals.steps_done
-        progress = "-" if done is None else f"{done}" + (f"/{state.total_steps}" if state.total_steps else "")
+        outside = meta.get("launch_style") == OUTSIDE
         script = str(meta.get("script", "?")).rsplit("/", 1)[-1]
         first = [
             bold(0, script),
@@ -94,10 +97,25 @@ class JobHeader(Static):
             plain(1, f"restarts {state.restarts}"),
             plain(0, f"alerts {state.alerts}"),
         ]
-        if (split := state.goodput.split(now)) is not None:
+        if not outside and (split := state.goodput.split(now)) is not None:
             first.append(plain(2, f"goodput {split['goodput']:.0%}"))
         if state.checkpoint_step is not None:
             first.append(plain(4, f"ckpt {state.checkpoint_step}"))
+        if outside:
+            second = [bold(0, FROM_OUTSIDE), plain(1, f"rss {nbytes(totals.of(RSS))}")]
+        else:
+            second = self._figures(state, totals)
+        width = self.content_size.width
+        text = fit(first, width) + "\n" + fit(second, width)
+        if text != self._shown:  # re-rendering markup ten times a second is not free
+            self._shown = text
+            self.update(text, layout=False)
+
+    @staticmethod
+    def _figures(state: JobState, totals: JobTotals) -> list[Part]:
+        """The second line of a job ddptop launched: its steps and how fast they go."""
+        done = totals.steps_done
+        progress = "-" if done is None else f"{done}" + (f"/{state.total_steps}" if state.total_steps else "")
         second = [
             plain(1, f"steps {progress}"),
             plain(3, f"ETA {eta(state, totals)}"),
@@ -112,11 +130,7 @@ class JobHeader(Static):
         if (busbw := totals.of(BUS_BANDWIDTH)) is not None:
             second.append(plain(3, f"busbw {BUS_BANDWIDTH.text(busbw)}"))
         second += [plain(1, part) for part in guard_parts(totals)]
-        width = self.content_size.width
-        text = fit(first, width) + "\n" + fit(second, width)
-        if text != self._shown:  # re-rendering markup ten times a second is not free
-            self._shown = text
-            self.update(text, layout=False)
+        return second
 
     def on_resize(self) -> None:
         """A new width fits other parts, even while the dashboard is paused."""

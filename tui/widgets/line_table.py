@@ -50,6 +50,7 @@ class LineTable(ScrollView, can_focus=True):
         super().__init__(**kwargs)
         self._header = header
         self._optional = optional
+        self._hidden: frozenset[int] = frozenset()
         self._widths = [0 if i in optional else len(label) for i, label in enumerate(header)]
         self._order: list[int] = []
         self._cursor: int | None = None
@@ -70,8 +71,20 @@ class LineTable(ScrollView, can_focus=True):
             self._styles[name] = self.rich_style if name == "base" else self.get_component_rich_style(f"{self.PREFIX}--{name}")
         return self._styles[name]
 
+    def hide(self, columns: frozenset[int]) -> bool:
+        """Leave these columns out whatever their rows hold (what a kind of job cannot have),
+        and bring back those hidden before; the rows shown next widen them again. Whether
+        that changed the columns."""
+        if columns == self._hidden:
+            return False
+        self._hidden = columns
+        self._widths = [0 if i in columns or i in self._optional else len(label) for i, label in enumerate(self._header)]
+        return True
+
     def _widen(self, texts: list[str]) -> None:
         for i, text in enumerate(texts):
+            if i in self._hidden:
+                continue
             if self._widths[i] or text != "-":
                 self._widths[i] = max(self._widths[i], len(text), len(self._header[i]))
 

@@ -16,8 +16,9 @@ from rich.style import Style
 
 from ddptop.core.model.job import JobState
 from ddptop.core.model.lag import HIGHLIGHT_RATIO, HIGHLIGHT_SHARE
-from ddptop.core.model.metrics import Metric, grouped
+from ddptop.core.model.metrics import Jobs, Metric, grouped
 from ddptop.core.model.rank import RankState
+from ddptop.core.wire.records import OUTSIDE
 from ddptop.tui.widgets.line_table import LineTable
 
 SILENT_S = 5.0
@@ -43,6 +44,8 @@ class Column:
     sort_of: Callable[[RankState], Any]
     optional: bool = False
     """Left out until some rank has a value in it."""
+    jobs: Jobs = "launched"
+    """The jobs whose table has it (metrics.Jobs): a job watched from outside has no steps."""
 
 
 def _metric_column(header: str, metrics: list[Metric]) -> Column:
@@ -54,17 +57,17 @@ def _metric_column(header: str, metrics: list[Metric]) -> Column:
         return value is None, value or 0.0
 
     optional = all(m.optional for m in metrics)
-    return Column(first.key, header, lambda r, now, live: "/".join(m.format(r) for m in metrics), sort_of, optional)
+    return Column(first.key, header, lambda r, now, live: "/".join(m.format(r) for m in metrics), sort_of, optional, first.jobs)
 
 
 IDENTITY = [
-    Column("node", "NODE", lambda r, now, live: str(r.node), lambda r: (r.node, r.rank)),
-    Column("rank", "RANK", lambda r, now, live: str(r.rank), lambda r: r.rank),
-    Column("pid", "PID", lambda r, now, live: str(r.pid or "-"), lambda r: r.pid),
-    Column("state", "STATE", lambda r, now, live: rank_status(r, now, live), lambda r: r.phase),
+    Column("node", "NODE", lambda r, now, live: str(r.node), lambda r: (r.node, r.rank), jobs="all"),
+    Column("rank", "RANK", lambda r, now, live: str(r.rank), lambda r: r.rank, jobs="all"),
+    Column("pid", "PID", lambda r, now, live: str(r.pid or "-"), lambda r: r.pid, jobs="all"),
+    Column("state", "STATE", lambda r, now, live: rank_status(r, now, live), lambda r: r.phase, jobs="all"),
     Column("step", "STEP", lambda r, now, live: "-" if r.step < 0 else str(r.step), lambda r: r.step),
 ]
-WHERE = Column("where", "WHERE", lambda r, now, live: r.where or "-", lambda r: r.where or "")
+WHERE = Column("where", "WHERE", lambda r, now, live: r.where or "-", lambda r: r.where or "", jobs="all")
 """Last, as top's COMMAND is: the one long text, which a narrow terminal cuts rather than the numbers."""
 COLUMNS = IDENTITY + [_metric_column(header, metrics) for header, metrics in grouped(lambda metric: metric.column)] + [WHERE]
 SORTABLE = [c.key for c in COLUMNS if c.key not in ("pid", "state")]
@@ -73,6 +76,11 @@ _KEYS = [c.key for c in COLUMNS]
 _INDEX = {key: i for i, key in enumerate(_KEYS)}
 _SORT = {c.key: c.sort_of for c in COLUMNS}
 _HEADERS = {c.key: c.header for c in COLUMNS}
+_NOT_SHOWN = {
+    False: frozenset(i for i, c in enumerate(COLUMNS) if c.jobs == "outside"),
+    True: frozenset(i for i, c in enumerate(COLUMNS) if c.jobs == "launched"),
+}
+"""The columns a job's table leaves out, by whether ddptop watches it from outside."""
 
 
 class RankTable(LineTable):
@@ -96,6 +104,7 @@ class RankTable(LineTable):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__([c.header for c in COLUMNS], frozenset(i for i, c in enumerate(COLUMNS) if c.optional), **kwargs)
+        self.hide(_NOT_SHOWN[False])
         self.sort_key = "rank"
         self.sort_reverse = False
         self.filter_text = ""
@@ -118,6 +127,7 @@ class RankTable(LineTable):
         return self._cursor if self._cursor in self._cells else None
 
     def show(self, state: JobState, now: float, live: bool) -> None:
+        columns_changed = self.hide(_NOT_SHOWN[state.meta.get("launch_style") == OUTSIDE])
         lags = state.lags()
         shown = [r for r in state.ranks.values() if self._matches(r, now, live)]
         cells: dict[int, list[str]] = {}
@@ -133,7 +143,7 @@ class RankTable(LineTable):
             sort_values[rank.rank] = sort_of(rank)
             self._widen(row)
         order = sorted(sort_values, key=lambda r: (sort_values[r], r), reverse=self.sort_reverse)
-        if cells == self._cells and marks == self._marks and order == self._order:
+        if cells == self._cells and marks == self._marks and order == self._order and not columns_changed:
             return
         self._cells, self._marks = cells, marks
         self._set_order(order)
