@@ -69,6 +69,27 @@ def fit(parts: list[Part], width: int) -> str:
     return GAP.join(text for at, (_, text, _) in enumerate(parts) if at not in dropped)
 
 
+def figures(state: JobState, totals: JobTotals) -> list[Part]:
+    """The second line of a job ddptop launched: its steps and how fast they go."""
+    done = totals.steps_done
+    progress = "-" if done is None else f"{done}" + (f"/{state.total_steps}" if state.total_steps else "")
+    second = [
+        plain(1, f"steps {progress}"),
+        plain(3, f"ETA {eta(state, totals)}"),
+        bold(0, count(totals.of(SAMPLES_PER_S)), " samples/s"),
+    ]
+    if (tokens := totals.of(TOKENS_PER_S)) is not None:
+        second.append(plain(2, f"{count(tokens)} tokens/s"))
+    if (loss := totals.of(LOSS)) is not None:
+        second.append(plain(0, f"loss {LOSS.text(loss)}"))
+    second.append(plain(3, f"step {ms(totals.of(STEP_MS_P50))}/{ms(totals.of(STEP_MS_P95))} ms"))
+    second.append(plain(1, f"comm {ms(totals.of(COMM_MS))} ms"))
+    if (busbw := totals.of(BUS_BANDWIDTH)) is not None:
+        second.append(plain(3, f"busbw {BUS_BANDWIDTH.text(busbw)}"))
+    second += [plain(1, part) for part in guard_parts(totals)]
+    return second
+
+
 @functools.lru_cache(maxsize=64)
 def cells(markup: str) -> int:
     """The width of a status's markup (few and repeated: parsing markup costs a tick's share)."""
@@ -101,36 +122,12 @@ class JobHeader(Static):
             first.append(plain(2, f"goodput {split['goodput']:.0%}"))
         if state.checkpoint_step is not None:
             first.append(plain(4, f"ckpt {state.checkpoint_step}"))
-        if outside:
-            second = [bold(0, FROM_OUTSIDE), plain(1, f"rss {nbytes(totals.of(RSS))}")]
-        else:
-            second = self._figures(state, totals)
+        second = [bold(0, FROM_OUTSIDE), plain(1, f"rss {nbytes(totals.of(RSS))}")] if outside else figures(state, totals)
         width = self.content_size.width
         text = fit(first, width) + "\n" + fit(second, width)
         if text != self._shown:  # re-rendering markup ten times a second is not free
             self._shown = text
             self.update(text, layout=False)
-
-    @staticmethod
-    def _figures(state: JobState, totals: JobTotals) -> list[Part]:
-        """The second line of a job ddptop launched: its steps and how fast they go."""
-        done = totals.steps_done
-        progress = "-" if done is None else f"{done}" + (f"/{state.total_steps}" if state.total_steps else "")
-        second = [
-            plain(1, f"steps {progress}"),
-            plain(3, f"ETA {eta(state, totals)}"),
-            bold(0, count(totals.of(SAMPLES_PER_S)), " samples/s"),
-        ]
-        if (tokens := totals.of(TOKENS_PER_S)) is not None:
-            second.append(plain(2, f"{count(tokens)} tokens/s"))
-        if (loss := totals.of(LOSS)) is not None:
-            second.append(plain(0, f"loss {LOSS.text(loss)}"))
-        second.append(plain(3, f"step {ms(totals.of(STEP_MS_P50))}/{ms(totals.of(STEP_MS_P95))} ms"))
-        second.append(plain(1, f"comm {ms(totals.of(COMM_MS))} ms"))
-        if (busbw := totals.of(BUS_BANDWIDTH)) is not None:
-            second.append(plain(3, f"busbw {BUS_BANDWIDTH.text(busbw)}"))
-        second += [plain(1, part) for part in guard_parts(totals)]
-        return second
 
     def on_resize(self) -> None:
         """A new width fits other parts, even while the dashboard is paused."""
