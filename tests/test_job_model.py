@@ -9,6 +9,7 @@ from test_history import restored
 from ddptop.core.model import snapshot, summary
 from ddptop.core.model.job import JobState
 from ddptop.core.model.metrics import BUS_BANDWIDTH, COMM_MS, COMM_SHARE, DATA_MS, GPU_USED, GPU_UTIL, RSS, SAMPLES_PER_S, TOKENS_PER_S
+from ddptop.core.model.sharded_norm import KEPT_STEPS
 from ddptop.core.model.stats import WINDOW, StepPoint
 from ddptop.core.wire.records import WINDOWED
 
@@ -303,3 +304,32 @@ def test_a_new_attempt_s_rates_and_comm_are_its_own_not_stretched_over_the_resta
     assert SAMPLES_PER_S.read(state.ranks[0]) == pytest.approx(320.0)
     state.ingest(builders.hello(0, 1, restart=1))  # the same attempt's hello again: its steps stay
     assert len(state.ranks[0].window.points) == 10
+
+
+def test_a_sharded_step_s_grad_norm_is_added_up_from_every_rank_s_share_once_the_last_comes():
+    """Two ranks' shares of step 5 (3 and 1) make its norm, 2, every rank's grad norm; each rank
+    keeps its own shards' norm. A step one rank has not told yet shows nothing new."""
+    state = JobState()
+    for rank in (0, 1):
+        state.ingest(builders.hello(rank, 2))
+    state.ingest(builders.step(0, 5, shard_norm=3**0.5, grad_sq_share=3.0))
+    assert "grad_norm" not in state.ranks[0].latest and state.sharded_norm.latest is None
+    state.ingest(builders.step(1, 5, shard_norm=1.0, grad_sq_share=1.0))
+    assert [state.ranks[r].latest["grad_norm"] for r in (0, 1)] == [pytest.approx(2.0)] * 2
+    assert [state.ranks[r].latest["shard_norm"] for r in (0, 1)] == [pytest.approx(3**0.5), 1.0]
+    assert state.sharded_norm.latest == (5, pytest.approx(2.0))
+    state.ingest(builders.step(0, 6, shard_norm=3.0, grad_sq_share=9.0))
+    assert state.ranks[0].latest["grad_norm"] == pytest.approx(2.0), "step 6 waits for rank 1"
+
+
+def test_a_step_whose_last_share_never_comes_is_let_go_and_later_steps_still_add_up():
+    """A rank that died mid-step leaves its step incomplete: the shares kept stay bounded."""
+    state = JobState()
+    for rank in (0, 1):
+        state.ingest(builders.hello(rank, 2))
+    for step in range(KEPT_STEPS * 3):
+        state.ingest(builders.step(0, step, shard_norm=1.0, grad_sq_share=1.0))
+    assert len(state.sharded_norm._shares) <= KEPT_STEPS + 1 and state.sharded_norm.latest is None
+    last = KEPT_STEPS * 3 - 1
+    state.ingest(builders.step(1, last, shard_norm=2.0, grad_sq_share=8.0))
+    assert state.sharded_norm.latest == (last, pytest.approx(3.0))

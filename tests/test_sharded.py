@@ -64,13 +64,19 @@ def test_a_sharded_step_shows_the_scripts_norm_and_its_loss_and_takes_no_checksu
     assert [r["text"] for r in records if r["type"] == "rank_note"] == [SHARDED_NOTICE]
 
 
-def test_without_the_scripts_clip_a_sharded_step_shows_no_norm_rather_than_its_shards(records):
+def test_without_the_scripts_clip_a_sharded_step_tells_its_shards_norm_and_share_not_a_norm(records):
+    """A rank's shards are not the gradients: it tells their norm and its share of the norm's
+    square, which the supervisor adds up over the ranks (tests/test_e2e_sharded.py on several).
+    Here one rank holds every shard: the share is the whole square."""
     model = sharded_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model(torch.randn(4, 8)).pow(2).mean().backward()
+    expected = total_norm([p.grad.full_tensor() for p in model.parameters()])
     optimizer.step()
     (record,) = records.steps()
     assert "grad_norm" not in record and "nonfinite" not in record and "loss" in record
+    assert record["shard_norm"] == pytest.approx(expected, rel=1e-6)
+    assert record["grad_sq_share"] == pytest.approx(expected**2, rel=1e-6)
 
 
 def test_a_non_finite_sharded_step_is_reported_and_not_skipped(records):

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ddptop.trainer import loss, torchapi
+from ddptop.trainer import loss, shard_share, torchapi
 
 CLIP_EPS = 1e-6
 """Added to the norm before dividing, as clip_grad_norm_ does."""
@@ -71,7 +71,9 @@ class Layout:
     """ddptop handed the optimizer a found_inf of its own: a non-finite step was skipped."""
     local_norms: bool = False
     """The norms are of this rank's shards of sharded gradients (sharded_norms): they tell
-    whether the step is finite, not its grad norm."""
+    whether the step is finite, and the rank's share of the grad norm's square, not the norm."""
+    shard_weights: shard_share.Weights | None = None
+    """With local_norms, each norm's weight in that share (shard_share.py); None: no share."""
     sharded: bool = False
     """The gradients are sharded over ranks: a non-finite step is reported, never skipped."""
     loss_divisor: int = 1
@@ -131,6 +133,9 @@ class Layout:
             out["grad_norm"] = script / scale if self.script_scaled else script
         elif not self.local_norms:
             out["grad_norm"] = unscaled
+        elif self.shard_weights is not None:
+            out["shard_norm"] = unscaled
+            out["grad_sq_share"] = shard_share.share(norms, self.shard_weights, grad_scale)
         if self.clip is not None:
             out["clipped"] = unscaled > self.clip
         return out

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ddptop.trainer import guard, late, loss, torchapi
+from ddptop.trainer import guard, late, loss, shard_share, torchapi
 from ddptop.trainer.probe import Gradients, Probe
 
 
@@ -128,9 +128,14 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         if len(probe.gradients) >= COVERS_KEPT:  # a script that makes optimizer after optimizer, or steps ever new sets
             probe.gradients.clear()
         roots = probe.fsdp1_roots(optimizer) if probe.fsdp1 else ()
-        sharded = bool(roots) or guard.any_sharded(grads)
+        dtensors = guard.any_sharded(grads)
+        sharded = bool(roots) or dtensors
         known = probe.gradients[look] = Gradients(
-            sharded, guard.on_several_devices(grads), None if sharded else _flat(probe, optimizer, grads), roots
+            sharded,
+            guard.on_several_devices(grads),
+            None if sharded else _flat(probe, optimizer, grads),
+            roots,
+            shard_share.weights(grads, probe.world) if dtensors and not roots else None,
         )
     sharded = known.sharded
     if sharded and "sharded" not in probe.noticed:
@@ -207,7 +212,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     # What decides the pack's layout, as a key: a tuple costs the step no call; on a new one the
     # Layout is made by name, once.
     layout_key = (norms, script is not None, bool(script and script[1]), marks, has_scale, grad_scale is not None,
-           scaler_inf is not None, checksum, clip, probe.world == 1, on_device, local, sharded, divisor)  # fmt: skip
+           scaler_inf is not None, checksum, clip, probe.world == 1, on_device, local, sharded, divisor, known.weights)  # fmt: skip
     fields = _FIELDS.get(layout_key)
     if fields is None:
         fields = _FIELDS[layout_key] = guard.Layout(
@@ -223,6 +228,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
             solo=probe.world == 1,
             skipped_on_device=on_device,
             local_norms=local,
+            shard_weights=known.weights if local else None,
             sharded=sharded,
             loss_divisor=divisor,
         ).fields
@@ -260,8 +266,8 @@ _FIELDS: dict[tuple[Any, ...], Any] = {}
 SHARDED_NOTICE = (
     "the gradients are sharded over ranks (FSDP's FullyShardedDataParallel or fully_shard, or tensor parallelism): a non-finite "
     "step is reported but not skipped, since a rank cannot tell the others without a collective, and "
-    "ranks that skipped alone would hold shards a step apart; the grad norm shown is the one the "
-    "script's clip_grad_norm_ returns (or --clip-grad's); sharded parameters take no part in the desync checksum"
+    "ranks that skipped alone would hold shards a step apart; the grad norm shown is the script's clip_grad_norm_'s "
+    "(or --clip-grad's), else ddptop adds up every rank's shards of it; sharded parameters take no part in the desync checksum"
 )
 
 

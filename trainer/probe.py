@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ddptop.core.policy import GuardPolicy
-from ddptop.trainer import guard
+from ddptop.trainer import guard, shard_share
 from ddptop.trainer.between_steps import BetweenSteps
 from ddptop.trainer.profiling import Captures
 from ddptop.trainer.sampled import Sampled
@@ -32,6 +32,8 @@ class Gradients(NamedTuple):
     """The flat buffers they lie in (DDP's buckets under gradient_as_bucket_view), or None."""
     roots: tuple[weakref.ref[Any], ...] = ()
     """The FSDP1 roots whose sharded parameters they are the gradients of (fsdp1.py), weakly."""
+    weights: shard_share.Weights | None = None
+    """Of DTensor gradients, each one's weight in the rank's share of the grad norm's square."""
 
 
 class ScalerSeen:

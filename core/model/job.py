@@ -20,6 +20,7 @@ from ddptop.core.model.history import History, pack
 from ddptop.core.model.lag import Lag, counts_compute, lags
 from ddptop.core.model.metrics import JOB_METRICS, Metric
 from ddptop.core.model.rank import SAMPLED, GpuState, RankState, replicas_told
+from ddptop.core.model.sharded_norm import ShardedNorm
 from ddptop.core.model.stats import RollingWindow, StepPoint, median
 from ddptop.core.model.totals import JobTotals
 from ddptop.core.wire import records
@@ -57,6 +58,8 @@ class JobState:
         """Whether the snapshot being folded is of a layout this reader does not know (its frames are skipped)."""
         self.own_counts_compute = False
         """Whether the last summary's own work per rank counted compute (lag.counts_compute)."""
+        self.sharded_norm = ShardedNorm()
+        """A sharded job's grad norm, from its ranks' shares of each step's."""
 
     def rank(self, rank: int) -> RankState:
         state = self.ranks.get(rank)
@@ -116,6 +119,8 @@ class JobState:
         for key in LATEST:
             if record.get(key) is not None:
                 state.latest[key] = record[key]
+        if (share := record.get("grad_sq_share")) is not None:
+            self._add_share(state, record["step"], share)
         skipped = record.get("skipped")
         if skipped == "nan":
             state.nan_skips += 1
@@ -143,6 +148,13 @@ class JobState:
             state.window.skip(record["wall"], record["step_ms"])
         else:
             state.window.add(StepPoint(record["wall"], record["step_ms"], **{key: record.get(key) for key in WINDOWED}))
+
+    def _add_share(self, state: RankState, step: int, share: float) -> None:
+        """A sharded step's rank's share of its grad norm's square: with the last rank's, the
+        norm is every rank's grad norm (model/sharded_norm.py)."""
+        norms = self.sharded_norm.add(state.restart, step, state.rank, share, self.world_size or 1)
+        for rank, norm in (norms or {}).items():
+            self.ranks[rank].latest["grad_norm"] = norm
 
     def _on_notice(self, record: records.Notice) -> None:
         """A pause: every rank's step in progress holds it (the pause is told while no rank finishes one)."""

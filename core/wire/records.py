@@ -34,7 +34,7 @@ else:  # pragma: no cover - Python 3.10's TypedDict does not know NotRequired
 WindowedValue = Literal["data_ms", "samples", "tokens", "comm_ms", "comm_overlap_ms", "comm_bytes", "compute_ms"]
 """What a step measures that the supervisor keeps in each rank's rolling window of steps, for
 means, rates and percentiles."""
-LatestValue = Literal["loss", "grad_norm", "lr", "mem_alloc", "mem_reserved", "mem_peak"]
+LatestValue = Literal["loss", "grad_norm", "shard_norm", "lr", "mem_alloc", "mem_reserved", "mem_peak"]
 """What a step measures that the supervisor keeps as the rank's last value: a step without it
 leaves the last one standing."""
 WINDOWED: tuple[WindowedValue, ...] = get_args(WindowedValue)
@@ -70,6 +70,12 @@ class Step(TypedDict):
     """What backward() was called on, summed over the step, or what monitor.step() said."""
     grad_norm: NotRequired[float]
     """The global gradient norm before clipping, unscaled."""
+    shard_norm: NotRequired[float]
+    """Of sharded gradients (DTensors) whose global norm the step did not take: the norm of this
+    rank's own pieces of them, unscaled."""
+    grad_sq_share: NotRequired[float]
+    """With shard_norm: this rank's share of the squared global norm, each piece weighed by one
+    over the ranks that hold it (trainer/shard_share.py); the ranks' shares of a step add up to it."""
     lr: NotRequired[float]
     """The learning rate of the optimizer's first parameter group, as the step used it."""
     mem_alloc: NotRequired[int]

@@ -10,7 +10,9 @@ shards over the other dimension of the mesh: the ranks of one tensor-parallel gr
 given the same batch. Every layer is split, so that every parameter is on the one 2-D mesh
 clip_grad_norm_ takes; with --tp-last-plain the last layer is left whole, sharded by FSDP alone
 over a 1-D mesh, as a model's head often is (then only --no-clip's own norm works: torch's
-clip_grad_norm_ cannot stack norms of two meshes).
+clip_grad_norm_ cannot stack norms of two meshes). With --hsdp R it is HSDP, as torchtitan's
+data_parallel_replicate_degree makes it: fully_shard on a 2-D mesh, R replicas across, each
+sharded over the rest of the ranks, every rank given a batch of its own.
 """
 
 import argparse
@@ -25,6 +27,7 @@ parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--no-clip", action="store_true")
 parser.add_argument("--tp", type=int, default=1)
 parser.add_argument("--tp-last-plain", action="store_true")
+parser.add_argument("--hsdp", type=int, default=1)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -43,6 +46,10 @@ if args.tp > 1:
         plan["4"] = RowwiseParallel(input_layouts=Replicate())
     parallelize_module(model, mesh["tp"], plan)
     mesh = mesh["dp"]
+elif args.hsdp > 1:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (args.hsdp, dist.get_world_size() // args.hsdp), mesh_dim_names=("replicate", "shard"))
 for layer in model:
     if isinstance(layer, nn.Linear):
         fully_shard(layer, mesh=mesh)

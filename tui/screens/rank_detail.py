@@ -17,7 +17,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
-from ddptop.core.format import nbytes
+from ddptop.core.format import nbytes, significant
 from ddptop.core.model import profiles
 from ddptop.core.model.job import JobState
 from ddptop.core.model.rank import RankState
@@ -67,6 +67,15 @@ def gpu_line(rank: RankState) -> str:
     if gpu.power_w is not None:
         parts.append(f"{gpu.power_w:.0f} W")
     return "  ".join(parts)
+
+
+def norm_line(rank: RankState) -> str:
+    """A sharded rank's grad norm beside the norm of its own shards, whose shares make it up
+    (model/sharded_norm.py); empty for a rank whose gradients are whole."""
+    shard = rank.latest.get("shard_norm")
+    if shard is None:
+        return ""
+    return f"grad norm {significant(4)(rank.latest.get('grad_norm'))}, of this rank's shards {significant(4)(shard)}"
 
 
 def log_tail(run_dir: Path | None, meta: Mapping[str, Any], rank: RankState, lines: int = LOG_LINES) -> list[str]:
@@ -185,11 +194,11 @@ class RankDetailScreen(Screen[None]):
             return
         if self.live:
             self.post_message(self.Asked("log_tail", rank.rank))
-        gpu = gpu_line(rank)
+        more = [line for line in (gpu_line(rank), norm_line(rank)) if line]
         self.query_one("#detail-title", Static).update(
             f"[b]rank {rank.rank}[/b]  node {rank.node} ({rank.host})  local rank {rank.local_rank}  "
             f"pid {rank.pid}  restart {rank.restart}  step {rank.step}  phase {rank.phase}  dropped {rank.dropped}"
-            + (f"\n{gpu}" if gpu else "")
+            + "".join(f"\n{line}" for line in more)
         )
         win = window(self.state.history, self.whole, self.state.started, self.clock())
         self.query_one("#rank-step", Chart).draw(step_drawing(win, rank.rank))

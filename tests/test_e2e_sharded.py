@@ -1,0 +1,82 @@
+"""Sharded training seen as DDP is: the grad norm of FSDP2, HSDP and FSDP2 beside tensor
+parallelism, added up from the ranks' shares with no collective of ddptop's, on real jobs
+under `ddptop launch` on gloo (tests/scripts/fsdp2_job.py, which never names ddptop).
+
+The script clips nothing (--no-clip) and prints the norm of its gradients gathered whole
+(`full_tensor`), which is what clip_grad_norm_ returns: the job's grad norm, as the model
+adds it up from the event log, is that norm at every step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support import SCRIPTS, recorded, run_ddptop
+from test_e2e_real_trainers import by_attempt, printed
+
+from ddptop.core import rundir
+from ddptop.core.model.job import JobState
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _fully_shard() -> None:
+    if not hasattr(__import__("torch.distributed.fsdp").distributed.fsdp, "fully_shard"):
+        pytest.skip("FSDP2's public fully_shard is torch 2.6's")
+
+
+def norms_added_up(records: list[dict]) -> dict[int, float]:
+    """step -> the job's grad norm, as the job model adds it up from the ranks' shares."""
+    state, out = JobState(), {}
+    for record in records:
+        state.ingest(record)
+        if state.sharded_norm.latest is not None:
+            step, norm = state.sharded_norm.latest
+            out[step] = norm
+    return out
+
+
+def run_sharded(tmp_path: Path, ranks: int, *args: str) -> tuple[rundir.RunDir, list[dict]]:
+    run = rundir.RunDir(tmp_path / "run")
+    script = str(SCRIPTS / "fsdp2_job.py")
+    done = run_ddptop("launch", "--headless", "--run-dir", str(run.path), script, "--gpus", str(ranks), "--no-clip", *args, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run, recorded(run)
+
+
+def shows_the_full_norm(run: rundir.RunDir, records: list[dict], ranks: int, steps: int) -> None:
+    """Every step's job norm is the script's own of its whole gradients; each rank told its
+    shards' norm and share, and no grad norm of its own; no alert."""
+    own = printed(run, 0, 0, "norm")
+    assert sorted(own) == list(range(steps))
+    assert norms_added_up(records) == pytest.approx(own, rel=1e-5)
+    by_rank = by_attempt(records)
+    for rank in range(ranks):
+        shown = by_rank[rank, 0]
+        assert sorted(shown) == list(range(steps))
+        assert all("shard_norm" in r and "grad_sq_share" in r and "grad_norm" not in r for r in shown.values()), rank
+    assert [r["kind"] for r in records if r["type"] == "alert"] == []
+
+
+def test_fsdp2_on_two_ranks_shows_the_norm_of_the_whole_gradients(ddptop_home, tmp_path):
+    """Each rank holds half of every gradient: the shares are summed."""
+    run, records = run_sharded(tmp_path, 2, "--steps", "12")
+    shows_the_full_norm(run, records, 2, 12)
+    # The shards differ: neither rank's own is the norm.
+    last = {r["rank"]: r["shard_norm"] for r in records if r["type"] == "step" and r["step"] == 11}
+    assert all(shard < printed(run, 0, 0, "norm")[11] for shard in last.values()), last
+
+
+def test_hsdp_2x2_counts_each_replica_s_shards_once(ddptop_home, tmp_path):
+    """Two replicas, each sharded over two ranks: every shard is held twice, and counted once."""
+    run, records = run_sharded(tmp_path, 4, "--hsdp", "2", "--steps", "12")
+    shows_the_full_norm(run, records, 4, 12)
+
+
+def test_fsdp2_beside_tensor_parallelism_counts_replicated_parameters_once(ddptop_home, tmp_path):
+    """torchtitan's 2-D layout on four ranks: a tensor-parallel pair shares a batch, and the
+    biases RowwiseParallel replicates over the pair are held by both: counted once."""
+    run, records = run_sharded(tmp_path, 4, "--tp", "2", "--steps", "12")
+    shows_the_full_norm(run, records, 4, 12)
