@@ -6,6 +6,12 @@ takes it, before each optimizer step; on a GPU copied into a pinned buffer made 
 event made once and recorded on a stream looked up once, and read at the next step once the
 event has passed; on the CPU read at once.
 
+ShardFloor is `--floor` for a sharded model (`--model fsdp2`): the same, of the rank's local
+shards of its DTensor gradients (what a guard of a sharded step must norm at least, with no
+collective). AgreeFloor (`--agree`) adds to it what keeping a non-finite step from the weights
+on every rank takes at least: a flag from the norm on the device (norm - norm != 0) and one
+all-reduce of it over the ranks, which each rank's optimizer would be handed as its found_inf.
+
 GraphFloor is `--graph-floor` (a GPU only): the same norm as one CUDA graph. On an H200 host
 the floor costs its step about what torch's fused norm costs there: its host code allocates a
 result for each gradient, and the stack that gathers them unsqueezes each one, so the floor
@@ -79,6 +85,26 @@ class Floor:
         self.host.copy_(total, non_blocking=True)
         self.event.record(self.stream)
         self.read.append(0.0)
+
+
+class ShardFloor(Floor):
+    """The floor, of each gradient's local shard (DTensor._local_tensor: no op, no collective)."""
+
+    def total(self, grads: list[Any]) -> Any:
+        return norm([grad._local_tensor for grad in grads])
+
+
+class AgreeFloor(ShardFloor):
+    """The shard floor, then one all-reduce of its non-finite flag: every rank's verdict alike."""
+
+    def total(self, grads: list[Any]) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        local = super().total(grads)
+        flag = torch.ne(torch.sub(local, local), 0).float()
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag
 
 
 class GraphFloor(Floor):

@@ -27,6 +27,8 @@ process reads and drops.
     python bench/inrank.py --floor --bucket-view   # DDP's gradients as views of its buckets (guard.Flat)
     python bench/inrank.py --model gpt --floor --blocks 100   # nanoGPT's loop (bench/gpt_job.py), on a GPU
     python bench/inrank.py --floor --instructions --blocks 6   # instructions a step, not time (bench/instructions.py)
+    python bench/inrank.py --model fsdp2 --floor --agree --ranks 2 --blocks 100   # an FSDP2 step (bench/fsdp2_job.py)
+    python bench/inrank.py --model fsdp2 --floor --blocks 100   # one rank's: its periodic work and counts too
 
 The medians of blocks leave out what happens only now and then, since
 few blocks hold it: the sender's thread building and sending the records
@@ -97,7 +99,7 @@ from pathlib import Path
 from typing import Any
 
 import instructions
-from floors import Floor, GraphFloor
+from floors import AgreeFloor, Floor, GraphFloor, ShardFloor
 from overhead import device
 from scratch import scratch_folder
 
@@ -172,11 +174,16 @@ class Job:
 
 
 def new_job(args: argparse.Namespace, example: Any, torch_device: Any) -> Any:
-    """One copy of the loop --model names: the example's (Job) or gpt_train's (gpt_job.GptJob)."""
+    """One copy of the loop --model names: the example's (Job), gpt_train's (gpt_job.GptJob), or
+    the example's sharded by FSDP2 (fsdp2_job.Fsdp2Job)."""
     if args.model == "gpt":
         from gpt_job import GptJob
 
         return GptJob(args, torch_device)
+    if args.model == "fsdp2":
+        from fsdp2_job import Fsdp2Job
+
+        return Fsdp2Job(args, example, torch_device)
     return Job(args, example, torch_device)
 
 
@@ -406,8 +413,11 @@ def measure(args: argparse.Namespace) -> None:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     leader = dist.get_rank() == 0
     jobs = {"plain": new_job(args, example, torch_device)}
+    sharded = args.model == "fsdp2"
     if args.floor:
-        jobs[FLOOR] = floored(args, example, torch_device, Floor(cuda))
+        jobs[FLOOR] = floored(args, example, torch_device, ShardFloor(cuda) if sharded else Floor(cuda))
+    if args.agree:
+        jobs[AGREE] = floored(args, example, torch_device, AgreeFloor(cuda))
     graphed = GraphFloor() if args.graph_floor else None
     if graphed is not None:
         jobs[GRAPH_FLOOR] = floored(args, example, torch_device, graphed)
@@ -480,11 +490,17 @@ def measure(args: argparse.Namespace) -> None:
         if graphed is not None:
             print(f"{GRAPH_FLOOR}: {graphed.said()}")
         sys.stdout.flush()
+    if sharded and world > 1:
+        # What follows runs each rank for a time, not a count of steps: a sharded model's ranks
+        # would fall out of step in its all-gathers. `--ranks 1` gives them for a sharded step.
+        dist.destroy_process_group()
+        return
     bind(True)
     sender_us, flushing_us = sender_cost(hooked, tracker, args.block_steps)
     checksum_us = checksum_cost(hooked)
     sampled = heartbeat_samples(lambda: hooked.run(args.block_steps))
-    counted, checksum_ops = counts(optimizer_hooks, torch_device, args.bucket_view) if world == 1 else ({}, 0.0)
+    counted, checksum_ops = counts(optimizer_hooks, torch_device, args.bucket_view) if world == 1 and not sharded else ({}, 0.0)
+    sharded_counted = sharded_counts(jobs["plain"], hooked) if sharded else None
     loss_us = zero_code_cost(hooked)  # last: its stand-in backward stays among patches.py's replacements
     dist.destroy_process_group()
     if leader:
@@ -507,6 +523,13 @@ def measure(args: argparse.Namespace) -> None:
         )
         if counted:
             report_counts(counted, checksum_ops, every)
+        if sharded_counted is not None:
+            calls, ops, by_name = sharded_counted
+            named = ", ".join(f"{name} {count:.2f}" for name, count in by_name[:OPS_NAMED]) or "none"
+            print(
+                f"ddptop on the training thread, a step of the FSDP2 job ({world} ranks), {SHARDED_COUNTED} steady steps: "
+                f"{calls:.1f} Python calls into ddptop and {ops:.1f} torch ops; the ops it added, by name: {named}"
+            )
 
 
 def report_counts(counted: Counted, checksum_ops: float, every: int) -> None:
@@ -530,6 +553,52 @@ def report_counts(counted: Counted, checksum_ops: float, every: int) -> None:
         print(
             f"  the ops ddptop added a step, {buckets} buckets{', half the layers every other step' if every_other else ''}, by name: {named}"
         )
+
+
+SHARDED_COUNTED = 50
+"""Steps sharded_counts counts over."""
+
+
+def sharded_counts(plain: Job, hooked: Job, steps: int = SHARDED_COUNTED) -> tuple[float, float, list[tuple[str, float]]]:
+    """ddptop's Python calls and torch ops a step of the FSDP2 job on the training thread (as
+    counts() counts a DDP job's), the instrumented job's ops less the plain one's, by name: run on
+    the bench's own two jobs, since a sharded model's every rank must step alike. The counts of
+    both jobs' ops include FSDP2's own dispatches of DTensor ops, which are alike in both."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ddptop.core.places import is_ddptop
+    from ddptop.trainer import patches
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: collections.Counter[str] = collections.Counter()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.names[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with patches.suspended():
+        plain.run(steps)
+        with Ops() as of_plain:
+            plain.run(steps)
+    hooked.run(steps)
+    with Ops() as of_hooked:
+        hooked.run(steps)
+    calls = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if event == "call" and is_ddptop(frame.f_code.co_filename):
+            calls += 1
+
+    sys.setprofile(profile)
+    hooked.run(steps)
+    sys.setprofile(None)
+    ops = (of_hooked.names.total() - of_plain.names.total()) / steps
+    added = of_hooked.names
+    added.subtract(of_plain.names)
+    return calls / steps, ops, [(name, count / steps) for name, count in added.most_common() if count > 0]
 
 
 OPS_NAMED = 6
@@ -668,6 +737,11 @@ def model(args: argparse.Namespace) -> str:
     """The jobs' loop and its size, as the report's first line says it."""
     if args.model == "gpt":
         return f"gpt_train's loop, {args.layers} layers x {args.width}, {args.heads} heads, batch {args.batch_size} x {args.context}"
+    if args.model == "fsdp2":
+        how = f"HSDP, {args.hsdp} replicas" if args.hsdp > 1 else "FSDP2"
+        return (
+            f"the example's MLP sharded by {how} (fully_shard on each Linear, then the model), width {args.width}, batch {args.batch_size}"
+        )
     return f"the example's MLP, width {args.width}, batch {args.batch_size}"
 
 
@@ -714,6 +788,10 @@ def capture(captures: Any, hooked: Job, block: Callable[[Job, int], Any]) -> Non
 
 FLOOR = "+ fused norm, late"
 """The job that costs what any guard judging every step's gradients must."""
+
+AGREE = "+ shard norm, flag all-reduced"
+"""The sharded floor with its non-finite flag all-reduced (floors.AgreeFloor): what keeping a
+non-finite step of a sharded model from the weights on every rank costs at least."""
 
 GRAPH_FLOOR = "+ norm as a CUDA graph"
 """The floor's norm replayed as one CUDA graph (floors.py): what that design could save the floor."""
@@ -778,9 +856,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--model",
-        choices=("mlp", "gpt"),
+        choices=("mlp", "gpt", "fsdp2"),
         default="mlp",
-        help="whose loop the jobs run: the example's MLP, or bench/gpt_train.py's nanoGPT-sized GPT (bench/gpt_job.py)",
+        help="whose loop the jobs run: the example's MLP, bench/gpt_train.py's nanoGPT-sized GPT (bench/gpt_job.py), "
+        "or the example's MLP sharded by FSDP2 (bench/fsdp2_job.py)",
+    )
+    parser.add_argument("--hsdp", type=int, default=1, help="with --model fsdp2: HSDP, this many replicas across")
+    parser.add_argument(
+        "--agree",
+        action="store_true",
+        help="with --model fsdp2: also run the shard floor plus one all-reduce of its non-finite flag (floors.AgreeFloor)",
     )
     parser.add_argument("--width", type=int, help="the model's width (default: the MLP's 256, the GPT's 384)")
     parser.add_argument("--batch-size", type=int, help="samples a step (default: the MLP's 32, the GPT's 64)")
@@ -834,6 +919,8 @@ def main() -> None:
     gpt = args.model == "gpt"
     args.width = args.width or (384 if gpt else 256)
     args.batch_size = args.batch_size or (64 if gpt else 32)
+    if (args.agree or args.hsdp > 1) and args.model != "fsdp2":
+        parser.error("--agree and --hsdp are for a sharded model: --model fsdp2")
     if args.graph_floor:
         import torch
 

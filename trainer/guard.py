@@ -264,13 +264,20 @@ def on_several_devices(grads: list[torch.Tensor]) -> bool:
     return len({grad.device for grad in grads}) > 1
 
 
-def any_sharded(grads: list[torch.Tensor]) -> bool:
-    """Whether any of grads is sharded over ranks (a DTensor): asked once for each optimizer and count of
-    gradients (Probe.gradients), since FSDP2 may leave some of a model's parameters plain (an unsharded root)."""
-    return any(type(grad) is not torch.Tensor and torchapi.is_dtensor(grad) for grad in grads)
+def dtensors(grads: list[torch.Tensor]) -> tuple[bool, ...]:
+    """Which of grads are DTensors, in order: asked once for each optimizer and count of
+    gradients (Probe.gradients), so that a step of sharded gradients tells them apart with no call."""
+    return tuple(type(grad) is not torch.Tensor and torchapi.is_dtensor(grad) for grad in grads)
 
 
-def sharded_norms(grads: list[Any], clip: float | None, grad_scale: torch.Tensor | None) -> tuple[list[torch.Tensor], bool]:
+_LOCAL = operator.attrgetter("_local_tensor")
+"""A DTensor's local shard as a plain tensor, read with no call: to_local() is an autograd
+function, a Python call and a view op for each gradient each step, where a gradient needs no graph."""
+
+
+def sharded_norms(
+    grads: list[Any], clip: float | None, grad_scale: torch.Tensor | None, split: tuple[bool, ...]
+) -> tuple[list[torch.Tensor], bool]:
     """The norms a step of sharded gradients packs (DTensors: FSDP2's fully_shard, tensor
     parallelism; some may be plain, of parameters left unsharded), and whether they are of this
     rank's shards alone.
@@ -284,9 +291,9 @@ def sharded_norms(grads: list[Any], clip: float | None, grad_scale: torch.Tensor
     with a plain gradient's norm as this rank holds it whole; then each rank's shards are
     clipped with it on the device. Gradients on different meshes (a layer tensor parallelism
     splits, beside one FSDP shards alone) are reduced mesh by mesh: DTensors of two meshes
-    cannot be stacked, and torch's own clip_grad_norm_ raises on them."""
-    split = [torchapi.is_dtensor(grad) for grad in grads]
-    local = [grad.to_local() if dtensor else grad for grad, dtensor in zip(grads, split)]
+    cannot be stacked, and torch's own clip_grad_norm_ raises on them. split: which of grads are
+    DTensors (dtensors())."""
+    local = list(map(_LOCAL, grads)) if False not in split else [_LOCAL(g) if d else g for g, d in zip(grads, split)]
     if clip is None:
         return norms(local), True
     meshes: dict[Any, list[Any]] = {}
@@ -323,7 +330,8 @@ def checksum_parts(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 
     Only tensors every rank should hold equal are compared: plain tensors, and the local tensor
     of a DTensor replicated on every dimension of its mesh. A DTensor sharded over ranks (FSDP2's
-    parameters) holds a different part on each rank: left out."""
+    parameters) holds a different part on each rank: left out (of a sharded model, the guard
+    gives the shards HSDP's replicas hold alike as plain tensors: held_alike.py)."""
     sums = []
     tensor: Any
     for tensor in tensors:

@@ -128,14 +128,16 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         if len(probe.gradients) >= COVERS_KEPT:  # a script that makes optimizer after optimizer, or steps ever new sets
             probe.gradients.clear()
         roots = probe.fsdp1_roots(optimizer) if probe.fsdp1 else ()
-        dtensors = guard.any_sharded(grads)
-        sharded = bool(roots) or dtensors
+        # FSDP2 may leave some of a model's parameters plain (an unsharded root): any DTensor makes the step sharded.
+        split = guard.dtensors(grads)
+        sharded = bool(roots) or True in split
         known = probe.gradients[look] = Gradients(
             sharded,
             guard.on_several_devices(grads),
             None if sharded else _flat(probe, optimizer, grads),
             roots,
-            shard_share.weights(grads, probe.world) if dtensors and not roots else None,
+            split if True in split else (),
+            shard_share.weights(grads, probe.world) if True in split and not roots else None,
         )
     sharded = known.sharded
     if sharded and "sharded" not in probe.noticed:
@@ -168,7 +170,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         guard.clip_on_device(grads, whole if grad_scale is None else whole / grad_scale, clip)
         parts = [whole]
     elif sharded:
-        parts, local = guard.sharded_norms(grads, clip, grad_scale)
+        parts, local = guard.sharded_norms(grads, clip, grad_scale, known.dtensors or (False,) * len(grads))
     else:
         flat = known.flat
         if flat is not None and list(map(_ADDRESS, grads)) != flat.at:  # the usual step: no call

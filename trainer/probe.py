@@ -32,6 +32,8 @@ class Gradients(NamedTuple):
     """The flat buffers they lie in (DDP's buckets under gradient_as_bucket_view), or None."""
     roots: tuple[weakref.ref[Any], ...] = ()
     """The FSDP1 roots whose sharded parameters they are the gradients of (fsdp1.py), weakly."""
+    dtensors: tuple[bool, ...] = ()
+    """Which of them are DTensors, in order (guard.dtensors); () where none is."""
     weights: shard_share.Weights | None = None
     """Of DTensor gradients, each one's weight in the rank's share of the grad norm's square."""
 

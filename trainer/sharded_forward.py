@@ -58,7 +58,12 @@ class Outermost:
         tracker = self._tracker
         tracker.forwards += 1
         if module.training and torch.is_grad_enabled():
-            tracker.forward_begin(batch.size(args, kwargs), batch.tokens(args, kwargs), id(module))
+            # model(x), the usual forward, read with no call (as DDP's forward reads it, hooks.py)
+            if args and not kwargs and isinstance(first := args[0], torch.Tensor) and (shape := first.shape):
+                tokens = shape[0] * shape[1] if len(shape) == 2 and first.dtype in batch.TOKEN_DTYPES else None
+                tracker.forward_begin(shape[0], tokens, id(module))
+            else:
+                tracker.forward_begin(batch.size(args, kwargs), batch.tokens(args, kwargs), id(module))
 
 
 def install(probe: Probe, outermost: Outermost) -> None:
