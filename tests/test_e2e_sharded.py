@@ -38,10 +38,12 @@ def norms_added_up(records: list[dict]) -> dict[int, float]:
     return out
 
 
-def run_sharded(tmp_path: Path, ranks: int, *args: str) -> tuple[rundir.RunDir, list[dict]]:
+def run_sharded(tmp_path: Path, ranks: int, *args: str, options: tuple[str, ...] = ()) -> tuple[rundir.RunDir, list[dict]]:
+    """fsdp2_job.py on this many ranks, clipping nothing, with its args; options: ddptop's own."""
     run = rundir.RunDir(tmp_path / "run")
     script = str(SCRIPTS / "fsdp2_job.py")
-    done = run_ddptop("launch", "--headless", "--run-dir", str(run.path), script, "--gpus", str(ranks), "--no-clip", *args, timeout=300)
+    launch = ("launch", "--headless", "--run-dir", str(run.path), *options, script, "--gpus", str(ranks))
+    done = run_ddptop(*launch, "--no-clip", *args, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return run, recorded(run)
 
@@ -69,10 +71,24 @@ def test_fsdp2_on_two_ranks_shows_the_norm_of_the_whole_gradients(ddptop_home, t
     assert all(shard < printed(run, 0, 0, "norm")[11] for shard in last.values()), last
 
 
-def test_hsdp_2x2_counts_each_replica_s_shards_once(ddptop_home, tmp_path):
-    """Two replicas, each sharded over two ranks: every shard is held twice, and counted once."""
-    run, records = run_sharded(tmp_path, 4, "--hsdp", "2", "--steps", "12")
+def test_hsdp_2x2_counts_each_replica_s_shards_once_and_compares_them_across_replicas(ddptop_home, tmp_path):
+    """Two replicas, each sharded over two ranks: every shard is held twice, and counted once.
+    Every 5 steps each rank's checksum is of its shards, compared with the rank that holds the
+    same ones in the other replica: no alert while they agree."""
+    run, records = run_sharded(tmp_path, 4, "--hsdp", "2", "--steps", "12", options=("--desync-every", "5"))
     shows_the_full_norm(run, records, 4, 12)
+    told = {(r["rank"], r["step"]): r["replicas"] for r in records if r["type"] == "step" and "checksum" in r}
+    assert told == {(rank, step): [rank % 2, rank % 2 + 2] for rank in range(4) for step in (0, 5, 10)}, told
+
+
+def test_an_hsdp_rank_whose_shard_drifts_from_its_replica_s_is_named(ddptop_home, tmp_path):
+    """Rank 3's shard of a weight moves at step 6, as a flipped bit would: the next check, at
+    step 10, finds ranks 1 and 3 (the two holders of that shard) apart, and no other pair."""
+    nudged = ("--nudge-at", "6", "--nudge-rank", "3")
+    _, records = run_sharded(tmp_path, 4, "--hsdp", "2", "--steps", "12", *nudged, options=("--desync-every", "5"))
+    [alert] = [r for r in records if r["type"] == "alert"]
+    assert alert["kind"] == "desync" and alert["ranks"] == [1, 3] and alert["step"] == 10, alert
+    assert "between the data-parallel ranks 1,3" in alert["text"], alert["text"]
 
 
 def test_fsdp2_beside_tensor_parallelism_counts_replicated_parameters_once(ddptop_home, tmp_path):

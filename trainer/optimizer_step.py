@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ddptop.trainer import guard, late, loss, shard_share, torchapi
+from ddptop.trainer import guard, held_alike, late, loss, shard_share, torchapi
 from ddptop.trainer.probe import Gradients, Probe
 
 
@@ -201,10 +201,14 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     if scaler_inf is not None:
         parts.append(scaler_inf)
     checksum = bool(policy.desync_every) and tracker.step % policy.desync_every == 0
+    replicas = tracker.replicas
     if checksum:
         compared = probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]]
         if probe.fsdp1:  # ranks' shards differ by design
             compared = [p for p in compared if probe.fsdp1_root(p) is None]
+        if sharded:  # HSDP's shards are held alike across its replicas: compared with those ranks
+            compared, holders = held_alike.pieces(compared)
+            replicas = replicas if holders is None else holders
         summed = guard.checksum_parts(compared)
         checksum = bool(summed)  # none where every parameter is sharded (FSDP's): no rank holds another's
         parts += summed
@@ -256,8 +260,8 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         if policy.on_nan == "auto" and skips and not on_device and scaler_inf is None and "late" not in probe.noticed:  # no call once told
             probe.tell_once("late", NAN_APPLIED_NOTICE.format(name=type(optimizer).__name__))
         values = {late.FIELDS: late.RING.send(packed, fields)}
-    if checksum and tracker.replicas is not None:  # the ranks this checksum is compared with
-        values["replicas"] = list(tracker.replicas)
+    if checksum and replicas is not None:  # the ranks this checksum is compared with
+        values["replicas"] = list(replicas)
     return values
 
 
@@ -269,7 +273,8 @@ SHARDED_NOTICE = (
     "the gradients are sharded over ranks (FSDP's FullyShardedDataParallel or fully_shard, or tensor parallelism): a non-finite "
     "step is reported but not skipped, since a rank cannot tell the others without a collective, and "
     "ranks that skipped alone would hold shards a step apart; the grad norm shown is the script's clip_grad_norm_'s "
-    "(or --clip-grad's), else ddptop adds up every rank's shards of it; sharded parameters take no part in the desync checksum"
+    "(or --clip-grad's), else ddptop adds up every rank's shards of it; the desync checksum compares only what ranks hold alike "
+    "(HSDP's shards across its replicas, parameters left whole)"
 )
 
 

@@ -12,7 +12,10 @@ clip_grad_norm_ takes; with --tp-last-plain the last layer is left whole, sharde
 over a 1-D mesh, as a model's head often is (then only --no-clip's own norm works: torch's
 clip_grad_norm_ cannot stack norms of two meshes). With --hsdp R it is HSDP, as torchtitan's
 data_parallel_replicate_degree makes it: fully_shard on a 2-D mesh, R replicas across, each
-sharded over the rest of the ranks, every rank given a batch of its own.
+sharded over the rest of the ranks, every rank given a batch of its own. With --nudge-at S
+--nudge-rank R, rank R adds a little to its shard of the first layer's weight before step S's
+update, as a flipped bit or a rank that skipped a step alone would leave its shard apart from
+its replica's.
 """
 
 import argparse
@@ -28,6 +31,8 @@ parser.add_argument("--no-clip", action="store_true")
 parser.add_argument("--tp", type=int, default=1)
 parser.add_argument("--tp-last-plain", action="store_true")
 parser.add_argument("--hsdp", type=int, default=1)
+parser.add_argument("--nudge-at", type=int, default=-1)
+parser.add_argument("--nudge-rank", type=int, default=-1)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -64,6 +69,9 @@ for step in range(args.steps):
         norm = torch.linalg.vector_norm(torch.stack([p.grad.full_tensor().norm() for p in model.parameters()]))
     else:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).full_tensor()
+    if step == args.nudge_at and rank == args.nudge_rank:
+        with torch.no_grad():
+            model[0].weight.to_local().add_(1e-3)
     optimizer.step()
     optimizer.zero_grad()
     print(f"[loss] {step} {loss.item()!r}\n[norm] {step} {norm.item()!r}", flush=True)
