@@ -96,3 +96,14 @@ def test_fsdp2_beside_tensor_parallelism_counts_replicated_parameters_once(ddpto
     biases RowwiseParallel replicates over the pair are held by both: counted once."""
     run, records = run_sharded(tmp_path, 4, "--tp", "2", "--steps", "12")
     shows_the_full_norm(run, records, 4, 12)
+
+
+def test_an_fsdp2_rank_slow_in_its_data_is_named_with_its_input_as_the_cause(ddptop_home, tmp_path):
+    """Rank 1 waits 40 ms for each batch; rank 0 waits for it in the first all-gather of every
+    forward. Their steps take as long as each other's, so the straggler is told by its own work:
+    its data wait, timed at its first forward as at DDP's."""
+    _, records = run_sharded(tmp_path, 2, "--steps", "150", "--slow-data-rank", "1", "--slow-data-ms", "40")
+    stragglers = [r for r in records if r["type"] == "alert" and r["kind"] == "straggler"]
+    assert [a["ranks"] for a in stragglers] == [[1]], [a["text"] for a in stragglers]
+    assert stragglers[0]["cause"] == "input", stragglers[0]["text"]
+    assert "; the other ranks wait for it in the all-gathers" in stragglers[0]["text"], stragglers[0]["text"]

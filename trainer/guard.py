@@ -75,7 +75,8 @@ class Layout:
     shard_weights: shard_share.Weights | None = None
     """With local_norms, each norm's weight in that share (shard_share.py); None: no share."""
     sharded: bool = False
-    """The gradients are sharded over ranks: a non-finite step is reported, never skipped."""
+    """The gradients are sharded over ranks: every step says so (the supervisor words its verdicts
+    by it), and a non-finite one is reported, never skipped."""
     loss_divisor: int = 1
     """What the losses' sum is divided by: a pipeline schedule's micro-batches (pipelining.py)."""
 
@@ -109,7 +110,7 @@ class Layout:
         losses = values[slots.losses]
         scale = 1.0 if slots.scale is None else values[slots.scale]
         grad_scale = 1.0 if slots.grad_scale is None else values[slots.grad_scale]
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {"sharded": True} if self.sharded else {}
         if slots.found_inf is not None and values[slots.found_inf] == 1.0:
             out["skipped"] = "scaler"
         if slots.checksum is not None:
@@ -125,8 +126,6 @@ class Layout:
             out["local_nonfinite"] = True if self.solo or bad_loss else (False if losses else None)
             if self.skipped_on_device:
                 out["skipped"] = "nan"
-            if self.sharded:
-                out["sharded"] = True
             return out
         unscaled = norm / grad_scale
         if script is not None:

@@ -60,6 +60,9 @@ class JobState:
         """Whether the last summary's own work per rank counted compute (lag.counts_compute)."""
         self.sharded_norm = ShardedNorm()
         """A sharded job's grad norm, from its ranks' shares of each step's."""
+        self.sharded = False
+        """Whether its gradients are sharded over ranks (records.Step sharded): its ranks wait for
+        each other in all-gathers and reduce-scatters, not in DDP's all-reduce."""
 
     def rank(self, rank: int) -> RankState:
         state = self.ranks.get(rank)
@@ -119,6 +122,8 @@ class JobState:
         for key in LATEST:
             if record.get(key) is not None:
                 state.latest[key] = record[key]
+        if record.get("sharded"):
+            self.sharded = True
         if (share := record.get("grad_sq_share")) is not None:
             self._add_share(state, record["step"], share)
         skipped = record.get("skipped")

@@ -15,10 +15,12 @@ data_parallel_replicate_degree makes it: fully_shard on a 2-D mesh, R replicas a
 sharded over the rest of the ranks, every rank given a batch of its own. With --nudge-at S
 --nudge-rank R, rank R adds a little to its shard of the first layer's weight before step S's
 update, as a flipped bit or a rank that skipped a step alone would leave its shard apart from
-its replica's.
+its replica's. With --slow-data-rank R --slow-data-ms MS, rank R waits MS ms for each batch,
+as a rank whose loader falls behind does.
 """
 
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -33,6 +35,8 @@ parser.add_argument("--tp-last-plain", action="store_true")
 parser.add_argument("--hsdp", type=int, default=1)
 parser.add_argument("--nudge-at", type=int, default=-1)
 parser.add_argument("--nudge-rank", type=int, default=-1)
+parser.add_argument("--slow-data-rank", type=int, default=-1)
+parser.add_argument("--slow-data-ms", type=float, default=0.0)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -62,6 +66,8 @@ fully_shard(model, mesh=mesh)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 data = torch.Generator().manual_seed(rank // args.tp)
 for step in range(args.steps):
+    if rank == args.slow_data_rank:
+        time.sleep(args.slow_data_ms / 1000)
     x = torch.randn(16, 32, generator=data)
     loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
     loss.backward()

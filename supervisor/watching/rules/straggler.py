@@ -69,12 +69,13 @@ class StragglerRule:
                 against, waiting = "the job's median", "the other ranks wait"
                 if state.replicas is not None:
                     against, waiting = f"the median of its data-parallel {ranks_text(list(state.replicas))}", "they wait"
+                where = "the all-gathers" if self.state.sharded else "the all-reduce"
                 verdicts.append(
                     Verdict(
                         "straggler",
                         f"rank {rank} is a straggler: its own work per step is {lag.ratio:.1f}x {against} "
                         f"({ms(lag.own_ms)} ms vs {ms(lag.median_ms)} ms), {CAUSE[lag.cause].format(lag=lag)}; "
-                        f"{waiting} for it in the all-reduce",
+                        f"{waiting} for it in {where}",
                         ranks=[rank],
                         step=state.step,
                         details={"ratio": round(lag.ratio, 2), "cause": lag.cause},
