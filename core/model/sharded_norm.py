@@ -28,6 +28,11 @@ class ShardedNorm:
         self.latest: tuple[int, float] | None = None
         """The latest step whose norm was added up, and that norm."""
 
+    @property
+    def waiting(self) -> int:
+        """Steps whose shares wait for a rank's."""
+        return len(self._shares)
+
     def add(self, attempt: int, step: int, rank: int, share: float, world: int) -> dict[int, float] | None:
         """A rank's share of a step; where it completes the step, each of its ranks' grad norm."""
         key = (attempt, step)
