@@ -15,7 +15,7 @@ import pytest
 from support import SCRIPTS, counted_once_a_group, recorded, run_ddptop
 
 from ddptop.core import rundir
-from ddptop.supervisor.watching.rules.nan import APPLIED_SHARDED, OWN_LOSS
+from ddptop.supervisor.watching.rules.nan import APPLIED_SHARDED, OWN_LOSS, SKIPPED_ALL
 from ddptop.trainer.optimizer_step import RESUMED_FROM
 
 pytestmark = pytest.mark.slow
@@ -246,11 +246,15 @@ def test_a_job_that_shards_its_model_with_fsdp1_shows_its_own_loss_norm_and_batc
 def test_a_non_finite_step_of_a_sharded_job_names_the_rank_whose_own_loss_was_non_finite(ddptop_home, tmp_path):
     """Rank 1's loss is infinite: the reduce-scatter makes every rank's shards non-finite, and
     each rank's own loss says where it came from, as in a DDP job of two ranks (not 'ranks 0,1',
-    as a rank alone in its job would say)."""
+    as a rank alone in its job would say). The root's clip_grad_norm_ took the global norm, which
+    both ranks read alike: both skip the step. Without the script's clip it is applied."""
     _, records, _ = launch(tmp_path, SCRIPTS / "fsdp1_job.py", "--", "--steps", "8", "--inf-at", "5")
     (alert,) = [r for r in records if r["type"] == "alert"]
     assert alert["kind"] == "nan" and alert["step"] == 5 and alert["ranks"] == [1], alert["text"]
-    assert OWN_LOSS.format(ranks="rank 1") in alert["text"] and APPLIED_SHARDED in alert["text"]
+    assert OWN_LOSS.format(ranks="rank 1") in alert["text"] and SKIPPED_ALL in alert["text"]
+    _, records, _ = launch(tmp_path / "no clip", SCRIPTS / "fsdp1_job.py", "--", "--steps", "8", "--inf-at", "5", "--no-clip")
+    (alert,) = [r for r in records if r["type"] == "alert"]
+    assert alert["kind"] == "nan" and alert["step"] == 5 and APPLIED_SHARDED in alert["text"], alert["text"]
 
 
 def test_clip_grad_on_a_job_fsdp1_shards_with_its_original_parameters_takes_the_global_norm(ddptop_home, tmp_path):

@@ -9,6 +9,7 @@ adds it up from the event log, is that norm at every step.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from test_e2e_real_trainers import by_attempt, printed
 
 from ddptop.core import rundir
 from ddptop.core.model.job import JobState
+from ddptop.supervisor.watching.rules.nan import APPLIED_SHARDED, OWN_LOSS, SKIPPED_ALL
 
 pytestmark = pytest.mark.slow
 
@@ -107,3 +109,21 @@ def test_an_fsdp2_rank_slow_in_its_data_is_named_with_its_input_as_the_cause(ddp
     assert [a["ranks"] for a in stragglers] == [[1]], [a["text"] for a in stragglers]
     assert stragglers[0]["cause"] == "input", stragglers[0]["text"]
     assert "; the other ranks wait for it in the all-gathers" in stragglers[0]["text"], stragglers[0]["text"]
+
+
+def test_a_non_finite_fsdp2_step_the_script_clips_is_skipped_on_both_ranks_and_training_goes_on(ddptop_home, tmp_path):
+    """The script's clip_grad_norm_ takes the global norm over both ranks: each reads the same
+    verdict and skips the step alike, so the NaN rank 1's loss made at step 5 reaches no weight."""
+    run = rundir.RunDir(tmp_path / "run")
+    script = str(SCRIPTS / "fsdp2_job.py")
+    launch = ("launch", "--headless", "--run-dir", str(run.path), script, "--gpus", "2")
+    done = run_ddptop(*launch, "--steps", "12", "--nan-at", "5", "--nan-rank", "1", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = recorded(run)
+    [alert] = [r for r in records if r["type"] == "alert"]
+    assert alert["kind"] == "nan" and alert["step"] == 5 and alert["ranks"] == [1], alert
+    assert OWN_LOSS.format(ranks="rank 1") in alert["text"] and SKIPPED_ALL in alert["text"], alert["text"]
+    assert APPLIED_SHARDED not in alert["text"]
+    for rank in (0, 1):
+        after = {s: v for s, v in printed(run, rank, 0, "loss").items() if s > 5}
+        assert sorted(after) == list(range(6, 12)) and all(math.isfinite(v) for v in after.values()), after

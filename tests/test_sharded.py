@@ -81,15 +81,40 @@ def test_without_the_scripts_clip_a_sharded_step_tells_its_shards_norm_and_share
 
 def test_a_non_finite_sharded_step_is_reported_and_not_skipped(records):
     """Skipping on the ranks whose shards went non-finite alone would leave them a step apart
-    from the others: the step is reported (the supervisor's --on-nan restart or stop still act)."""
+    from the others: where no rank took the global norm, the step is reported (the supervisor's
+    --on-nan restart or stop still act)."""
     model = sharded_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    before = [p.full_tensor().clone() for p in model.parameters()]
-    (model(torch.randn(4, 8)).pow(2).mean() * math.inf).backward()
-    optimizer.step()
+    before = non_finite_step(model, script_clips=False)
     (record,) = records.steps()
     assert record["nonfinite"] and record["sharded"] and "skipped" not in record
     assert not all(torch.equal(b, p.full_tensor()) for b, p in zip(before, model.parameters()))
+
+
+def non_finite_step(model: nn.Module, script_clips: bool) -> list[torch.Tensor]:
+    """One step of model whose loss is infinite, the script clipping or not; its parameters before."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    before = [p.full_tensor().clone() for p in model.parameters()]
+    (model(torch.randn(4, 8)).pow(2).mean() * math.inf).backward()
+    if script_clips:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return before
+
+
+@pytest.mark.parametrize(
+    ("records", "script_clips"),
+    [(GuardPolicy(desync_every=1), True), (GuardPolicy(clip_grad=0.5), False)],
+    indirect=["records"],
+    ids=["the script's clip", "--clip-grad"],
+)
+def test_a_non_finite_sharded_step_is_skipped_where_its_norm_is_every_rank_s(records, script_clips):
+    """The script's clip_grad_norm_ on DTensors, or --clip-grad's, reduces the norm over the
+    ranks: every rank reads the same verdict, so each skips the step alike, at no cost of ddptop's."""
+    model = sharded_model()
+    before = non_finite_step(model, script_clips)
+    (record,) = records.steps()
+    assert record["nonfinite"] and record["sharded"] and record["skipped"] == "nan", record
+    assert all(torch.equal(b, p.full_tensor()) for b, p in zip(before, model.parameters()))
 
 
 @pytest.mark.parametrize("records", [GuardPolicy(clip_grad=0.5)], indirect=True)

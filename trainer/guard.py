@@ -76,7 +76,7 @@ class Layout:
     """With local_norms, each norm's weight in that share (shard_share.py); None: no share."""
     sharded: bool = False
     """The gradients are sharded over ranks: every step says so (the supervisor words its verdicts
-    by it), and a non-finite one is reported, never skipped."""
+    by it); a non-finite one is skipped only off a global norm (optimizer_step._guard)."""
     loss_divisor: int = 1
     """What the losses' sum is divided by: a pipeline schedule's micro-batches (pipelining.py)."""
 

@@ -142,14 +142,12 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     sharded = known.sharded
     if sharded and "sharded" not in probe.noticed:
         probe.tell_once("sharded", SHARDED_NOTICE)
-    skips = probe.skips and not sharded
     probe.cuda = cuda = first.is_cuda
     if cuda and probe.sampled.device is None:
         probe.sampled.device = first.device.index
     grad_scale = getattr(optimizer, "grad_scale", None)  # a fused optimizer under GradScaler.step: still scaled
     scaler_inf = getattr(optimizer, "found_inf", None)
     clip = policy.clip_grad
-    on_device = cuda and skips and scaler_inf is None and getattr(optimizer, "_step_supports_amp_scaling", False)
     # The script's own norm of unscaled gradients is the step's, where it measured all of them
     # (an fp16 norm is not: it overflows where the gradients do not).
     borrowed: torch.Tensor | None = None
@@ -160,6 +158,10 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
             covers = _script_covers(probe, optimizer, clipped, key)
         if covers:
             borrowed, script = script[0], None
+    # A sharded step is skipped only where every rank reads the same verdict at no cost of ddptop's:
+    # off a global norm, which the script's clip or --clip-grad's reduced over the ranks already.
+    skips = probe.skips and (not sharded or borrowed is not None or clip is not None)
+    on_device = cuda and skips and scaler_inf is None and getattr(optimizer, "_step_supports_amp_scaling", False)
     local = False
     if borrowed is not None:
         parts = [borrowed]
@@ -271,7 +273,8 @@ _FIELDS: dict[tuple[Any, ...], Any] = {}
 
 SHARDED_NOTICE = (
     "the gradients are sharded over ranks (FSDP's FullyShardedDataParallel or fully_shard, or tensor parallelism): a non-finite "
-    "step is reported but not skipped, since a rank cannot tell the others without a collective, and "
+    "step is skipped as --on-nan says only where the script's clip_grad_norm_ (or --clip-grad) took the global norm, which every "
+    "rank reads alike; otherwise it is reported but not skipped, since a rank cannot tell the others without a collective, and "
     "ranks that skipped alone would hold shards a step apart; the grad norm shown is the script's clip_grad_norm_'s "
     "(or --clip-grad's), else ddptop adds up every rank's shards of it; the desync checksum compares only what ranks hold alike "
     "(HSDP's shards across its replicas, parameters left whole)"

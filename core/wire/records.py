@@ -104,9 +104,10 @@ class Step(TypedDict):
     """"nan": the guard skipped the step; "scaler": a GradScaler did."""
     sharded: NotRequired[bool]
     """The gradients were sharded over ranks (DTensors: FSDP2, HSDP, tensor parallelism; FSDP1's
-    flat shards): the ranks meet in all-gathers and reduce-scatters, not DDP's all-reduce, and a
-    non-finite step was applied, whatever --on-nan says: a rank that skipped alone would hold
-    shards a step apart."""
+    flat shards): the ranks meet in all-gathers and reduce-scatters, not DDP's all-reduce. A
+    non-finite step was skipped only off a global norm (the script's clip, --clip-grad's), which
+    every rank reads alike; otherwise applied, whatever --on-nan says: a rank that skipped alone
+    would hold shards a step apart."""
     clipped: NotRequired[bool]
     """Sent whenever --clip-grad is on: whether the step was clipped."""
     checksum: NotRequired[int]

@@ -16,7 +16,8 @@ sharded over the rest of the ranks, every rank given a batch of its own. With --
 --nudge-rank R, rank R adds a little to its shard of the first layer's weight before step S's
 update, as a flipped bit or a rank that skipped a step alone would leave its shard apart from
 its replica's. With --slow-data-rank R --slow-data-ms MS, rank R waits MS ms for each batch,
-as a rank whose loader falls behind does.
+as a rank whose loader falls behind does. With --nan-at S --nan-rank R, rank R's loss at step S
+is infinite.
 """
 
 import argparse
@@ -37,6 +38,8 @@ parser.add_argument("--nudge-at", type=int, default=-1)
 parser.add_argument("--nudge-rank", type=int, default=-1)
 parser.add_argument("--slow-data-rank", type=int, default=-1)
 parser.add_argument("--slow-data-ms", type=float, default=0.0)
+parser.add_argument("--nan-at", type=int, default=-1)
+parser.add_argument("--nan-rank", type=int, default=-1)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -70,6 +73,8 @@ for step in range(args.steps):
         time.sleep(args.slow_data_ms / 1000)
     x = torch.randn(16, 32, generator=data)
     loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    if step == args.nan_at and rank == args.nan_rank:
+        loss = loss * float("inf")
     loss.backward()
     if args.no_clip:
         norm = torch.linalg.vector_norm(torch.stack([p.grad.full_tensor().norm() for p in model.parameters()]))
