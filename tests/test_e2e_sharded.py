@@ -64,9 +64,11 @@ def shows_the_full_norm(run: rundir.RunDir, records: list[dict], ranks: int, ste
     assert [r["kind"] for r in records if r["type"] == "alert"] == []
 
 
-def test_fsdp2_on_two_ranks_shows_the_norm_of_the_whole_gradients(ddptop_home, tmp_path):
-    """Each rank holds half of every gradient: the shares are summed."""
-    run, records = run_sharded(tmp_path, 2, "--steps", "12")
+@pytest.mark.parametrize("precision", [(), ("--bf16",)], ids=["fp32", "bf16 compute, fp32 reduce"])
+def test_fsdp2_on_two_ranks_shows_the_norm_of_the_whole_gradients(ddptop_home, tmp_path, precision):
+    """Each rank holds half of every gradient: the shares are summed. Under torchtitan's mixed
+    precision too (FSDP2's MixedPrecisionPolicy: bfloat16 compute, gradients reduced in float32)."""
+    run, records = run_sharded(tmp_path, 2, "--steps", "12", *precision)
     shows_the_full_norm(run, records, 2, 12)
     # The shards differ: neither rank's own is the norm.
     last = {r["rank"]: r["shard_norm"] for r in records if r["type"] == "step" and r["step"] == 11}

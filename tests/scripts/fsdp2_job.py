@@ -17,7 +17,8 @@ sharded over the rest of the ranks, every rank given a batch of its own. With --
 update, as a flipped bit or a rank that skipped a step alone would leave its shard apart from
 its replica's. With --slow-data-rank R --slow-data-ms MS, rank R waits MS ms for each batch,
 as a rank whose loader falls behind does. With --nan-at S --nan-rank R, rank R's loss at step S
-is infinite.
+is infinite. With --bf16 it computes in bfloat16 and reduces in float32, as torchtitan's
+mixed_precision_param does (FSDP2's MixedPrecisionPolicy).
 """
 
 import argparse
@@ -39,6 +40,7 @@ parser.add_argument("--nudge-rank", type=int, default=-1)
 parser.add_argument("--slow-data-rank", type=int, default=-1)
 parser.add_argument("--slow-data-ms", type=float, default=0.0)
 parser.add_argument("--nan-at", type=int, default=-1)
+parser.add_argument("--bf16", action="store_true")
 parser.add_argument("--nan-rank", type=int, default=-1)
 args = parser.parse_args()
 
@@ -62,10 +64,15 @@ elif args.hsdp > 1:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (args.hsdp, dist.get_world_size() // args.hsdp), mesh_dim_names=("replicate", "shard"))
+precision = {}
+if args.bf16:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    precision["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 for layer in model:
     if isinstance(layer, nn.Linear):
-        fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **precision)
+fully_shard(model, mesh=mesh, **precision)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 data = torch.Generator().manual_seed(rank // args.tp)
 for step in range(args.steps):
