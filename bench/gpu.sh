@@ -80,4 +80,8 @@ part 110 overhead-256 python3 "$root/bench/overhead.py" --ranks 1 --steps 1500 -
 part 85 overhead-4096 python3 "$root/bench/overhead.py" --ranks 1 --steps 600 --rounds 2 --width 4096 --batch-size 512
 part 115 inrank-gpt python3 "$root/bench/inrank.py" --model gpt --floor --blocks 100 --lines
 part 30 opcost python3 "$root/bench/opcost.py" --calls 10000
+# #82: an FSDP2 step on the GPU beside its shard floor, and the floor plus one all-reduce of its
+# non-finite flag on NCCL (what keeping a non-finite sharded step from the weights costs at least;
+# 0.9 ms a step on gloo). One rank: a mesh of one, whose collectives NCCL still runs.
+part 70 inrank-fsdp2 python3 "$root/bench/inrank.py" --model fsdp2 --floor --agree --blocks 100
 part 60 inrank-mlp-bucket-view python3 "$root/bench/inrank.py" --floor --graph-floor --bucket-view --blocks 150 --lines
