@@ -62,12 +62,12 @@ class Prometheus:
 
 
 Plot = Literal["throughput", "step time", "loss", "memory"]
+"""The job charts a metric can be drawn in (tui/widgets/charts.py adds the per-rank "ranks" chart)."""
 
 Jobs = Literal["launched", "all", "outside"]
 """Which jobs' rank tables show a column: "launched", measured inside the rank (steps, loss,
 comm); "all", read from outside its process by psutil or NVML, which is all that a job
 ddptop did not launch has; "outside", only for those, where little else is known (threads)."""
-"""The job charts a metric can be drawn in (tui/widgets/charts.py adds the per-rank "ranks" chart)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,7 @@ class Metric:
     """Its column is left out of the rank table until a rank has it (tokens/s: language models only;
     the GPU's figures: GPU jobs only)."""
     jobs: Jobs = "launched"
+    """The jobs whose rank table has its column (Jobs)."""
     running: bool = False
     """The job's figure is what its running ranks make or hold now: while the job runs, a rank
     whose process has ended counts no more (throughput it no longer makes, memory it no longer
