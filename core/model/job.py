@@ -64,6 +64,12 @@ class JobState:
         """Whether its gradients are sharded over ranks (records.Step sharded): its ranks wait for
         each other in all-gathers and reduce-scatters, not in DDP's all-reduce."""
 
+    @property
+    def outside(self) -> bool:
+        """A job ddptop did not launch, watched from outside (its run record says so): its ranks
+        send no steps, only what is read of their processes."""
+        return self.meta.get("launch_style") == records.OUTSIDE
+
     def rank(self, rank: int) -> RankState:
         state = self.ranks.get(rank)
         if state is None:

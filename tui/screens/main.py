@@ -28,7 +28,6 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
 from ddptop.core.model.job import JobState
-from ddptop.core.wire.records import OUTSIDE
 from ddptop.tui.screens.alerts import AlertsScreen
 from ddptop.tui.screens.dialogs import ConfirmScreen
 from ddptop.tui.screens.help import HelpScreen
@@ -154,12 +153,8 @@ class MainScreen(Screen[None]):
         dashboard may not act on a job; every rank's stacks are offered for a job watched from
         outside (a rank's own, in its detail, for a job ddptop launched)."""
         if action == "stacks":
-            return self.live and self.outside()
+            return self.live and self.state.outside
         return action not in ON_THE_JOB or self.acting
-
-    def outside(self) -> bool:
-        """A job ddptop did not launch, watched from outside (its run record says so)."""
-        return self.state.meta.get("launch_style") == OUTSIDE
 
     def now(self) -> float:
         """Wall time for ages and uptime: the clock while records come, else the last record's."""
@@ -184,7 +179,7 @@ class MainScreen(Screen[None]):
         return len(nodes) > 1 and len(self.state.ranks) > fits
 
     def tick(self) -> None:
-        if self.outside() != self._outside:  # the run record came: the footer offers the stacks
+        if self.state.outside != self._outside:  # the run record came: the footer offers the stacks
             self._outside = not self._outside
             self.refresh_bindings()
         if not self.paused:
@@ -221,7 +216,7 @@ class MainScreen(Screen[None]):
             rows = 2 if charts_height - 1 >= 2 * CHART_ROWS else 1
         else:
             rows = 0
-        if self.outside():  # no steps to chart: the ranks take the room
+        if self.state.outside:  # no steps to chart: the ranks take the room
             rows, charts_height = 0, None
         many = many_ranks(self.state)
         arrangement = (rows, width, charts_height or 0, many, want)

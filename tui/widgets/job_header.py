@@ -13,7 +13,6 @@ from ddptop.core.model.job import JobState
 from ddptop.core.model.metrics import BUS_BANDWIDTH, COMM_MS, LOSS, RSS, SAMPLES_PER_S, STEP_MS_P50, STEP_MS_P95, TOKENS_PER_S
 from ddptop.core.model.summary import guard_parts
 from ddptop.core.model.totals import JobTotals
-from ddptop.core.wire.records import OUTSIDE
 
 FROM_OUTSIDE = "watched from outside: no steps, loss or comm times"
 """The second line of a job ddptop did not launch, in place of figures it cannot have."""
@@ -107,7 +106,6 @@ class JobHeader(Static):
         self._last = (state, now, status)
         totals = state.totals()
         meta = state.meta
-        outside = meta.get("launch_style") == OUTSIDE
         script = str(meta.get("script", "?")).rsplit("/", 1)[-1]
         first = [
             bold(0, script),
@@ -118,11 +116,11 @@ class JobHeader(Static):
             plain(1, f"restarts {state.restarts}"),
             plain(0, f"alerts {state.alerts}"),
         ]
-        if not outside and (split := state.goodput.split(now)) is not None:
+        if not state.outside and (split := state.goodput.split(now)) is not None:
             first.append(plain(2, f"goodput {split['goodput']:.0%}"))
         if state.checkpoint_step is not None:
             first.append(plain(4, f"ckpt {state.checkpoint_step}"))
-        second = [bold(0, FROM_OUTSIDE), plain(1, f"rss {nbytes(totals.of(RSS))}")] if outside else figures(state, totals)
+        second = [bold(0, FROM_OUTSIDE), plain(1, f"rss {nbytes(totals.of(RSS))}")] if state.outside else figures(state, totals)
         width = self.content_size.width
         text = fit(first, width) + "\n" + fit(second, width)
         if text != self._shown:  # re-rendering markup ten times a second is not free

@@ -18,7 +18,6 @@ from ddptop.core.model.job import JobState
 from ddptop.core.model.lag import HIGHLIGHT_RATIO, HIGHLIGHT_SHARE
 from ddptop.core.model.metrics import Jobs, Metric, grouped
 from ddptop.core.model.rank import RankState
-from ddptop.core.wire.records import OUTSIDE
 from ddptop.tui.widgets.line_table import LineTable
 
 SILENT_S = 5.0
@@ -127,7 +126,7 @@ class RankTable(LineTable):
         return self._cursor if self._cursor in self._cells else None
 
     def show(self, state: JobState, now: float, live: bool) -> None:
-        columns_changed = self.hide(_NOT_SHOWN[state.meta.get("launch_style") == OUTSIDE])
+        columns_changed = self.hide(_NOT_SHOWN[state.outside])
         lags = state.lags()
         shown = [r for r in state.ranks.values() if self._matches(r, now, live)]
         cells: dict[int, list[str]] = {}
