@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ddptop.trainer import loss, shard_share, torchapi
+from ddptop.trainer import held_alike, loss, shard_share, torchapi
 
 CLIP_EPS = 1e-6
 """Added to the norm before dividing, as clip_grad_norm_ does."""
@@ -266,7 +266,7 @@ def on_several_devices(grads: list[torch.Tensor]) -> bool:
 def dtensors(grads: list[torch.Tensor]) -> tuple[bool, ...]:
     """Which of grads are DTensors, in order: asked once for each optimizer and count of
     gradients (Probe.gradients), so that a step of sharded gradients tells them apart with no call."""
-    return tuple(type(grad) is not torch.Tensor and torchapi.is_dtensor(grad) for grad in grads)
+    return tuple(map(torchapi.is_dtensor, grads))
 
 
 _LOCAL = operator.attrgetter("_local_tensor")
@@ -327,18 +327,9 @@ def checksum_parts(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     in its own width (_bit_sum says why). The sums are stacked as the step's pack is: moved to the
     first one's device only when they are apart (a model split over GPUs).
 
-    Only tensors every rank should hold equal are compared: plain tensors, and the local tensor
-    of a DTensor replicated on every dimension of its mesh. A DTensor sharded over ranks (FSDP2's
-    parameters) holds a different part on each rank: left out (of a sharded model, the guard
-    gives the shards HSDP's replicas hold alike as plain tensors: held_alike.py)."""
-    sums = []
-    tensor: Any
-    for tensor in tensors:
-        if type(tensor) is not torch.nn.Parameter and type(tensor) is not torch.Tensor and torchapi.is_dtensor(tensor):
-            if not all(placement.is_replicate() for placement in tensor.placements):
-                continue
-            tensor = tensor.to_local()
-        sums.append(_bit_sum(tensor))
+    tensors: plain ones, which ranks should hold equal: what held_alike.pieces picks of the
+    parameters (plain ones, DTensors' local pieces other ranks hold alike)."""
+    sums = list(map(_bit_sum, tensors))
     if not sums:
         return []
     stacked = pack(sums)
@@ -366,14 +357,15 @@ def _bit_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def checksum(tensors: Iterable[torch.Tensor]) -> int | None:
-    """An exact fingerprint of tensors' bits, equal on ranks whose tensors are, read now.
+    """An exact fingerprint of tensors' bits, equal on ranks whose tensors are, read now: of
+    the ones ranks hold alike (held_alike.pieces: plain ones, DTensors' local pieces).
 
     Each tensor's bits are summed as integers of their view's width (_bit_sum; exact, so the
     order of the reduction cannot matter), and the sums weighted by position, so two
     swapped tensors do not cancel out. A two's complement sum split into
     high (signed) and low 32 bits gives back the same number mod 2^63.
     """
-    parts = checksum_parts(tensors)
+    parts = checksum_parts(held_alike.pieces(list(tensors))[0])
     if not parts:
         return None
     high, low = (float(part) for part in parts)

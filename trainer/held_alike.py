@@ -33,6 +33,7 @@ def pieces(tensors: list[Any]) -> tuple[list[torch.Tensor], Holders | None]:
     shared: dict[Holders, list[torch.Tensor]] = {}
     known: dict[tuple[Any, tuple[Any, ...]], Holders | None] = {}
     for tensor in tensors:
+        # Told by type first: a DDP model's every parameter on a checksum's step, and no call for one.
         if type(tensor) is torch.nn.Parameter or type(tensor) is torch.Tensor or not torchapi.is_dtensor(tensor):
             whole.append(tensor)
             continue

@@ -208,9 +208,9 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         compared = probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]]
         if probe.fsdp1:  # ranks' shards differ by design
             compared = [p for p in compared if probe.fsdp1_root(p) is None]
-        if sharded:  # HSDP's shards are held alike across its replicas: compared with those ranks
-            compared, holders = held_alike.pieces(compared)
-            replicas = replicas if holders is None else holders
+        compared, holders = held_alike.pieces(compared)
+        if holders is not None:  # HSDP's shards, held alike across its replicas: compared with those ranks
+            replicas = holders
         summed = guard.checksum_parts(compared)
         checksum = bool(summed)  # none where every parameter is sharded (FSDP's): no rank holds another's
         parts += summed

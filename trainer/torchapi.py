@@ -93,8 +93,9 @@ def _dtensor_module(tensor: Any) -> Any:
 
 def is_dtensor(tensor: Any) -> bool:
     """Whether tensor is a DTensor: a parameter or gradient that FSDP2's fully_shard or tensor
-    parallelism split over ranks."""
-    return _dtensor_module(tensor) is not None
+    parallelism split over ranks. A plain tensor or parameter is told by its type alone."""
+    kind = type(tensor)
+    return kind is not torch.Tensor and kind is not torch.nn.Parameter and _dtensor_module(tensor) is not None
 
 
 def replicated(tensor: Any) -> Any:
