@@ -136,7 +136,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
             guard.on_several_devices(grads),
             None if sharded else _flat(probe, optimizer, grads),
             roots,
-            split if True in split else (),
+            split,
             shard_share.weights(grads, probe.world) if True in split and not roots else None,
         )
     sharded = known.sharded
@@ -172,7 +172,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         guard.clip_on_device(grads, whole if grad_scale is None else whole / grad_scale, clip)
         parts = [whole]
     elif sharded:
-        parts, local = guard.sharded_norms(grads, clip, grad_scale, known.dtensors or (False,) * len(grads))
+        parts, local = guard.sharded_norms(grads, clip, grad_scale, known.dtensors)
     else:
         flat = known.flat
         if flat is not None and list(map(_ADDRESS, grads)) != flat.at:  # the usual step: no call

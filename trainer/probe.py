@@ -33,7 +33,7 @@ class Gradients(NamedTuple):
     roots: tuple[weakref.ref[Any], ...] = ()
     """The FSDP1 roots whose sharded parameters they are the gradients of (fsdp1.py), weakly."""
     dtensors: tuple[bool, ...] = ()
-    """Which of them are DTensors, in order (guard.dtensors); () where none is."""
+    """Which of them are DTensors, in order (guard.dtensors)."""
     weights: shard_share.Weights | None = None
     """Of DTensor gradients, each one's weight in the rank's share of the grad norm's square."""
 
