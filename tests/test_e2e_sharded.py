@@ -40,12 +40,15 @@ def norms_added_up(records: list[dict]) -> dict[int, float]:
     return out
 
 
-def run_sharded(tmp_path: Path, ranks: int, *args: str, options: tuple[str, ...] = ()) -> tuple[rundir.RunDir, list[dict]]:
-    """fsdp2_job.py on this many ranks, clipping nothing, with its args; options: ddptop's own."""
+def run_sharded(
+    tmp_path: Path, ranks: int, *args: str, options: tuple[str, ...] = (), clips: bool = False
+) -> tuple[rundir.RunDir, list[dict]]:
+    """fsdp2_job.py on this many ranks with its args, clipping nothing unless it clips;
+    options: ddptop's own."""
     run = rundir.RunDir(tmp_path / "run")
     script = str(SCRIPTS / "fsdp2_job.py")
     launch = ("launch", "--headless", "--run-dir", str(run.path), *options, script, "--gpus", str(ranks))
-    done = run_ddptop(*launch, "--no-clip", *args, timeout=300)
+    done = run_ddptop(*launch, *(() if clips else ("--no-clip",)), *args, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return run, recorded(run)
 
@@ -116,12 +119,7 @@ def test_an_fsdp2_rank_slow_in_its_data_is_named_with_its_input_as_the_cause(ddp
 def test_a_non_finite_fsdp2_step_the_script_clips_is_skipped_on_both_ranks_and_training_goes_on(ddptop_home, tmp_path):
     """The script's clip_grad_norm_ takes the global norm over both ranks: each reads the same
     verdict and skips the step alike, so the NaN rank 1's loss made at step 5 reaches no weight."""
-    run = rundir.RunDir(tmp_path / "run")
-    script = str(SCRIPTS / "fsdp2_job.py")
-    launch = ("launch", "--headless", "--run-dir", str(run.path), script, "--gpus", "2")
-    done = run_ddptop(*launch, "--steps", "12", "--nan-at", "5", "--nan-rank", "1", timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    records = recorded(run)
+    run, records = run_sharded(tmp_path, 2, "--steps", "12", "--nan-at", "5", "--nan-rank", "1", clips=True)
     [alert] = [r for r in records if r["type"] == "alert"]
     assert alert["kind"] == "nan" and alert["step"] == 5 and alert["ranks"] == [1], alert
     assert OWN_LOSS.format(ranks="rank 1") in alert["text"] and SKIPPED_ALL in alert["text"], alert["text"]
