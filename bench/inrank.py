@@ -85,6 +85,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import functools
 import itertools
 import math
 import os
@@ -296,22 +297,9 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, bucket_view: bool
     counted model alone: a one-model job's count, not one that includes the bench's other jobs."""
     import torch
     from torch import nn
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    from ddptop.core.places import is_ddptop
     from ddptop.core.policy import GuardPolicy
     from ddptop.trainer import guard, patches
-
-    class Ops(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.count = 0
-            self.names: collections.Counter[str] = collections.Counter()
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            self.count += 1
-            self.names[str(func)] += 1
-            return func(*args, **(kwargs or {}))
 
     width, layers = 256, 8
     layer_bytes = (width * width + width) * 4
@@ -356,13 +344,7 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, bucket_view: bool
                     optimizer.step()
 
         calls = 0
-
-        def profile(frame: Any, event: str, arg: Any) -> None:
-            nonlocal calls
-            if event == "call" and is_ddptop(frame.f_code.co_filename):
-                calls += 1
-
-        ops: dict[bool, Ops] = {}
+        ops: dict[bool, collections.Counter[str]] = {}
         for hooked in (False, True):
             model, optimizer = make(hooked)
             if hooked:
@@ -371,23 +353,14 @@ def counts(optimizer_hooks: dict[str, Any], torch_device: Any, bucket_view: bool
             # that the pinned ring of each pack's shape (late.py: RING_SLOTS slots and their events, made
             # once) is made before the count, not in it.
             run(model, optimizer, 20 + GuardPolicy().desync_every, hooked)
-            with Ops() as counted:
-                run(model, optimizer, steps, hooked)
-            ops[hooked] = counted
+            ops[hooked] = ops_counted(functools.partial(run, model, optimizer, steps, hooked))
             if hooked:
-                sys.setprofile(profile)
-                run(model, optimizer, steps, hooked)
-                sys.setprofile(None)
+                calls = calls_into_ddptop(functools.partial(run, model, optimizer, steps, hooked))
             sizes = str(model._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
             assert every_other or len(sizes.split(",")) == buckets, sizes  # DDP rebuilds no buckets for unused parameters
-        added = ops[True].names
-        added.subtract(ops[False].names)
-        by_name = [(name, count / steps) for name, count in added.most_common() if count > 0]
-        found[buckets, every_other] = (calls / steps, (ops[True].count - ops[False].count) / steps, by_name)
-    with Ops() as counted:
-        guard.checksum_parts(probe.parameters())
+        found[buckets, every_other] = (calls / steps, (ops[True].total() - ops[False].total()) / steps, added(ops[True], ops[False], steps))
+    checksum_ops = ops_counted(lambda: guard.checksum_parts(probe.parameters())).total() / GuardPolicy().desync_every
     probe.models = jobs_models
-    checksum_ops = counted.count / GuardPolicy().desync_every
     return found, checksum_ops
 
 
@@ -564,27 +537,37 @@ def sharded_counts(plain: Job, hooked: Job, steps: int = SHARDED_COUNTED) -> tup
     counts() counts a DDP job's), the instrumented job's ops less the plain one's, by name: run on
     the bench's own two jobs, since a sharded model's every rank must step alike. The counts of
     both jobs' ops include FSDP2's own dispatches of DTensor ops, which are alike in both."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from ddptop.core.places import is_ddptop
     from ddptop.trainer import patches
-
-    class Ops(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.names: collections.Counter[str] = collections.Counter()
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            self.names[str(func)] += 1
-            return func(*args, **(kwargs or {}))
 
     with patches.suspended():
         plain.run(steps)
-        with Ops() as of_plain:
-            plain.run(steps)
+        of_plain = ops_counted(lambda: plain.run(steps))
     hooked.run(steps)
-    with Ops() as of_hooked:
-        hooked.run(steps)
+    of_hooked = ops_counted(lambda: hooked.run(steps))
+    calls = calls_into_ddptop(lambda: hooked.run(steps))
+    return calls / steps, (of_hooked.total() - of_plain.total()) / steps, added(of_hooked, of_plain, steps)
+
+
+def ops_counted(run: Callable[[], Any]) -> collections.Counter[str]:
+    """The torch ops run() dispatches on this thread, by name (a TorchDispatchMode round it)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names: collections.Counter[str] = collections.Counter()
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            names[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Ops():
+        run()
+    return names
+
+
+def calls_into_ddptop(run: Callable[[], Any]) -> int:
+    """Python calls into ddptop's modules while run() runs on this thread (sys.setprofile)."""
+    from ddptop.core.places import is_ddptop
+
     calls = 0
 
     def profile(frame: Any, event: str, arg: Any) -> None:
@@ -593,12 +576,17 @@ def sharded_counts(plain: Job, hooked: Job, steps: int = SHARDED_COUNTED) -> tup
             calls += 1
 
     sys.setprofile(profile)
-    hooked.run(steps)
-    sys.setprofile(None)
-    ops = (of_hooked.names.total() - of_plain.names.total()) / steps
-    added = of_hooked.names
-    added.subtract(of_plain.names)
-    return calls / steps, ops, [(name, count / steps) for name, count in added.most_common() if count > 0]
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def added(hooked: collections.Counter[str], plain: collections.Counter[str], steps: int) -> list[tuple[str, float]]:
+    """The ops the instrumented run made beyond the plain one's, a step each, by name, most first."""
+    more = hooked - plain
+    return [(name, count / steps) for name, count in more.most_common()]
 
 
 OPS_NAMED = 6
