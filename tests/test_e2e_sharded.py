@@ -10,6 +10,7 @@ adds it up from the event log, is that norm at every step.
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,14 @@ def run_sharded(
     return run, recorded(run)
 
 
+def timed_dims(records: list[dict], ranks: int) -> dict[int, set[str]]:
+    """rank -> the mesh dimensions its timed step 1 had collectives in (the first sharded
+    step arms the timing of the next: trainer/collective_timer.py)."""
+    timed = {r["rank"]: r for r in records if r["type"] == "step" and r["step"] == 1}
+    assert sorted(timed) == list(range(ranks)) and all(r.get("comm_step") == 1 for r in timed.values()), timed
+    return {rank: set(r["comm_dims"]) for rank, r in timed.items()}
+
+
 def shows_the_full_norm(run: rundir.RunDir, records: list[dict], ranks: int, steps: int) -> None:
     """Every step's job norm is the script's own of its whole gradients; each rank told its
     shards' norm and share, and no grad norm of its own; no alert."""
@@ -73,6 +82,7 @@ def test_fsdp2_on_two_ranks_shows_the_norm_of_the_whole_gradients(ddptop_home, t
     precision too (FSDP2's MixedPrecisionPolicy: bfloat16 compute, gradients reduced in float32)."""
     run, records = run_sharded(tmp_path, 2, "--steps", "12", *precision)
     shows_the_full_norm(run, records, 2, 12)
+    assert timed_dims(records, 2) == {0: {"world"}, 1: {"world"}}
     # The shards differ: neither rank's own is the norm.
     last = {r["rank"]: r["shard_norm"] for r in records if r["type"] == "step" and r["step"] == 11}
     assert all(shard < printed(run, 0, 0, "norm")[11] for shard in last.values()), last
@@ -84,6 +94,10 @@ def test_hsdp_2x2_counts_each_replica_s_shards_once_and_compares_them_across_rep
     same ones in the other replica: no alert while they agree."""
     run, records = run_sharded(tmp_path, 4, "--hsdp", "2", "--steps", "12", options=("--desync-every", "5"))
     shows_the_full_norm(run, records, 4, 12)
+    # Each rank's comm, per mesh dimension: FSDP's collectives within its replica, the all-reduce across.
+    assert timed_dims(records, 4) == {rank: {"shard", "replicate"} for rank in range(4)}
+    one = next(r["comm_dims"] for r in records if r["type"] == "step" and r["step"] == 1)
+    assert set(one["shard"]) == {"all-gather", "reduce-scatter"} and set(one["replicate"]) == {"all-reduce"}, one
     told = {(r["rank"], r["step"]): r["replicas"] for r in records if r["type"] == "step" and "checksum" in r}
     assert told == {(rank, step): [rank % 2, rank % 2 + 2] for rank in range(4) for step in (0, 5, 10)}, told
 
@@ -103,6 +117,8 @@ def test_fsdp2_beside_tensor_parallelism_counts_replicated_parameters_once(ddpto
     biases RowwiseParallel replicates over the pair are held by both: counted once."""
     run, records = run_sharded(tmp_path, 4, "--tp", "2", "--steps", "12")
     shows_the_full_norm(run, records, 4, 12)
+    # FSDP's collectives go over the mesh's "dp" dimension; tensor parallelism's are DTensor's own, not timed.
+    assert timed_dims(records, 4) == {rank: {"dp"} for rank in range(4)}
 
 
 def test_an_fsdp2_rank_slow_in_its_data_is_named_with_its_input_as_the_cause(ddptop_home, tmp_path):
@@ -114,6 +130,20 @@ def test_an_fsdp2_rank_slow_in_its_data_is_named_with_its_input_as_the_cause(ddp
     assert [a["ranks"] for a in stragglers] == [[1]], [a["text"] for a in stragglers]
     assert stragglers[0]["cause"] == "input", stragglers[0]["text"]
     assert "; the other ranks wait for it in the all-gathers" in stragglers[0]["text"], stragglers[0]["text"]
+
+
+def test_an_fsdp2_rank_slow_in_its_compute_is_named_with_its_compute_as_the_cause(ddptop_home, tmp_path):
+    """Rank 1 spends 40 ms more between forward and backward; rank 0 waits for it in the
+    backward's collectives. FSDP2 has no reducer to time the compute as DDP's does: the timed
+    steps' own work is the step less the data wait and the wait in the collectives, so the
+    waiting rank's is small and the slow rank's is its 40 ms more."""
+    _, records = run_sharded(tmp_path, 2, "--steps", "150", "--slow-compute-rank", "1", "--slow-compute-ms", "40")
+    stragglers = [r for r in records if r["type"] == "alert" and r["kind"] == "straggler"]
+    assert [a["ranks"] for a in stragglers] == [[1]], [a["text"] for a in stragglers]
+    assert stragglers[0]["cause"] == "compute", stragglers[0]["text"]
+    assert "slow in its compute" in stragglers[0]["text"], stragglers[0]["text"]
+    waited = {rank: [r["comm_ms"] for r in records if r["type"] == "step" and r["rank"] == rank and "comm_dims" in r] for rank in (0, 1)}
+    assert statistics.median(waited[0]) > 30 > statistics.median(waited[1]), waited
 
 
 def test_a_non_finite_fsdp2_step_the_script_clips_is_skipped_on_both_ranks_and_training_goes_on(ddptop_home, tmp_path):

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import torch.distributed as dist
 from hooked import Records, installed
 from norms import total_norm
 from torch import nn
@@ -223,3 +224,25 @@ def test_a_sharded_models_steps_begin_at_its_outermost_forward_with_its_samples_
     assert {"embedding": len(model.embedding._forward_pre_hooks), "head": len(model.head._forward_pre_hooks)} == {
         name: count - 1 for name, count in hooked.items()
     }, "the inner modules keep FSDP's own hooks only"
+
+
+def test_the_step_after_the_first_sharded_one_carries_its_collectives_and_its_own_work(records):
+    """The first sharded step arms the timing of the next one's collectives (trainer/
+    collective_timer.py); the one after that, within the second, is not timed. The timed
+    step's own work is what its data wait and its wait in the collectives leave. FSDP2 at
+    world size 1 gathers nothing: the collective timed is the script's all-reduce of its loss."""
+    own = dist.all_reduce
+    model = sharded_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        dist.all_reduce(loss.detach())
+        optimizer.step()
+        optimizer.zero_grad()
+    first, timed, untimed = records.steps()
+    assert "comm_dims" not in first and "comm_dims" not in untimed and "compute_ms" not in untimed
+    assert timed["comm_dims"] == {"world": {"all-reduce": pytest.approx(timed["comm_ms"])}} and timed["comm_ms"] > 0
+    assert timed["comm_step"] == 1
+    assert timed["compute_ms"] == pytest.approx(timed["step_ms"] - timed["data_ms"] - timed["comm_ms"])
+    assert dist.all_reduce is own

@@ -240,19 +240,24 @@ async def test_detail_logs_and_help_screens(job):
         assert not isinstance(app.screen, (HelpScreen, RankDetailScreen))
 
 
-async def test_a_sharded_rank_s_detail_shows_the_job_s_grad_norm_beside_its_own_shards(job):
+async def test_a_sharded_rank_s_detail_shows_the_job_s_grad_norm_beside_its_own_shards_and_comm_by_dimension(job):
     """Two ranks of a sharded job tell their shares of a step's norm: the table's GRAD NORM is
-    the norm they add up to, the detail gives it beside the norm of the rank's own shards."""
+    the norm they add up to, the detail gives it beside the norm of the rank's own shards. A
+    timed step's collectives show in the COMM column, and in the detail per mesh dimension."""
     for rank in (0, 1):
         job.hub.record(builders.hello(rank, 2))
-    job.hub.record(builders.step(0, 0, wall=time.time(), shard_norm=3**0.5, grad_sq_share=3.0))
+    dims = {"shard": {"all-gather": 3.0, "reduce-scatter": 1.5}, "replicate": {"all-reduce": 0.5}}
+    job.hub.record(builders.step(0, 0, wall=time.time(), shard_norm=3**0.5, grad_sq_share=3.0, comm_ms=5.0, comm_dims=dims, comm_step=0))
     job.hub.record(builders.step(1, 0, wall=time.time(), shard_norm=1.0, grad_sq_share=1.0))
     app = dashboard(job)
     async with app.run_test(size=(160, 40)) as pilot:
         await until(lambda: table(app).row_count == 2 and column(app, "grad_norm") == ["2.00"] * 2, "the job's norm on both ranks")
+        assert column(app, "comm_ms")[0] == "5.0"
         await pilot.press("enter")
         title = lambda: str(app.screen.query_one("#detail-title").render())  # noqa: E731
         await until(lambda: "grad norm 2.000, of this rank's shards 1.732" in title(), "rank 0's shards beside the norm")
+        line = "comm by mesh dimension: replicate 0.5 ms (all-reduce 0.5); shard 4.5 ms (all-gather 3.0, reduce-scatter 1.5)"
+        assert line in title()
 
 
 async def test_a_rank_s_detail_at_80x24_keeps_its_title_and_a_log_in_view(job):

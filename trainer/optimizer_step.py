@@ -140,9 +140,11 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
             shard_share.weights(grads, probe.world) if True in split and not roots else None,
         )
     sharded = known.sharded
+    probe.cuda = cuda = first.is_cuda
     if sharded and "sharded" not in probe.noticed:
         probe.tell_once("sharded", SHARDED_NOTICE)
-    probe.cuda = cuda = first.is_cuda
+        if not cuda:  # a host clock times a collective on the CPU alone (collective_timer.py)
+            probe.sampled.time_sharded()
     if cuda and probe.sampled.device is None:
         probe.sampled.device = first.device.index
     grad_scale = getattr(optimizer, "grad_scale", None)  # a fused optimizer under GradScaler.step: still scaled
@@ -382,16 +384,16 @@ def end(probe: Probe, optimizer: Any, args: Any = None, kwargs: Any = None) -> N
     if probe.fused.found_inf_set is optimizer:
         del optimizer.found_inf
         probe.fused.found_inf_set = None
-    if probe.sampled.comm_due:  # once a second: the reducer is idle between steps (sampled.py)
-        probe.sampled.read_comm(probe.tracker.step)
+    # Once a second: the reducer is idle between steps; a sharded step timed ends here (sampled.py).
+    timed = probe.sampled.read_comm(probe.tracker.step) if probe.sampled.comm_due else None
     if probe.models:  # a DDP model's step: look for an evaluation that passes by DDP (BetweenSteps.arm, with no call)
         between = probe.between
         between.hooks[between.key] = between.first
     groups = optimizer.param_groups
-    if groups and type(lr := groups[0].get("lr")) is float:  # a tensor one (capturable schedules) would need a device read
-        probe.tracker.optimizer_end({"lr": lr})
-    else:
-        probe.tracker.optimizer_end({})
+    values = {"lr": lr} if groups and type(lr := groups[0].get("lr")) is float else {}  # a tensor lr would need a device read
+    if timed:
+        values.update(timed)
+    probe.tracker.optimizer_end(values)
     if probe.captures.active:  # a capture asked for or running (profiling.py): a step boundary for it
         tracker = probe.tracker
         probe.captures.boundary(tracker.step, tracker.began_wall(), tracker.micro)

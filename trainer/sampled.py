@@ -4,7 +4,10 @@ Comm time comes from DDP's reducer, which times sampled iterations in C++;
 the sender's thread marks a read due and the training thread makes it after
 its next optimizer step, where the reducer's lock is free, and sets DDP's
 sample rate from the job's pace (docs/design.md, "comm time and memory").
-Nothing here imports torch at module level: models are handed in by hooks.py.
+A sharded job has no reducer: there the same read times the collectives of
+the step that follows it (collective_timer.py), and that step's record
+carries them. Nothing here imports torch at module level: models are handed
+in by hooks.py.
 """
 
 from __future__ import annotations
@@ -15,7 +18,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ddptop.trainer.collective_timer import CollectiveTimer, StepComm
+
 READ_EVERY_S = 1.0
+
+COMM_WAIT = "comm_wait_ms"
+"""A timed sharded step's wait in its collectives: the step tracker takes it out of the
+step's time for its compute_ms (steps.py), and sends it nowhere."""
 
 NS = 1e-9
 
@@ -55,6 +64,10 @@ class Sampled:
         """Set by the sender's thread once a second; the training thread reads DDP's timings (read_comm)."""
         self._comm: dict[str, Any] = {}
         """What read_comm found, until the sender's next read takes it."""
+        self.collectives = CollectiveTimer()
+        """Times a sharded job's collectives, one step in every `every` seconds (time_sharded)."""
+        self._sharded = False
+        self._next_timed = 0.0
 
     def add_model(self, model: Any) -> None:
         """A DDP model, on the training thread (hooks.py)."""
@@ -84,15 +97,28 @@ class Sampled:
         self.comm_due = True
         return values
 
-    def read_comm(self, step: int | None = None) -> None:
+    def time_sharded(self) -> None:
+        """The job's gradients are sharded over its ranks (on the host): from the step that
+        ends next, one step's collectives are timed every `every` seconds."""
+        self._sharded = self.comm_due = True
+
+    def read_comm(self, step: int | None = None) -> dict[str, Any] | None:
         """DDP's latest sampled timings, on the training thread after step `step` (see above),
-        and the job's pace since the last read; None at the rank's exit: no pace."""
+        and the job's pace since the last read; None at the rank's exit: no pace. Of a
+        sharded job, the step that ends now, if it was timed: its values (comm_values)."""
         self.comm_due = False
+        if self.collectives.armed:
+            timed = self.collectives.disarm()
+            return comm_values(timed) if step is not None else None
+        if self._sharded and step is not None and self._clock() >= self._next_timed:
+            self._next_timed = self._clock() + self._every
+            self.collectives.arm()
+            self.comm_due = True  # the next step's end disarms
         found = self._read_models()
         if found:
             self._comm = found
         if step is None:
-            return
+            return None
         now = self._clock()
         asked = DDP_SAMPLE_RATE
         if self._paced is not None and step > self._paced[0] and now > self._paced[1]:
@@ -105,6 +131,7 @@ class Sampled:
                 if self._held is None:
                     self._set_rates(rate)
         self._paced = (step, now, asked)
+        return None
 
     def hold_rate(self, rate: int | None) -> None:
         """Every model sampled at `rate` (a capture times each of its steps), or, with None, at the
@@ -141,6 +168,14 @@ class Sampled:
                     figures[key] += found[key]
             found = figures
         return found
+
+
+def comm_values(timed: StepComm) -> dict[str, Any]:
+    """A timed sharded step's comm figures, for its own record (StepTracker.optimizer_end):
+    comm_ms, comm_dims, and what its compute_ms leaves out (COMM_WAIT)."""
+    if not timed.by_group:
+        return {}
+    return {"comm_ms": timed.comm_ms, "comm_dims": timed.by_group, COMM_WAIT: timed.wait_ms}
 
 
 def set_rate(model: Any, rate: int) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ddptop.core import wire
 from ddptop.trainer import late, loss, where
+from ddptop.trainer.sampled import COMM_WAIT
 
 MAX_WAITING = 64
 """Records whose GPU values are not readable yet (a device that many steps behind the
@@ -484,7 +485,13 @@ def _record(rank: int, fact: StepFacts, wall_offset: float, total_steps: int | N
         record["tokens"] = fact.tokens
     if total_steps is not None:
         record["total_steps"] = total_steps
-    record.update(fact.values)
+    values = fact.values
+    if COMM_WAIT in values:  # a sharded step whose collectives were timed: its own work is the rest
+        wait = values.pop(COMM_WAIT)
+        record["comm_step"] = fact.step
+        if evaluated is None and "data_ms" in record:
+            record["compute_ms"] = max(0.0, record["step_ms"] - record["data_ms"] - wait)
+    record.update(values)
     if fact.loss is not None:
         record["loss"] = fact.loss  # taken on the training thread already: a number, or a Late
     read = record.get(late.FIELDS)

@@ -148,6 +148,8 @@ class JobState:
             state.interval_comm_ms += record["comm_ms"]
             state.interval_comm_steps += 1
             state.last_sampled = {key: record[key] for key in SAMPLED if record.get(key) is not None}
+        if (dims := record.get("comm_dims")) is not None:
+            state.comm_dims = dims
         if record.get("compute_ms") is not None:
             state.add_compute(record["compute_ms"], record.get("comm_step"))
         if (ended := record.get("eval_ended")) is not None:

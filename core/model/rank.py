@@ -83,6 +83,8 @@ class RankState:
     """The comm figures of the last step record that carried DDP's sampled timings (SAMPLED):
     shown while the window holds none. DDP samples one iteration in 100, the window's length,
     and its figures ride on a step up to two seconds later, so a window often holds none."""
+    comm_dims: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Of a sharded rank, its last timed step's comm per mesh dimension, per op (records.Step comm_dims)."""
     compute_samples: list[float] = field(default_factory=list)
     """DDP's last sampled compute times, past its warm-up (add_compute), kept past the window:
     they are 100 iterations apart."""

@@ -58,14 +58,19 @@ class Step(TypedDict):
     tokens: NotRequired[int]
     """Elements of the forwards' token ids (a 2-D integer input)."""
     comm_ms: NotRequired[float]
-    """Sampled: DDP's gradient all-reduces, from the first bucket's launch to the last's end (comm_step)."""
+    """Sampled: DDP's gradient all-reduces, from the first bucket's launch to the last's end (comm_step);
+    of a sharded job, its collectives in the step, added up (trainer/collective_timer.py)."""
+    comm_dims: NotRequired[dict[str, Any]]
+    """Sampled, of a sharded job: comm_ms per mesh dimension, per op, in ms
+    ({"shard": {"all-gather": 3.1, "reduce-scatter": 1.2}, "replicate": {"all-reduce": 0.4}})."""
     comm_overlap_ms: NotRequired[float]
     """Sampled: how much of comm_ms ran beside the backward's compute (comm_step)."""
     comm_bytes: NotRequired[int]
     """Sampled: bytes DDP's gradient buckets all-reduce in a step (comm_step)."""
     compute_ms: NotRequired[float]
     """Sampled: DDP's forward and backward compute, without the all-reduce's wait (comm_step); times
-    the step's micro-batches where it accumulated gradients (DDP times the synced one alone)."""
+    the step's micro-batches where it accumulated gradients (DDP times the synced one alone). Of
+    a sharded job, the step less its data wait and its wait in its collectives."""
     loss: NotRequired[float]
     """What backward() was called on, summed over the step, or what monitor.step() said."""
     grad_norm: NotRequired[float]

@@ -16,7 +16,9 @@ sharded over the rest of the ranks, every rank given a batch of its own. With --
 --nudge-rank R, rank R adds a little to its shard of the first layer's weight before step S's
 update, as a flipped bit or a rank that skipped a step alone would leave its shard apart from
 its replica's. With --slow-data-rank R --slow-data-ms MS, rank R waits MS ms for each batch,
-as a rank whose loader falls behind does. With --nan-at S --nan-rank R, rank R's loss at step S
+as a rank whose loader falls behind does. With --slow-compute-rank R --slow-compute-ms MS,
+rank R spends MS ms more between its forward and its backward, as a rank on a slower or
+throttled GPU does. With --nan-at S --nan-rank R, rank R's loss at step S
 is infinite. With --bf16 it computes in bfloat16 and reduces in float32, as torchtitan's
 mixed_precision_param does (FSDP2's MixedPrecisionPolicy).
 """
@@ -39,6 +41,8 @@ parser.add_argument("--nudge-at", type=int, default=-1)
 parser.add_argument("--nudge-rank", type=int, default=-1)
 parser.add_argument("--slow-data-rank", type=int, default=-1)
 parser.add_argument("--slow-data-ms", type=float, default=0.0)
+parser.add_argument("--slow-compute-rank", type=int, default=-1)
+parser.add_argument("--slow-compute-ms", type=float, default=0.0)
 parser.add_argument("--nan-at", type=int, default=-1)
 parser.add_argument("--bf16", action="store_true")
 parser.add_argument("--nan-rank", type=int, default=-1)
@@ -80,6 +84,8 @@ for step in range(args.steps):
         time.sleep(args.slow_data_ms / 1000)
     x = torch.randn(16, 32, generator=data)
     loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    if rank == args.slow_compute_rank:
+        time.sleep(args.slow_compute_ms / 1000)
     if step == args.nan_at and rank == args.nan_rank:
         loss = loss * float("inf")
     loss.backward()

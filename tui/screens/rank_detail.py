@@ -17,7 +17,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
-from ddptop.core.format import nbytes, significant
+from ddptop.core.format import ms, nbytes, significant
 from ddptop.core.model import profiles
 from ddptop.core.model.job import JobState
 from ddptop.core.model.rank import RankState
@@ -76,6 +76,16 @@ def norm_line(rank: RankState) -> str:
     if shard is None:
         return ""
     return f"grad norm {significant(4)(rank.latest.get('grad_norm'))}, of this rank's shards {significant(4)(shard)}"
+
+
+def comm_line(rank: RankState) -> str:
+    """A sharded rank's comm in its last timed step, per mesh dimension and per op
+    (trainer/collective_timer.py); empty where nothing timed it that way (DDP's)."""
+    parts = []
+    for dim, ops in sorted(rank.comm_dims.items()):
+        split = ", ".join(f"{op} {ms(took)}" for op, took in sorted(ops.items()))
+        parts.append(f"{dim} {ms(sum(ops.values()))} ms ({split})")
+    return "comm by mesh dimension: " + "; ".join(parts) if parts else ""
 
 
 def log_tail(run_dir: Path | None, meta: Mapping[str, Any], rank: RankState, lines: int = LOG_LINES) -> list[str]:
@@ -194,7 +204,7 @@ class RankDetailScreen(Screen[None]):
             return
         if self.live:
             self.post_message(self.Asked("log_tail", rank.rank))
-        more = [line for line in (gpu_line(rank), norm_line(rank)) if line]
+        more = [line for line in (gpu_line(rank), norm_line(rank), comm_line(rank)) if line]
         self.query_one("#detail-title", Static).update(
             f"[b]rank {rank.rank}[/b]  node {rank.node} ({rank.host})  local rank {rank.local_rank}  "
             f"pid {rank.pid}  restart {rank.restart}  step {rank.step}  phase {rank.phase}  dropped {rank.dropped}"

@@ -1,0 +1,70 @@
+"""The timing of a sharded step's collectives (trainer/collective_timer.py), on a real gloo
+group of this process alone: what one step's collectives took, labelled by mesh dimension,
+and torch's own functions back after it."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddptop.trainer.collective_timer import COLLECTIVES, WORLD, CollectiveTimer, label
+
+
+@pytest.fixture
+def timer(gloo_world_of_one: None) -> CollectiveTimer:
+    return CollectiveTimer()
+
+
+def test_a_timed_step_adds_up_its_collectives_by_group_and_op_and_puts_torch_s_functions_back(timer):
+    own = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+    timer.arm()
+    assert timer.armed and all(getattr(dist, name) is not function for name, function in own.items())
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    dist.all_reduce(x, group=None)
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(torch.empty(4), x)
+    comm = timer.disarm()
+    assert not timer.armed and {name: getattr(dist, name) for name in own} == own
+    assert set(comm.by_group) == {WORLD} and set(comm.by_group[WORLD]) == {"all-reduce", "all-gather"}
+    assert comm.comm_ms == pytest.approx(sum(comm.by_group[WORLD].values())) and comm.comm_ms > 0
+    assert comm.wait_ms == pytest.approx(comm.comm_ms)  # none was async: the rank waited in each
+    # Untimed again: a collective now adds to no step.
+    dist.all_reduce(x)
+    assert timer.disarm().by_group == {}
+
+
+def test_an_async_collective_counts_in_the_comm_and_not_in_the_wait(timer):
+    timer.arm()
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    work.wait()
+    comm = timer.disarm()
+    assert comm.by_group == {WORLD: {"all-reduce": pytest.approx(comm.comm_ms)}} and comm.comm_ms > 0
+    assert comm.wait_ms == 0.0
+
+
+def test_a_mesh_dimension_s_group_is_named_for_the_dimension(gloo_world_of_one):
+    """DeviceMesh describes the group of its dimension "shard" as "mesh_shard" (a world of one
+    has no group but the default one to give a dimension: the description is made here)."""
+    if "group_desc" not in inspect.signature(dist.new_group).parameters:
+        pytest.skip("new_group takes a description since torch 2.4")
+    assert label(dist.new_group([0], group_desc="mesh_shard")) == "shard"
+    assert label(dist.new_group([0], group_desc="experts")) == "experts"
+    assert label(None) == WORLD and label(dist.group.WORLD) == WORLD
+
+
+def test_a_function_someone_else_put_in_while_armed_is_left_in_place(timer):
+    theirs = dist.all_reduce
+    timer.arm()
+
+    def replaced(*args, **kwargs):
+        return theirs(*args, **kwargs)
+
+    dist.all_reduce = replaced
+    try:
+        timer.disarm()
+        assert dist.all_reduce is replaced
+    finally:
+        dist.all_reduce = theirs
