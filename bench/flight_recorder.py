@@ -1,4 +1,5 @@
-"""What reading torch's flight recorder costs the rank that reads it: its dump and its unpickling.
+"""What reading torch's flight recorder costs the rank that reads it: its dump and its unpickling;
+and, beside it, what ddptop's timing of a sharded step's collectives costs each one it times.
 
 ddptop reads the recorder only once a rank has sat on one step for a few
 seconds (trainer/flightrecorder.py): where each group stands in its
@@ -8,6 +9,12 @@ with --entries all-reduces, as a job that ran that many collectives has it,
 and times rank 0's dump (torch's _dump_fr_trace, C++) and the unpickling of
 what it returns (pickle.loads), each the median of --reads reads. Both hold
 the GIL: the training thread waits through them.
+
+What ddptop does instead (trainer/collective_timer.py) passes one step's
+collectives a second through a timing function. Its cost per collective:
+the timing function around one that does nothing, against that one alone,
+the difference of the medians of 40 alternating rounds of 5,000 calls;
+and what arming and disarming it cost, once for each step it times.
 
     python bench/flight_recorder.py --entries 2000
     python bench/flight_recorder.py --entries 200
@@ -43,12 +50,58 @@ def measure(entries: int, reads: int) -> None:
         trace = pickle.loads(raw)
         dumping.append(dumped - started)
         loading.append(time.perf_counter() - dumped)
+    wrapped, arming = timer_cost(x), arming_cost()
     if dist.get_rank() == 0:
+        print(
+            f"the collective timer's cost per collective it times (medians of 40 rounds of 5,000 calls): {wrapped * 1e6:.2f} µs; arming and disarming it, once a step is timed: {arming * 1e6:.1f} µs"
+        )
         print(
             f"flight recorder of {len(trace['entries'])} entries ({len(raw) / 1024:.0f} KiB), rank 0 of 2 on gloo, median of {reads} reads: "
             f"dump {statistics.median(dumping) * 1e3:.1f} ms, unpickling {statistics.median(loading) * 1e3:.1f} ms"
         )
     dist.destroy_process_group()
+
+
+def timer_cost(x: object, rounds: int = 40, calls: int = 5_000) -> float:
+    """Seconds the armed timer adds to one collective (see above): a collective's own time
+    varies by more than that from one call to the next, so the timer wraps a function that
+    does nothing, in torch.distributed's place for the while, against that function alone.
+    A round is fewer calls than the timer keeps in a step (TIMED_KEPT)."""
+    import torch.distributed as dist
+
+    from ddptop.trainer.collective_timer import CollectiveTimer
+
+    def nothing(*args: object, **kwargs: object) -> None:
+        return None
+
+    own, dist.all_reduce = dist.all_reduce, nothing
+    timer, took = CollectiveTimer(), {False: [], True: []}
+    try:
+        for _ in range(rounds):
+            for armed in (False, True):
+                if armed:
+                    timer.arm()
+                started = time.perf_counter()
+                for _ in range(calls):
+                    dist.all_reduce(x)
+                took[armed].append((time.perf_counter() - started) / calls)
+                if armed:
+                    timer.disarm()
+    finally:
+        dist.all_reduce = own
+    return statistics.median(took[True]) - statistics.median(took[False])
+
+
+def arming_cost(pairs: int = 10_000) -> float:
+    """Seconds one arm() and disarm() take: once a second, at two steps' ends."""
+    from ddptop.trainer.collective_timer import CollectiveTimer
+
+    timer = CollectiveTimer()
+    started = time.perf_counter()
+    for _ in range(pairs):
+        timer.arm()
+        timer.disarm()
+    return (time.perf_counter() - started) / pairs
 
 
 def main() -> None:

@@ -404,6 +404,8 @@ def measure(args: argparse.Namespace) -> None:
 
     def block(job: Job, steps: int) -> tuple[float, float]:
         bind(job is hooked)
+        if job is not hooked and (timer := optimizer_hooks["probe"].sampled.collectives).armed:
+            timer.disarm()  # a sharded step's timing (collective_timer.py) ends at ddptop's job's next step: not in another job's
         # ddptop replaces class methods (DDP.forward) and torch.autograd.backward, which every job calls.
         with contextlib.nullcontext() if job is hooked else patches.suspended():
             job.run(args.warmup_steps)
