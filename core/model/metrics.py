@@ -192,7 +192,9 @@ COMM_MS = Metric(
     ms,
     job=middle,
     column="COMM MS",
-    prometheus=Prometheus("comm_seconds", "mean time per step in gradient all-reduce", 1e-3),
+    prometheus=Prometheus(
+        "comm_seconds", "mean time per step in gradient all-reduce (DDP) or in the collectives of the steps timed (sharded jobs)", 1e-3
+    ),
     plot="step time",
     summary=COMM_SUMMARY,
 )
