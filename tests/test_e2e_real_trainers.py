@@ -241,6 +241,10 @@ def test_a_job_that_shards_its_model_with_fsdp1_shows_its_own_loss_norm_and_batc
     assert not any("checksum" in r for rank in (0, 1) for r in steps[rank, 0].values())
     assert [r["kind"] for r in records if r["type"] == "alert"] == []
     assert any(r["type"] == "rank_note" and "FullyShardedDataParallel" in r["text"] for r in records)
+    # Step 1's collectives are timed (trainer/collective_timer.py): FSDP1's over the whole job.
+    for rank in (0, 1):
+        assert set(steps[rank, 0][1]["comm_dims"]) == {"world"}, steps[rank, 0][1]
+        assert {"all-gather", "reduce-scatter"} <= set(steps[rank, 0][1]["comm_dims"]["world"]), steps[rank, 0][1]
 
 
 def test_a_non_finite_step_of_a_sharded_job_names_the_rank_whose_own_loss_was_non_finite(ddptop_home, tmp_path):

@@ -54,13 +54,16 @@ class Collective:
 COLLECTIVES = {
     "all_gather_single": Collective("all-gather", 2),
     "all_gather_into_tensor": Collective("all-gather", 2),
+    "all_gather": Collective("all-gather", 2),
     "reduce_scatter_single": Collective("reduce-scatter", 3),
     "reduce_scatter_tensor": Collective("reduce-scatter", 3),
+    "reduce_scatter": Collective("reduce-scatter", 3),
     "all_reduce": Collective("all-reduce", 2),
 }
-"""FSDP2's all-gathers (all_gather_single since torch 2.10, all_gather_into_tensor before),
-its reduce-scatters likewise, and HSDP's all-reduce across replicas; FSDP1's are the older
-names. Those a torch lacks are left out."""
+"""FSDP2's all-gathers (all_gather_single in a recent torch, all_gather_into_tensor in an
+older one), its reduce-scatters likewise, and HSDP's all-reduce across replicas; FSDP1's go
+by the older names, and on the CPU by the ones of a list of tensors. Those a torch lacks are
+left out."""
 
 
 class Timed(NamedTuple):
@@ -93,9 +96,10 @@ class StepComm:
 
 
 def label(group: Any) -> str:
-    """A process group's mesh dimension (see above), its description otherwise."""
+    """A process group's mesh dimension (see above), its description otherwise (a torch before
+    2.4 describes none: its name then)."""
     desc = str(getattr(group, "group_desc", "") or "")
-    if group is None or desc == "default_pg":
+    if group is None or group is sys.modules["torch.distributed"].group.WORLD:
         return WORLD
     if desc.startswith(MESH_PREFIX):
         return desc[len(MESH_PREFIX) :]
@@ -169,5 +173,5 @@ def _time_async(work: Any, done: Callable[[], None]) -> None:
     """done() once an async collective completes; nothing for a work without a future."""
     try:
         work.get_future().add_done_callback(lambda _: done())
-    except (AttributeError, RuntimeError):
+    except Exception:  # noqa: BLE001 - a backend's or a coalescing manager's work without one: never let it reach the training thread
         return
