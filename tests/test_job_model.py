@@ -333,3 +333,15 @@ def test_a_step_whose_last_share_never_comes_is_let_go_and_later_steps_still_add
     last = KEPT_STEPS * 3 - 1
     state.ingest(builders.step(1, last, shard_norm=2.0, grad_sq_share=8.0))
     assert state.sharded_norm.latest == (last, pytest.approx(3.0))
+
+
+def test_a_sharded_rank_s_compute_is_the_median_of_more_timed_steps_than_ddp_s():
+    """A sharded rank's compute is its timed step less its waits (trainer/collective_timer.py),
+    which holds every delay of its own: two steps descheduled on a busy host move a median of
+    three, not of nine."""
+    state = JobState()
+    for n, compute in enumerate([20.0] * 8 + [80.0, 80.0], start=10):
+        state.ingest(builders.step(0, n, compute_ms=compute, comm_step=n, sharded=True))
+        state.ingest(builders.step(1, n, compute_ms=compute, comm_step=n))
+    assert state.ranks[1].compute_samples == [20.0, 80.0, 80.0] and state.ranks[1].compute_ms() == 80.0
+    assert state.ranks[0].compute_samples == [20.0] * 7 + [80.0, 80.0] and state.ranks[0].compute_ms() == 20.0

@@ -561,6 +561,31 @@ def test_straggler_needs_a_sustained_ratio():
     assert seconds(dog, clock, 5) == []  # told once
 
 
+def test_an_hsdp_straggler_s_verdict_says_where_each_other_rank_waits_for_it():
+    """HSDP 2x2 (replicas {0,2} and {1,3}, shards {0,1} and {2,3}): rank 3 is slow in its
+    compute. Its shard partner, rank 2, waits in the all-gathers within their replica; ranks 0
+    and 1 in the all-reduce across replicas, as their timed steps' comm by mesh dimension says
+    (trainer/collective_timer.py)."""
+    dog, state, clock = make(world=4)
+    within = {"shard": {"all-gather": 60.0, "reduce-scatter": 5.0}, "replicate": {"all-reduce": 10.0}}
+    across = {"shard": {"all-gather": 10.0, "reduce-scatter": 5.0}, "replicate": {"all-reduce": 60.0}}
+    quiet = {"shard": {"all-gather": 2.0, "reduce-scatter": 1.0}, "replicate": {"all-reduce": 2.0}}
+    for n in range(20):
+        for rank in range(4):
+            dims = {0: across, 1: across, 2: within, 3: quiet}[rank]
+            busy = 80.0 if rank == 3 else 20.0
+            comm = sum(sum(ops.values()) for ops in dims.values())
+            record = {**step(rank, n), "step_ms": 100.0, "data_ms": 0.0, "compute_ms": busy, "comm_ms": comm, "comm_dims": dims}
+            feed(dog, state, {**record, "sharded": True})
+    assert seconds(dog, clock, 3) == []
+    clock.now += 1.0
+    [v] = dog.tick()
+    assert v.kind == "straggler" and v.ranks == [3] and v.details["cause"] == "compute", v.text
+    assert v.text.endswith(
+        "the other ranks wait for it: ranks 0,1 in the all-reduces over replicate, rank 2 in the all-gathers over shard"
+    ), v.text
+
+
 def test_a_pipeline_stage_is_set_against_its_own_replicas_not_the_other_stages():
     """Four pipeline stages, each replicated by DDP over three ranks ({s, s+4, s+8}): the last
     stage waits 40 ms a step for its activations, which reads as its data wait, and it is no

@@ -32,8 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-WORLD = "world"
-"""The label of the default group's collectives: a 1-D mesh over every rank is that group."""
+from ddptop.core.wire.records import WORLD_DIMENSION
+
+WORLD = WORLD_DIMENSION
 MESH_PREFIX = "mesh_"
 """How DeviceMesh begins the description of a group it makes, before the dimension's name."""
 TIMED_KEPT = 10_000

@@ -19,7 +19,7 @@ from ddptop.core.model.goodput import GOODPUT_TYPES, Goodput
 from ddptop.core.model.history import History, pack
 from ddptop.core.model.lag import Lag, counts_compute, lags
 from ddptop.core.model.metrics import JOB_METRICS, Metric
-from ddptop.core.model.rank import SAMPLED, GpuState, RankState, replicas_told
+from ddptop.core.model.rank import COMPUTE_SAMPLES, SAMPLED, SHARDED_COMPUTE_SAMPLES, GpuState, RankState, replicas_told
 from ddptop.core.model.sharded_norm import ShardedNorm
 from ddptop.core.model.stats import RollingWindow, StepPoint, median
 from ddptop.core.model.totals import JobTotals
@@ -151,7 +151,8 @@ class JobState:
         if (dims := record.get("comm_dims")) is not None:
             state.comm_dims = dims
         if record.get("compute_ms") is not None:
-            state.add_compute(record["compute_ms"], record.get("comm_step"))
+            kept = SHARDED_COMPUTE_SAMPLES if record.get("sharded") else COMPUTE_SAMPLES
+            state.add_compute(record["compute_ms"], record.get("comm_step"), kept)
         if (ended := record.get("eval_ended")) is not None:
             # Every rank's step held it (the others waited in the all-reduce): out of every rank's rates.
             for rank in self.ranks.values():

@@ -22,6 +22,11 @@ are its warm-up (the first backward builds autograd's graph and the allocator's 
 rank's steady pace."""
 COMPUTE_SAMPLES = 3
 """The sampled compute times a rank's estimate is the median of."""
+SHARDED_COMPUTE_SAMPLES = 9
+"""Of a sharded rank, the most it is the median of, once it has COMPUTE_SAMPLES: its compute is
+its timed step less the waits (trainer/collective_timer.py), which holds every delay of the
+rank's own on a busy host (a descheduled process, the optimizer), where DDP's reducer times
+the forward and backward alone."""
 
 
 @dataclass
@@ -170,16 +175,16 @@ class RankState:
             return None
         return bus_bandwidth(nbytes, comm_ms / 1000.0, over)
 
-    def add_compute(self, compute_ms: float, comm_step: int | None) -> None:
-        """One of DDP's sampled compute times, unless its warm-up's (a record without the
-        step it measured is taken as steady)."""
+    def add_compute(self, compute_ms: float, comm_step: int | None, kept: int = COMPUTE_SAMPLES) -> None:
+        """One of DDP's sampled compute times (or a sharded step's: kept SHARDED_COMPUTE_SAMPLES),
+        unless its warm-up's (a record without the step it measured is taken as steady)."""
         if comm_step is None or comm_step >= DDP_WARMUP_STEPS:
-            self.compute_samples = [*self.compute_samples[1 - COMPUTE_SAMPLES :], compute_ms]
+            self.compute_samples = [*self.compute_samples[1 - kept :], compute_ms]
 
     def compute_ms(self) -> float | None:
-        """Its compute per step: the median of its last COMPUTE_SAMPLES samples, once it has
-        as many. One sample is one iteration, and on a busy host one unlucky iteration is
-        several times the others' (a descheduled process); a straggler is slow on most."""
+        """Its compute per step: the median of the samples kept, once it has COMPUTE_SAMPLES.
+        One sample is one iteration, and on a busy host one unlucky iteration is several
+        times the others' (a descheduled process); a straggler is slow on most."""
         if len(self.compute_samples) < COMPUTE_SAMPLES:
             return None
         return median(self.compute_samples)

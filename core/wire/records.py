@@ -620,6 +620,10 @@ its ranks send no steps, so a dashboard gives the room of the charts to its rank
 NO_STACKS = "no-stacks"
 """An action's kind where a rank gave no stack dump: `ddptop stacks` takes it as that rank's answer."""
 
+WORLD_DIMENSION = "world"
+"""Step comm_dims' name for the collectives of the default group, every rank's: a 1-D mesh
+over the whole job is that group."""
+
 DEFAULT_GROUP = "0"
 """The flight recorder's id of a process's first group, the default one, which every rank is in:
 ids count the groups a process made, in the order every rank makes them (torch requires it)."""

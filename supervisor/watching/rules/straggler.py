@@ -14,6 +14,7 @@ from __future__ import annotations
 from ddptop.core import wire
 from ddptop.core.format import ms
 from ddptop.core.model.job import JobState
+from ddptop.core.wire.records import WORLD_DIMENSION
 from ddptop.supervisor.watching.verdict import Verdict, ranks_text
 
 STRAGGLER_ALERT = 2.0
@@ -32,6 +33,25 @@ CAUSE = {
     "compute": "slow in its compute: {lag.compute_ms:.1f} ms a step of forward and backward, against {lag.median_compute_ms:.1f}",
 }
 """What sets a straggler apart, in words (Lag.cause)."""
+
+
+def waited_in(state: JobState, straggler: int) -> str:
+    """Where the other ranks wait for a straggler, as the verdict ends: DDP's all-reduce; of a
+    sharded job, the collective each rank's last timed step took longest in (RankState.comm_dims:
+    HSDP's ranks of the straggler's replica wait in the all-gathers within it, the others in the
+    all-reduce across replicas), the all-gathers until a step was timed."""
+    if not state.sharded:
+        return " in the all-reduce"
+    places: dict[str, list[int]] = {}
+    for rank, other in state.ranks.items():
+        dims = other.comm_dims
+        if rank == straggler or other.exited or not dims:
+            continue
+        dim, op = max(((dim, op) for dim, ops in dims.items() for op in ops), key=lambda at: dims[at[0]][at[1]])
+        places.setdefault(f"the {op}s" + ("" if dim == WORLD_DIMENSION else f" over {dim}"), []).append(rank)
+    if len(places) <= 1:
+        return f" in {next(iter(places), 'the all-gathers')}"
+    return ": " + ", ".join(f"{ranks_text(ranks)} in {place}" for place, ranks in places.items())
 
 
 class StragglerRule:
@@ -69,13 +89,12 @@ class StragglerRule:
                 against, waiting = "the job's median", "the other ranks wait"
                 if state.replicas is not None:
                     against, waiting = f"the median of its data-parallel {ranks_text(list(state.replicas))}", "they wait"
-                where = "the all-gathers" if self.state.sharded else "the all-reduce"
                 verdicts.append(
                     Verdict(
                         "straggler",
                         f"rank {rank} is a straggler: its own work per step is {lag.ratio:.1f}x {against} "
                         f"({ms(lag.own_ms)} ms vs {ms(lag.median_ms)} ms), {CAUSE[lag.cause].format(lag=lag)}; "
-                        f"{waiting} for it in {where}",
+                        f"{waiting} for it{waited_in(self.state, rank)}",
                         ranks=[rank],
                         step=state.step,
                         details={"ratio": round(lag.ratio, 2), "cause": lag.cause},
