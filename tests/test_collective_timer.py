@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddptop.trainer.collective_timer import COLLECTIVES, WORLD, CollectiveTimer, label
+from ddptop.core.wire.records import WORLD_DIMENSION as WORLD
+from ddptop.trainer.collective_timer import COLLECTIVES, CollectiveTimer, label
 
 
 @pytest.fixture

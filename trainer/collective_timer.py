@@ -34,7 +34,6 @@ from typing import Any, NamedTuple
 
 from ddptop.core.wire.records import WORLD_DIMENSION
 
-WORLD = WORLD_DIMENSION
 MESH_PREFIX = "mesh_"
 """How DeviceMesh begins the description of a group it makes, before the dimension's name."""
 TIMED_KEPT = 10_000
@@ -81,15 +80,17 @@ class Timed(NamedTuple):
 class StepComm:
     """What one timed step's collectives took."""
 
-    comm_ms: float = 0.0
-    """All of them, end to end, added up."""
     wait_ms: float = 0.0
     """Of comm_ms, the collectives the rank waited in where it called them."""
     by_group: dict[str, dict[str, float]] = field(default_factory=dict)
     """ms per mesh dimension, per op: {"shard": {"all-gather": 3.1, "reduce-scatter": 1.2}}."""
 
+    @property
+    def comm_ms(self) -> float:
+        """All of them, end to end, added up."""
+        return sum(sum(ops.values()) for ops in self.by_group.values())
+
     def add(self, group: str, op: str, ms: float, waited: bool) -> None:
-        self.comm_ms += ms
         if waited:
             self.wait_ms += ms
         ops = self.by_group.setdefault(group, {})
@@ -101,7 +102,7 @@ def label(group: Any) -> str:
     2.4 describes none: its name then)."""
     desc = str(getattr(group, "group_desc", "") or "")
     if group is None or group is sys.modules["torch.distributed"].group.WORLD:
-        return WORLD
+        return WORLD_DIMENSION
     if desc.startswith(MESH_PREFIX):
         return desc[len(MESH_PREFIX) :]
     return desc if desc and desc != "undefined" else f"group {getattr(group, 'group_name', '?')}"

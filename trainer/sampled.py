@@ -110,16 +110,16 @@ class Sampled:
         if self.collectives.armed:
             timed = self.collectives.disarm()
             return comm_values(timed) if step is not None else None
-        if self._sharded and step is not None and self._clock() >= self._next_timed:
-            self._next_timed = self._clock() + self._every
-            self.collectives.arm()
-            self.comm_due = True  # the next step's end disarms
         found = self._read_models()
         if found:
             self._comm = found
         if step is None:
             return None
         now = self._clock()
+        if self._sharded and now >= self._next_timed:
+            self._next_timed = now + self._every
+            self.collectives.arm()
+            self.comm_due = True  # the next step's end disarms
         asked = DDP_SAMPLE_RATE
         if self._paced is not None and step > self._paced[0] and now > self._paced[1]:
             asked = rate_for((step - self._paced[0]) / (now - self._paced[1]), self._every)
