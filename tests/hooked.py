@@ -9,6 +9,7 @@ from typing import Any
 
 from ddptop.core.policy import GuardPolicy
 from ddptop.trainer import hooks, patches
+from ddptop.trainer.sampled import Sampled
 from ddptop.trainer.steps import StepTracker
 
 
@@ -24,11 +25,12 @@ class Records(list[dict[str, Any]]):
 
 
 @contextlib.contextmanager
-def installed(policy: GuardPolicy) -> Iterator[Records]:
-    """The hooks, with policy, until the block ends; then torch as it was (patches.undo)."""
+def installed(policy: GuardPolicy, sampled: Sampled | None = None) -> Iterator[Records]:
+    """The hooks, with policy (and the rank's sampled readings, where given), until the block
+    ends; then torch as it was (patches.undo)."""
     out = Records()
     out.tracker = StepTracker(0, emit=out.append)
-    hooks.install(out.tracker, policy)
+    hooks.install(out.tracker, policy, sampled)
     try:
         yield out
     finally:

@@ -1,14 +1,16 @@
 """What stands in for a GPU where there is none (CI, this VM): a device queue whose events pass
 when a test says the GPU has caught up, and tensors that say they are on a GPU.
 
-Only the shapes ddptop's GPU path reads are faked: a CUDA event's record, query and
-synchronize, and a device's current stream (late.PinnedRing takes its event maker and its
+Only the shapes ddptop's GPU path reads are faked: a CUDA event's record, query,
+synchronize and elapsed_time, and a device's current stream (late.PinnedRing takes its event maker and its
 stream lookup), and a tensor's `is_cuda` (what the guard and late.scalar branch on). The
 kernels are the CPU's, and a copy is done when it is queued: what only a device has (a copy
 in flight, a wait on the device, pinned memory) is tests/test_cuda.py's, on a real GPU.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -19,10 +21,13 @@ class Device:
     def __init__(self) -> None:
         self.queued: list[Event] = []
         self.waits = 0
+        self.made = 0
+        """Events made: a ring or a timer that reuses its own makes no more."""
         self.current: dict[int, str] = {}
         """Each device's current stream, by the index a tensor's get_device() gives; "default" where unset."""
 
     def event(self) -> Event:
+        self.made += 1
         return Event(self)
 
     def stream(self, device: int) -> str:
@@ -36,18 +41,27 @@ class Device:
 
 
 class Event:
-    """A CUDA event's record, query and synchronize, passed when its Device catches up."""
+    """A CUDA event's record, query, synchronize and elapsed_time, passed when its Device catches
+    up; the time it passed is the host's as it was recorded."""
 
     def __init__(self, device: Device) -> None:
         self.device = device
         self.passed = True
         self.streams: list[str] = []
         """The streams it was recorded on, in turn."""
+        self.at = 0.0
 
     def record(self, stream: str) -> None:
         self.passed = False
         self.streams.append(stream)
+        self.at = time.perf_counter()
         self.device.queued.append(self)
+
+    def elapsed_time(self, end: Event) -> float:
+        """ms from this event to end; as CUDA does, an error where either has not passed."""
+        if not (self.passed and end.passed):
+            raise RuntimeError("CUDA error: device not ready")
+        return (end.at - self.at) * 1e3
 
     def query(self) -> bool:
         return self.passed

@@ -1,6 +1,7 @@
 """The timing of a sharded step's collectives (trainer/collective_timer.py), on a real gloo
 group of this process alone: what one step's collectives took, labelled by mesh dimension,
-and torch's own functions back after it."""
+and torch's own functions back after it; on a GPU (collective_spans.py), with the stand-in's
+events, read late."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import inspect
 import pytest
 import torch
 import torch.distributed as dist
+from stand_in_gpu import Device, on_gpu
 
 from ddptop.core.wire.records import WORLD_DIMENSION as WORLD
+from ddptop.trainer.collective_spans import DeviceComm, DeviceEvents, union_ms
 from ddptop.trainer.collective_timer import COLLECTIVES, CollectiveTimer, label
+from ddptop.trainer.step_comm import COMM_WAIT, StepComm
 
 
 @pytest.fixture
@@ -69,3 +73,57 @@ def test_a_function_someone_else_put_in_while_armed_is_left_in_place(timer):
         assert dist.all_reduce is replaced
     finally:
         dist.all_reduce = theirs
+
+
+@pytest.fixture
+def device() -> Device:
+    return Device()
+
+
+@pytest.fixture
+def on_device(gloo_world_of_one: None, device: Device) -> CollectiveTimer:
+    """A timer whose events are the stand-in GPU's (stand_in_gpu.py): its collectives on tensors
+    that say they are on a GPU run on gloo, and are timed by events that pass when the test says."""
+    return CollectiveTimer(events=DeviceEvents(event=device.event, stream=device.stream, capturing=lambda: False))
+
+
+def test_collectives_on_a_gpu_are_read_late_once_their_events_pass_and_never_waited_for(on_device, device):
+    on_device.arm()
+    x = on_gpu(torch.ones(4))
+    dist.all_reduce(x)
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(on_gpu(torch.empty(4)), x)
+    dist.all_reduce(x, async_op=True).wait()  # where its work is waited for no event sees: untimed
+    comm = on_device.disarm()
+    assert isinstance(comm, DeviceComm) and len(comm.spans) == 2
+    assert not comm.ready() and comm.get() is None and device.waits == 0, "read before the device passed it: nothing waits"
+    device.catch_up()
+    assert comm.ready()
+    fields = comm.get()
+    assert fields is not None and set(fields["comm_dims"]) == {WORLD}
+    assert set(fields["comm_dims"][WORLD]) == {"all-reduce", "all-gather"} and fields["comm_ms"] > 0
+    # One after the other on one stream: the time any was in flight is their spans' sum, at most.
+    assert 0 < fields[COMM_WAIT] <= fields["comm_ms"] + 1e-9
+    assert comm.get() is fields, "read once"
+
+
+def test_the_events_of_a_timed_step_are_made_once_and_reused(on_device, device):
+    for _ in range(3):
+        on_device.arm()
+        dist.all_reduce(on_gpu(torch.ones(4)))
+        comm = on_device.disarm()
+        device.catch_up()
+        assert isinstance(comm, DeviceComm) and comm.get()
+    assert device.made == 2
+
+
+def test_a_collective_captured_in_a_cuda_graph_runs_untimed(gloo_world_of_one, device):
+    timer = CollectiveTimer(events=DeviceEvents(event=device.event, stream=device.stream, capturing=lambda: True))
+    timer.arm()
+    dist.all_reduce(on_gpu(torch.ones(4)))
+    assert timer.disarm() == StepComm() and device.made == 0
+
+
+def test_the_time_in_flight_counts_collectives_that_overlap_once():
+    """FSDP's all-gathers and reduce-scatters run on two streams at once."""
+    assert union_ms([(0.0, 3.0), (1.0, 2.0), (2.5, 4.0), (6.0, 7.0)]) == 5.0
+    assert union_ms([]) == 0.0

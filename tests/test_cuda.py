@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from builders import steps_made
+from hooked import installed
 from norms import flat_of
 from support import DDPTOP, EXAMPLE, SCRIPTS, run_ddptop, wait_for
 from torch import nn
@@ -31,7 +32,10 @@ from ddptop.core.policy import GuardPolicy
 from ddptop.supervisor.sampler import Sampler, load_nvml, release_nvml
 from ddptop.supervisor.watching.rules import nan
 from ddptop.trainer import flightrecorder, guard, hooks, late, patches, torchapi
+from ddptop.trainer.collective_spans import DeviceComm
+from ddptop.trainer.collective_timer import CollectiveTimer
 from ddptop.trainer.sampled import Sampled
+from ddptop.trainer.step_comm import COMM_WAIT
 from ddptop.trainer.steps import StepTracker
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -290,6 +294,63 @@ def test_the_nccl_flight_recorder_is_read_for_a_collective_completed_and_one_sti
     torch.cuda.synchronize()
     wait_for(lambda: flightrecorder.collectives()[0]["completed"] == running["enqueued"], 10, "the running one completed")
     print(f"flight recorder: {group} then {running}")
+
+
+def test_collectives_on_a_gpu_are_timed_on_their_stream_and_read_late_without_a_wait(nccl_world_of_one):
+    """The timed step's collectives (trainer/collective_spans.py): bracketed by events on the
+    stream current where they are called, read once those pass. The default stream is kept
+    busy for about a second first: a span that began with the call, not where its stream
+    reached it, would hold that second."""
+    timer = CollectiveTimer()
+    buffer, gathered = torch.ones(1024, device="cuda"), torch.empty(1024, device="cuda")
+    timer.arm()
+    dist.all_reduce(buffer)  # the events made and NCCL's kernels loaded: before the GPU is busy
+    warm = timer.disarm()
+    torch.cuda.synchronize()
+    assert isinstance(warm, DeviceComm) and warm.get()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    side = torch.cuda.Stream()
+    with any_sync_raises():
+        timer.arm()
+        dist.all_reduce(buffer)
+        dist.all_gather_into_tensor(gathered, buffer)
+        with torch.cuda.stream(side):  # as FSDP's reduce-scatters run: the side stream is idle
+            dist.all_reduce(torch.ones(8, device="cuda"))
+        comm = timer.disarm()
+        assert isinstance(comm, DeviceComm) and len(comm.spans) == 3
+        assert not comm.ready() and comm.get() is None, "read before the device ran it"
+    torch.cuda.synchronize()
+    fields = comm.get()
+    assert fields is not None and set(fields["comm_dims"]) == {"world"}, fields
+    assert set(fields["comm_dims"]["world"]) == {"all-reduce", "all-gather"}, fields
+    assert 0 < fields["comm_ms"] < 200, f"the second before them was counted: {fields}"
+    assert 0 < fields[COMM_WAIT] <= fields["comm_ms"] + 1e-3, fields
+    print(f"collectives timed on the GPU: {fields}")
+
+
+def test_an_fsdp2_step_on_a_gpu_carries_its_collectives_per_dimension(nccl_world_of_one):
+    """A model FSDP2 shards on the GPU, under ddptop's hooks: the step after the first has its
+    collectives timed on the device, in its own record once the GPU has run them."""
+    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8)).cuda()
+    for layer in (model[0], model[2]):
+        fsdp.fully_shard(layer)
+    fsdp.fully_shard(model)
+    with installed(GuardPolicy()) as records:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(3):
+            loss = model(torch.randn(16, 64, device="cuda")).pow(2).mean()
+            loss.backward()
+            dist.all_reduce(loss.detach())
+            optimizer.step()
+            optimizer.zero_grad()
+        torch.cuda.synchronize()
+        first, timed, untimed = records.steps()
+    assert "comm_dims" not in first and "comm_dims" not in untimed, (first, untimed)
+    assert "all-reduce" in timed["comm_dims"]["world"] and timed["comm_ms"] > 0, timed
+    assert timed["comm_step"] == 1 and 0 <= timed["compute_ms"] <= timed["step_ms"], timed
+    print(f"FSDP2's timed step on the GPU: {timed}")
 
 
 def test_nvml_reads_this_gpu_and_this_process_memory():

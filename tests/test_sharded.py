@@ -19,11 +19,16 @@ import torch
 import torch.distributed as dist
 from hooked import Records, installed
 from norms import total_norm
+from stand_in_gpu import Device, on_gpu
 from torch import nn
 
 from ddptop.core.policy import GuardPolicy
 from ddptop.trainer import guard, patches
+from ddptop.trainer.collective_spans import DeviceEvents
+from ddptop.trainer.collective_timer import CollectiveTimer
 from ddptop.trainer.optimizer_step import SHARDED_NOTICE
+from ddptop.trainer.sampled import Sampled
+from ddptop.trainer.step_comm import COMM_WAIT
 from ddptop.trainer.steps import LOSSES_KEPT
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")
@@ -246,3 +251,30 @@ def test_the_step_after_the_first_sharded_one_carries_its_collectives_and_its_ow
     assert timed["comm_step"] == 1
     assert timed["compute_ms"] == pytest.approx(timed["step_ms"] - timed["data_ms"] - timed["comm_ms"])
     assert dist.all_reduce is own
+
+
+def test_a_timed_step_s_collectives_on_a_gpu_go_with_its_record_once_the_device_has_run_them(gloo_world_of_one):
+    """On a GPU the timed step's collectives are read from events (trainer/collective_spans.py):
+    its record waits for them, as for any value read late, and then has its comm and its own
+    work. The script's all-reduce of its loss is "on the GPU" here (stand_in_gpu.py)."""
+    device = Device()
+    sampled = Sampled()
+    sampled.collectives = CollectiveTimer(events=DeviceEvents(event=device.event, stream=device.stream, capturing=lambda: False))
+    with installed(GuardPolicy(), sampled) as records:
+        model = sharded_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(3):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            dist.all_reduce(on_gpu(loss.detach()))
+            optimizer.step()
+            optimizer.zero_grad()
+        records.tracker.build()
+        assert [r["step"] for r in records if r["type"] == "step"] == [0], "the timed step waits for its events"
+        device.catch_up()
+        records.tracker.build()
+        first, timed, untimed = records.steps()
+    assert "comm_dims" not in first and "comm_dims" not in untimed
+    assert timed["comm_dims"] == {"world": {"all-reduce": pytest.approx(timed["comm_ms"])}} and timed["comm_ms"] > 0
+    assert timed["comm_step"] == 1 and COMM_WAIT not in timed
+    assert timed["compute_ms"] == pytest.approx(max(0.0, timed["step_ms"] - timed["data_ms"] - timed["comm_ms"]))

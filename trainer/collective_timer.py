@@ -20,8 +20,9 @@ with async_op is timed until its future completes, which gloo marks on its own t
 rank waits for it later, where FSDP does, so it adds to the comm time and not the wait.
 
 A collective on CUDA tensors returns once it is queued on a stream: what a host clock
-reads of it is not its time, so such a step is not timed. Tensor parallelism's collectives
-go by DTensor's functional collectives, which these functions never see.
+reads of it is not its time, so it is timed on the device instead (collective_spans.py),
+and the step's comm is read late, once the GPU has run it. Tensor parallelism's
+collectives go by DTensor's functional collectives, which these functions never see.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ddptop.core.wire.records import WORLD_DIMENSION
+from ddptop.trainer.collective_spans import DeviceComm, DeviceEvents, Span
+from ddptop.trainer.step_comm import StepComm
 
 MESH_PREFIX = "mesh_"
 """How DeviceMesh begins the description of a group it makes, before the dimension's name."""
@@ -76,27 +79,6 @@ class Timed(NamedTuple):
     """The rank waited in it where it called it (not async_op)."""
 
 
-@dataclass
-class StepComm:
-    """What one timed step's collectives took."""
-
-    wait_ms: float = 0.0
-    """Of comm_ms, the collectives the rank waited in where it called them."""
-    by_group: dict[str, dict[str, float]] = field(default_factory=dict)
-    """ms per mesh dimension, per op: {"shard": {"all-gather": 3.1, "reduce-scatter": 1.2}}."""
-
-    @property
-    def comm_ms(self) -> float:
-        """All of them, end to end, added up."""
-        return sum(sum(ops.values()) for ops in self.by_group.values())
-
-    def add(self, group: str, op: str, ms: float, waited: bool) -> None:
-        if waited:
-            self.wait_ms += ms
-        ops = self.by_group.setdefault(group, {})
-        ops[op] = ops.get(op, 0.0) + ms
-
-
 def label(group: Any) -> str:
     """A process group's mesh dimension (see above), its description otherwise (a torch before
     2.4 describes none: its name then)."""
@@ -111,14 +93,18 @@ def label(group: Any) -> str:
 class CollectiveTimer:
     """Arms the timing functions for one step and disarms them, on the training thread."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, events: DeviceEvents | None = None) -> None:
+        """clock times a collective on the host; events, on a GPU (collective_spans.py)."""
         self._clock = clock
+        self._events = events or DeviceEvents()
         self._saved: dict[str, Callable[..., Any]] = {}
         """torch's own functions, while the timing ones stand in for them."""
         self._timing: dict[str, Callable[..., Any]] = {}
         self._timed: list[Timed] = []
-        """Each collective since arm(): appended by the training thread and, for one called
-        with async_op, by the thread that completes it."""
+        """Each collective on the host since arm(): appended by the training thread and, for
+        one called with async_op, by the thread that completes it."""
+        self._spans: list[Span] = []
+        """Each collective on a GPU since arm(), on the training thread."""
 
     @property
     def armed(self) -> bool:
@@ -129,7 +115,7 @@ class CollectiveTimer:
         dist = sys.modules.get("torch.distributed")
         if dist is None or self._saved:
             return
-        self._timed = []
+        self._timed, self._spans = [], []
         for name, collective in COLLECTIVES.items():
             original = getattr(dist, name, None)
             if original is None:
@@ -138,8 +124,9 @@ class CollectiveTimer:
             self._saved[name], self._timing[name] = original, timing
             setattr(dist, name, timing)
 
-    def disarm(self) -> StepComm:
-        """torch's own functions back (each that nobody replaced since), and what the step's collectives took."""
+    def disarm(self) -> StepComm | DeviceComm:
+        """torch's own functions back (each that nobody replaced since), and what the step's
+        collectives took: read late (a DeviceComm) where some ran on a GPU."""
         dist = sys.modules["torch.distributed"]
         for name, original in self._saved.items():
             if getattr(dist, name, None) is self._timing[name]:
@@ -149,19 +136,27 @@ class CollectiveTimer:
         comm = StepComm()
         for each in list(timed):
             comm.add(each.group, each.op, each.ms, each.waited)
-        return comm
+        spans, self._spans = self._spans, []
+        return DeviceComm(self._events, comm, spans) if spans else comm
 
     def _timing_of(self, original: Callable[..., Any], collective: Collective) -> Callable[..., Any]:
-        clock, timed = self._clock, self._timed
+        clock, timed, spans, events = self._clock, self._timed, self._spans, self._events
 
         def timing(*args: Any, **kwargs: Any) -> Any:
+            if len(timed) + len(spans) >= TIMED_KEPT:
+                return original(*args, **kwargs)
+            group = kwargs["group"] if "group" in kwargs else args[collective.group_at] if len(args) > collective.group_at else None
+            name = label(group)
+            # Where it runs: its first tensor, or the first of its first list of them (inline: this
+            # runs for every collective of the timed step, on the training thread).
+            tensor = args[0] if args else next(iter(kwargs.values()), None)
+            if isinstance(tensor, (list, tuple)):
+                tensor = tensor[0] if tensor else None
+            if getattr(tensor, "is_cuda", False):
+                return _on_device(events, spans, original, args, kwargs, tensor, name, collective.op)
             began = clock()
             work = original(*args, **kwargs)
             took = clock() - began
-            if len(timed) >= TIMED_KEPT or (args and getattr(args[0], "is_cuda", False)):
-                return work
-            group = kwargs["group"] if "group" in kwargs else args[collective.group_at] if len(args) > collective.group_at else None
-            name = label(group)
             if work is None:
                 timed.append(Timed(name, collective.op, took * 1e3, True))
             else:
@@ -169,6 +164,29 @@ class CollectiveTimer:
             return work
 
         return timing
+
+
+def _on_device(
+    events: DeviceEvents, spans: list[Span], original: Callable[..., Any], args: Any, kwargs: Any, tensor: Any, group: str, op: str
+) -> Any:
+    """A collective on a GPU, between two events on the stream current where it is called
+    (collective_spans.py); an async one returns its work untimed."""
+    device = tensor.get_device()
+    try:
+        start = events.mark(device)
+    except Exception:  # noqa: BLE001 - no event to be had: the collective runs untimed, never a failure of ddptop's
+        start = None
+    work = original(*args, **kwargs)
+    if start is None:
+        return work
+    try:
+        if work is None and (end := events.mark(device)) is not None:
+            spans.append(Span(group, op, device, start, end))
+        else:
+            events.give_back(device, (start,))
+    except Exception:  # noqa: BLE001 - as above
+        return work
+    return work
 
 
 def _time_async(work: Any, done: Callable[[], None]) -> None:

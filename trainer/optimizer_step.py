@@ -143,8 +143,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     probe.cuda = cuda = first.is_cuda
     if sharded and "sharded" not in probe.noticed:
         probe.tell_once("sharded", SHARDED_NOTICE)
-        if not cuda:  # a host clock times a collective on the CPU alone (collective_timer.py)
-            probe.sampled.time_sharded()
+        probe.sampled.time_sharded()
     if cuda and probe.sampled.device is None:
         probe.sampled.device = first.device.index
     grad_scale = getattr(optimizer, "grad_scale", None)  # a fused optimizer under GradScaler.step: still scaled

@@ -18,13 +18,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ddptop.trainer.collective_timer import CollectiveTimer, StepComm
+from ddptop.trainer.collective_spans import DeviceComm
+from ddptop.trainer.collective_timer import CollectiveTimer
 
 READ_EVERY_S = 1.0
 
-COMM_WAIT = "comm_wait_ms"
-"""A timed sharded step's wait in its collectives: the step tracker takes it out of the
-step's time for its compute_ms (steps.py), and sends it nowhere."""
+COMM_TIMED = "comm_timed"
+"""The key of a timed step's comm read late (collective_spans.DeviceComm), which reads as fields."""
 
 NS = 1e-9
 
@@ -98,18 +98,21 @@ class Sampled:
         return values
 
     def time_sharded(self) -> None:
-        """The job's gradients are sharded over its ranks (on the host): from the step that
-        ends next, one step's collectives are timed every `every` seconds."""
+        """The job's gradients are sharded over its ranks: from the step that ends next, one
+        step's collectives are timed every `every` seconds."""
         self._sharded = self.comm_due = True
 
     def read_comm(self, step: int | None = None) -> dict[str, Any] | None:
         """DDP's latest sampled timings, on the training thread after step `step` (see above),
         and the job's pace since the last read; None at the rank's exit: no pace. Of a
-        sharded job, the step that ends now, if it was timed: its values (comm_values)."""
+        sharded job, the step that ends now, if it was timed: its comm fields (StepComm.values),
+        or on a GPU, where they are read late, a Late that reads as them."""
         self.comm_due = False
         if self.collectives.armed:
             timed = self.collectives.disarm()
-            return comm_values(timed) if step is not None else None
+            if step is None:
+                return None
+            return {COMM_TIMED: timed} if isinstance(timed, DeviceComm) else timed.values()
         found = self._read_models()
         if found:
             self._comm = found
@@ -168,14 +171,6 @@ class Sampled:
                     figures[key] += found[key]
             found = figures
         return found
-
-
-def comm_values(timed: StepComm) -> dict[str, Any]:
-    """A timed sharded step's comm figures, for its own record (StepTracker.optimizer_end):
-    comm_ms, comm_dims, and what its compute_ms leaves out (COMM_WAIT)."""
-    if not timed.by_group:
-        return {}
-    return {"comm_ms": timed.comm_ms, "comm_dims": timed.by_group, COMM_WAIT: timed.wait_ms}
 
 
 def set_rate(model: Any, rate: int) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ddptop.core import wire
 from ddptop.trainer import late, loss, where
-from ddptop.trainer.sampled import COMM_WAIT
+from ddptop.trainer.step_comm import COMM_WAIT
 
 MAX_WAITING = 64
 """Records whose GPU values are not readable yet (a device that many steps behind the
@@ -485,13 +485,8 @@ def _record(rank: int, fact: StepFacts, wall_offset: float, total_steps: int | N
         record["tokens"] = fact.tokens
     if total_steps is not None:
         record["total_steps"] = total_steps
-    values = fact.values
-    if COMM_WAIT in values:  # a sharded step whose collectives were timed: its own work is the rest
-        wait = values.pop(COMM_WAIT)
-        record["comm_step"] = fact.step
-        if evaluated is None and "data_ms" in record:
-            record["compute_ms"] = max(0.0, record["step_ms"] - record["data_ms"] - wait)
-    record.update(values)
+    record.update(fact.values)
+    _own_work(record)
     if fact.loss is not None:
         record["loss"] = fact.loss  # taken on the training thread already: a number, or a Late
     read = record.get(late.FIELDS)
@@ -499,6 +494,17 @@ def _record(rank: int, fact: StepFacts, wall_offset: float, total_steps: int | N
         del record[late.FIELDS]
         _add_fields(record, read.get())
     return record
+
+
+def _own_work(record: wire.Frame) -> None:
+    """A sharded step whose collectives were timed (COMM_WAIT, now or read late): its own
+    work, compute_ms, is the step less its data wait and its wait in them."""
+    wait = record.pop(COMM_WAIT, None)
+    if wait is None:
+        return
+    record["comm_step"] = record["step"]
+    if "eval_ms" not in record and "data_ms" in record:
+        record["compute_ms"] = max(0.0, record["step_ms"] - record["data_ms"] - wait)
 
 
 def _add_fields(record: wire.Frame, fields: dict[str, Any]) -> None:
@@ -525,15 +531,16 @@ def _split(record: wire.Frame) -> tuple[wire.Frame, dict[str, late.Late]]:
 def _resolve(record: wire.Frame, lates: dict[str, late.Late], wait: bool) -> wire.Frame:
     """The record with its Late values read; those not ready, or read as None,
     are left out (unless wait: then every one is read, at no wait where all are ready).
-    FIELDS reads as a dict of fields, which add to the record without replacing what it
-    has (monitor.step's loss)."""
+    One that reads as a dict (the guard's FIELDS, a timed step's comm on a GPU) gives
+    fields, which add to the record without replacing what it has (monitor.step's loss)."""
     for key, value in lates.items():
         if wait or value.ready():
             got = value.get()
             if got is None:
                 continue
-            if key == late.FIELDS:
+            if type(got) is dict:
                 _add_fields(record, got)
             else:
                 record[key] = got
+    _own_work(record)
     return record
