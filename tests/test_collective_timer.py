@@ -127,3 +127,31 @@ def test_the_time_in_flight_counts_collectives_that_overlap_once():
     """FSDP's all-gathers and reduce-scatters run on two streams at once."""
     assert union_ms([(0.0, 3.0), (1.0, 2.0), (2.5, 4.0), (6.0, 7.0)]) == 5.0
     assert union_ms([]) == 0.0
+
+
+def test_a_collective_in_code_torch_compile_traces_goes_in_its_graph_untimed(timer):
+    """A timing function traced by torch.compile gets out of the way: torch's collective goes
+    in the graph as it does unarmed, with no graph break of its own (nor dynamo's warning about
+    the clock it cannot trace). Set against the same code compiled unarmed, since an older
+    torch breaks its graph at a collective anyway."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    @torch.compile(backend="eager")
+    def step(x):
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    def graph_breaks(armed: bool) -> dict:
+        torch._dynamo.reset()
+        counters.clear()
+        if armed:
+            timer.arm()
+            assert dist.all_reduce.__wrapped__ is timer._saved["all_reduce"], "torch's signature and name, for whoever looks"
+        assert torch.equal(step(torch.ones(4)), torch.full((4,), 3.0))
+        if armed:
+            assert timer.disarm().by_group == {}
+        return dict(counters["graph_break"])
+
+    assert graph_breaks(armed=True) == graph_breaks(armed=False)

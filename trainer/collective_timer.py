@@ -22,11 +22,15 @@ rank waits for it later, where FSDP does, so it adds to the comm time and not th
 A collective on CUDA tensors returns once it is queued on a stream: what a host clock
 reads of it is not its time, so it is timed on the device instead (collective_spans.py),
 and the step's comm is read late, once the GPU has run it. Tensor parallelism's
-collectives go by DTensor's functional collectives, which these functions never see.
+collectives go by DTensor's functional collectives, which these functions never see. Nor
+are those in code that torch.compile traces while they are armed: there a timing function
+hands over to torch's at once, so that the graph holds torch's collective as it does
+unarmed, with no break in it for a clock dynamo cannot trace.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -101,10 +105,11 @@ class CollectiveTimer:
         """torch's own functions, while the timing ones stand in for them."""
         self._timing: dict[str, Callable[..., Any]] = {}
         self._timed: list[Timed] = []
-        """Each collective on the host since arm(): appended by the training thread and, for
-        one called with async_op, by the thread that completes it."""
+        """Each collective on the host since arm(): appended by the thread that calls it (the
+        training thread, or autograd's in a backward) and, for one called with async_op, by
+        the thread that completes it."""
         self._spans: list[Span] = []
-        """Each collective on a GPU since arm(), on the training thread."""
+        """Each collective on a GPU since arm(), by the thread that calls it."""
 
     @property
     def armed(self) -> bool:
@@ -140,9 +145,15 @@ class CollectiveTimer:
         return DeviceComm(self._events, comm, spans) if spans else comm
 
     def _timing_of(self, original: Callable[..., Any], collective: Collective) -> Callable[..., Any]:
-        clock, timed, spans, events = self._clock, self._timed, self._spans, self._events
+        timer, clock, events = self, self._clock, self._events
+        compiler = sys.modules["torch"].compiler
+        compiling = getattr(compiler, "is_compiling", None) or compiler.is_dynamo_compiling
 
+        @functools.wraps(original)  # torch's name, docstring and signature, for whoever looks at it
         def timing(*args: Any, **kwargs: Any) -> Any:
+            if compiling():  # traced by torch.compile: torch's own function goes in its graph, as if unarmed
+                return original(*args, **kwargs)
+            timed, spans = timer._timed, timer._spans  # the step's lists as it is called: an async one's completion may come after disarm()
             if len(timed) + len(spans) >= TIMED_KEPT:
                 return original(*args, **kwargs)
             group = kwargs["group"] if "group" in kwargs else args[collective.group_at] if len(args) > collective.group_at else None
