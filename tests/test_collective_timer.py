@@ -155,3 +155,20 @@ def test_a_collective_in_code_torch_compile_traces_goes_in_its_graph_untimed(tim
         return dict(counters["graph_break"])
 
     assert graph_breaks(armed=True) == graph_breaks(armed=False)
+
+
+def test_each_arm_puts_in_the_timing_functions_made_at_the_first(timer):
+    """Making them is most of what arming costs; one is made again only for a function of
+    torch's that someone replaced since."""
+    own = dist.all_reduce
+    timer.arm()
+    first, gather = dist.all_reduce, dist.all_gather_into_tensor
+    timer.disarm()
+    theirs = dist.all_gather_into_tensor = lambda *args, **kwargs: gather.__wrapped__(*args, **kwargs)
+    try:
+        timer.arm()
+        assert dist.all_reduce is first and first.__wrapped__ is own
+        assert dist.all_gather_into_tensor.__wrapped__ is theirs
+        timer.disarm()
+    finally:
+        dist.all_gather_into_tensor = gather.__wrapped__

@@ -3,7 +3,7 @@ dimension, and the wait in them that is no part of the rank's own work.
 
 FSDP2, HSDP and FSDP1 meet in all-gathers and reduce-scatters, and HSDP's replicas in
 all-reduces, that DDP's reducer never times (sampled.py). torch's flight recorder lists
-them, but on gloo with no duration, and one read of it holds the GIL for 16 ms at ddptop's
+them, but on gloo with no duration, and one read of it holds the GIL for 16 to 25 ms at ddptop's
 2,000 entries (docs/benchmarks.md, bench/flight_recorder.py): the training thread would
 wait through every read. So the training thread, at the end of a step that sampled.py
 picked, swaps torch.distributed's collective functions (COLLECTIVES) for timing ones, and
@@ -104,6 +104,9 @@ class CollectiveTimer:
         self._saved: dict[str, Callable[..., Any]] = {}
         """torch's own functions, while the timing ones stand in for them."""
         self._timing: dict[str, Callable[..., Any]] = {}
+        """The timing function of each of torch's, made at the first arm() and put in again at
+        each one after (for as long as torch's function is the same): making one is the most
+        of what arming would cost."""
         self._timed: list[Timed] = []
         """Each collective on the host since arm(): appended by the thread that calls it (the
         training thread, or autograd's in a backward) and, for one called with async_op, by
@@ -125,8 +128,10 @@ class CollectiveTimer:
             original = getattr(dist, name, None)
             if original is None:
                 continue
-            timing = self._timing_of(original, collective)
-            self._saved[name], self._timing[name] = original, timing
+            self._saved[name] = original
+            timing = self._timing.get(name)
+            if timing is None or getattr(timing, "__wrapped__", None) is not original:
+                timing = self._timing[name] = self._timing_of(original, collective)
             setattr(dist, name, timing)
 
     def disarm(self) -> StepComm | DeviceComm:
@@ -136,7 +141,7 @@ class CollectiveTimer:
         for name, original in self._saved.items():
             if getattr(dist, name, None) is self._timing[name]:
                 setattr(dist, name, original)
-        self._saved, self._timing = {}, {}
+        self._saved = {}
         timed, self._timed = self._timed, []
         comm = StepComm()
         for each in list(timed):
