@@ -2,8 +2,8 @@
 when a test says the GPU has caught up, and tensors that say they are on a GPU.
 
 Only the shapes ddptop's GPU path reads are faked: a CUDA event's record, query,
-synchronize and elapsed_time, and a device's current stream (late.PinnedRing takes its event maker and its
-stream lookup), and a tensor's `is_cuda` (what the guard and late.scalar branch on). The
+synchronize and elapsed_time, and a device's current stream (late.PinnedRing and
+collective_spans.DeviceEvents take its event maker and its stream lookup), and a tensor's `is_cuda` (what the guard and late.scalar branch on). The
 kernels are the CPU's, and a copy is done when it is queued: what only a device has (a copy
 in flight, a wait on the device, pinned memory) is tests/test_cuda.py's, on a real GPU.
 """

@@ -1,5 +1,6 @@
 """The CUDA paths on a real GPU: steady steps that never synchronise, late reads, the
-flight recorder on NCCL, a NaN skipped on the device, NVML, a profile's CUDA kernels.
+flight recorder on NCCL, a NaN skipped on the device, a sharded step's collectives timed
+on the device, NVML, a profile's CUDA kernels.
 
 Skipped where torch sees no CUDA device (CI, a laptop): there the gloo tests
 cover the same code's CPU half. Run on a GPU host with `python -m pytest -m

@@ -11,7 +11,7 @@ What it reads: each collective's time on the device, added up per mesh dimension
 (the COMM column and the rank detail, as on the CPU), and the time the rank had any
 collective in flight: the union of the spans, not their sum, because FSDP's all-gathers
 and reduce-scatters run on two streams at once. That union is the rank's wait in them
-(sampled.COMM_WAIT), which its own work is taken without (steps.py): a rank that others
+(step_comm.COMM_WAIT), which its own work is taken without (steps.py): a rank that others
 wait for spends little of its step in collectives, and they much.
 
 A collective called with async_op is not timed: its work is waited for where the caller
