@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from ddptop.trainer.collective_spans import DeviceEvents
+
 
 class Device:
     """Stands in for the GPU's queue: events recorded since the last catch_up() have not passed."""
@@ -29,6 +31,11 @@ class Device:
     def event(self) -> Event:
         self.made += 1
         return Event(self)
+
+    def timing_events(self, capturing: bool = False) -> DeviceEvents:
+        """The collective timer's events on this device (collective_spans.DeviceEvents), with a
+        CUDA graph being captured all along where capturing."""
+        return DeviceEvents(event=self.event, stream=self.stream, capturing=lambda: capturing)
 
     def stream(self, device: int) -> str:
         """The stream a copy from device is queued on now (torchapi.current_stream's stand-in)."""

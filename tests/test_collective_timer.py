@@ -13,7 +13,7 @@ import torch.distributed as dist
 from stand_in_gpu import Device, on_gpu
 
 from ddptop.core.wire.records import WORLD_DIMENSION as WORLD
-from ddptop.trainer.collective_spans import DeviceComm, DeviceEvents, union_ms
+from ddptop.trainer.collective_spans import DeviceComm, union_ms
 from ddptop.trainer.collective_timer import COLLECTIVES, CollectiveTimer, label
 from ddptop.trainer.step_comm import COMM_WAIT, StepComm
 
@@ -84,7 +84,7 @@ def device() -> Device:
 def on_device(gloo_world_of_one: None, device: Device) -> CollectiveTimer:
     """A timer whose events are the stand-in GPU's (stand_in_gpu.py): its collectives on tensors
     that say they are on a GPU run on gloo, and are timed by events that pass when the test says."""
-    return CollectiveTimer(events=DeviceEvents(event=device.event, stream=device.stream, capturing=lambda: False))
+    return CollectiveTimer(events=device.timing_events())
 
 
 def test_collectives_on_a_gpu_are_read_late_once_their_events_pass_and_never_waited_for(on_device, device):
@@ -117,7 +117,7 @@ def test_the_events_of_a_timed_step_are_made_once_and_reused(on_device, device):
 
 
 def test_a_collective_captured_in_a_cuda_graph_runs_untimed(gloo_world_of_one, device):
-    timer = CollectiveTimer(events=DeviceEvents(event=device.event, stream=device.stream, capturing=lambda: True))
+    timer = CollectiveTimer(events=device.timing_events(capturing=True))
     timer.arm()
     dist.all_reduce(on_gpu(torch.ones(4)))
     assert timer.disarm() == StepComm() and device.made == 0

@@ -12,7 +12,7 @@ tests/test_e2e_real_trainers.py runs two ranks, whose shards differ
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -24,7 +24,6 @@ from torch import nn
 
 from ddptop.core.policy import GuardPolicy
 from ddptop.trainer import guard, patches
-from ddptop.trainer.collective_spans import DeviceEvents
 from ddptop.trainer.collective_timer import CollectiveTimer
 from ddptop.trainer.optimizer_step import SHARDED_NOTICE
 from ddptop.trainer.sampled import Sampled
@@ -231,20 +230,26 @@ def test_a_sharded_models_steps_begin_at_its_outermost_forward_with_its_samples_
     }, "the inner modules keep FSDP's own hooks only"
 
 
+def steps_all_reducing_their_loss(on: Callable[[torch.Tensor], torch.Tensor] = lambda tensor: tensor) -> None:
+    """3 steps of the sharded model whose script all-reduces each step's loss (as it is, or
+    `on` a stand-in GPU): at world size 1, FSDP2 gathers nothing, so that is the step's collective."""
+    model = sharded_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        dist.all_reduce(on(loss.detach()))
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 def test_the_step_after_the_first_sharded_one_carries_its_collectives_and_its_own_work(records):
     """The first sharded step arms the timing of the next one's collectives (trainer/
     collective_timer.py); the one after that, within the second, is not timed. The timed
     step's own work is what its data wait and its wait in the collectives leave. FSDP2 at
     world size 1 gathers nothing: the collective timed is the script's all-reduce of its loss."""
     own = dist.all_reduce
-    model = sharded_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(3):
-        loss = model(torch.randn(4, 8)).pow(2).mean()
-        loss.backward()
-        dist.all_reduce(loss.detach())
-        optimizer.step()
-        optimizer.zero_grad()
+    steps_all_reducing_their_loss()
     first, timed, untimed = records.steps()
     assert "comm_dims" not in first and "comm_dims" not in untimed and "compute_ms" not in untimed
     assert timed["comm_dims"] == {"world": {"all-reduce": pytest.approx(timed["comm_ms"])}} and timed["comm_ms"] > 0
@@ -259,16 +264,9 @@ def test_a_timed_step_s_collectives_on_a_gpu_go_with_its_record_once_the_device_
     work. The script's all-reduce of its loss is "on the GPU" here (stand_in_gpu.py)."""
     device = Device()
     sampled = Sampled()
-    sampled.collectives = CollectiveTimer(events=DeviceEvents(event=device.event, stream=device.stream, capturing=lambda: False))
+    sampled.collectives = CollectiveTimer(events=device.timing_events())
     with installed(GuardPolicy(), sampled) as records:
-        model = sharded_model()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        for _ in range(3):
-            loss = model(torch.randn(4, 8)).pow(2).mean()
-            loss.backward()
-            dist.all_reduce(on_gpu(loss.detach()))
-            optimizer.step()
-            optimizer.zero_grad()
+        steps_all_reducing_their_loss(on_gpu)
         records.tracker.build()
         assert [r["step"] for r in records if r["type"] == "step"] == [0], "the timed step waits for its events"
         device.catch_up()
