@@ -120,10 +120,10 @@ class DeviceComm:
             for device in {span.device for span in spans}:
                 on = [span for span in spans if span.device == device]
                 first = on[0].start  # a device's own clock: each span's start and end taken from one of its events
-                intervals = sorted((first.elapsed_time(span.start), first.elapsed_time(span.end)) for span in on)
-                for span in on:
-                    comm.add(span.group, span.op, first.elapsed_time(span.end) - first.elapsed_time(span.start), False)
-                in_flight = max(in_flight, union_ms(intervals))
+                intervals = [(first.elapsed_time(span.start), first.elapsed_time(span.end)) for span in on]
+                for span, (began, ended) in zip(on, intervals):
+                    comm.add(span.group, span.op, ended - began, False)
+                in_flight = max(in_flight, union_ms(sorted(intervals)))
         except Exception:  # noqa: BLE001 - an event the device could not time: the step goes without its comm
             return None
         finally:
