@@ -14,7 +14,9 @@ What ddptop does instead (trainer/collective_timer.py) passes one step's
 collectives a second through a timing function. Its cost per collective:
 the timing function around one that does nothing, against that one alone,
 the difference of the medians of 40 alternating rounds of 5,000 calls;
-and what arming and disarming it cost, once for each step it times.
+the same for a functional collective of tensor parallelism's, its launch
+and its wait (trainer/functional_timing.py); and what arming and disarming
+it cost, once for each step it times.
 
     python bench/flight_recorder.py --entries 2000
     python bench/flight_recorder.py --entries 200
@@ -50,10 +52,10 @@ def measure(entries: int, reads: int) -> None:
         trace = pickle.loads(raw)
         dumping.append(dumped - started)
         loading.append(time.perf_counter() - dumped)
-    wrapped, arming = timer_cost(x), arming_cost()
+    wrapped, functional, arming = timer_cost(x), functional_cost(x), arming_cost()
     if dist.get_rank() == 0:
         print(
-            f"the collective timer's cost per collective it times (medians of 40 rounds of 5,000 calls): {wrapped * 1e6:.2f} µs; arming and disarming it, once a step is timed: {arming * 1e6:.1f} µs"
+            f"the collective timer's cost per collective it times (medians of 40 rounds of 5,000 calls): {wrapped * 1e6:.2f} µs; per functional collective (tensor parallelism's), its launch and wait: {functional * 1e6:.2f} µs; arming and disarming it, once a step is timed: {arming * 1e6:.1f} µs"
         )
         print(
             f"flight recorder of {len(trace['entries'])} entries ({len(raw) / 1024:.0f} KiB), rank 0 of 2 on gloo, median of {reads} reads: "
@@ -66,7 +68,7 @@ def timer_cost(x: object, rounds: int = 40, calls: int = 5_000) -> float:
     """Seconds the armed timer adds to one collective (see above): a collective's own time
     varies by more than that from one call to the next, so the timer wraps a function that
     does nothing, in torch.distributed's place for the while, against that function alone.
-    A round is fewer calls than the timer keeps in a step (TIMED_KEPT)."""
+    A round is fewer calls than the timer keeps in a step (timed_collectives.TIMED_KEPT)."""
     import torch.distributed as dist
 
     from ddptop.trainer.collective_timer import CollectiveTimer
@@ -92,8 +94,57 @@ def timer_cost(x: object, rounds: int = 40, calls: int = 5_000) -> float:
     return statistics.median(took[True]) - statistics.median(took[False])
 
 
+class Launched:
+    """What a functional collective returns before its wait (an AsyncCollectiveTensor's shape)."""
+
+    completed = False
+
+    def __init__(self, elem: object) -> None:
+        self.elem = elem
+
+
+def functional_cost(x: object, rounds: int = 40, calls: int = 5_000) -> float:
+    """Seconds the armed timer adds to one of DTensor's functional collectives, its launch and
+    the wait for its output (trainer/functional_timing.py), as timer_cost does for
+    torch.distributed's: around stand-ins that do nothing, given the (mesh, dimension) DTensor
+    passes, against those stand-ins alone."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ddptop.trainer.collective_timer import CollectiveTimer
+
+    group, out = (init_device_mesh("cpu", (2,)), 0), Launched(x)
+
+    def launch(*args: object, **kwargs: object) -> Launched:
+        return out
+
+    def wait(tensor: object) -> object:
+        return tensor
+
+    own, (funcol.all_reduce, funcol.wait_tensor) = (funcol.all_reduce, funcol.wait_tensor), (launch, wait)
+    timer, took = CollectiveTimer(), {False: [], True: []}
+    try:
+        for _ in range(rounds):
+            for armed in (False, True):
+                if armed:
+                    timer.arm()
+                started = time.perf_counter()
+                for _ in range(calls):
+                    funcol.wait_tensor(funcol.all_reduce(x, "sum", group).elem)
+                took[armed].append((time.perf_counter() - started) / calls)
+                if armed:
+                    timer.disarm()
+    finally:
+        funcol.all_reduce, funcol.wait_tensor = own
+    return statistics.median(took[True]) - statistics.median(took[False])
+
+
 def arming_cost(pairs: int = 10_000) -> float:
-    """Seconds one arm() and disarm() take: once a second, at two steps' ends."""
+    """Seconds one arm() and disarm() take: once a second, at two steps' ends. DTensor's
+    functional collectives are imported, as in any job FSDP2 or tensor parallelism shards:
+    their functions are swapped too."""
+    import torch.distributed._functional_collectives  # noqa: F401 - imported for its functions to be swapped
+
     from ddptop.trainer.collective_timer import CollectiveTimer
 
     timer = CollectiveTimer()

@@ -6,6 +6,9 @@ events, read late."""
 from __future__ import annotations
 
 import inspect
+import itertools
+import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -13,9 +16,11 @@ import torch.distributed as dist
 from stand_in_gpu import Device, on_gpu
 
 from ddptop.core.wire.records import WORLD_DIMENSION as WORLD
+from ddptop.trainer import functional_timing
 from ddptop.trainer.collective_spans import DeviceComm, union_ms
-from ddptop.trainer.collective_timer import COLLECTIVES, CollectiveTimer, label
+from ddptop.trainer.collective_timer import COLLECTIVES, CollectiveTimer
 from ddptop.trainer.step_comm import COMM_WAIT, StepComm
+from ddptop.trainer.timed_collectives import StepLog, label
 
 
 @pytest.fixture
@@ -58,6 +63,12 @@ def test_a_mesh_dimension_s_group_is_named_for_the_dimension(gloo_world_of_one):
     assert label(dist.new_group([0], group_desc="mesh_shard")) == "shard"
     assert label(dist.new_group([0], group_desc="experts")) == "experts"
     assert label(None) == WORLD and label(dist.group.WORLD) == WORLD
+    # DTensor's functional collectives name a group by its mesh and dimension.
+    from torch.distributed.device_mesh import init_device_mesh
+
+    assert functional_timing.group_label((init_device_mesh("cpu", (1,)), 0)) == WORLD
+    assert functional_timing.group_label(dist.new_group([0], group_desc="mesh_tp")) == "tp"
+    assert functional_timing.group_label(init_device_mesh("cpu", (1, 1))) == "mesh", "a 2-D mesh passed whole has no one group"
 
 
 def test_a_function_someone_else_put_in_while_armed_is_left_in_place(timer):
@@ -147,8 +158,9 @@ def test_a_collective_in_code_torch_compile_traces_goes_in_its_graph_untimed(tim
         torch._dynamo.reset()
         counters.clear()
         if armed:
+            own = dist.all_reduce
             timer.arm()
-            assert dist.all_reduce.__wrapped__ is timer._saved["all_reduce"], "torch's signature and name, for whoever looks"
+            assert dist.all_reduce.__wrapped__ is own, "torch's signature and name, for whoever looks"
         assert torch.equal(step(torch.ones(4)), torch.full((4,), 3.0))
         if armed:
             assert timer.disarm().by_group == {}
@@ -172,3 +184,67 @@ def test_each_arm_puts_in_the_timing_functions_made_at_the_first(timer):
         timer.disarm()
     finally:
         dist.all_gather_into_tensor = gather.__wrapped__
+
+
+@pytest.fixture
+def mesh(gloo_world_of_one: None):
+    """A 1-D mesh over the world of one, as DTensor's functional collectives are given it."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (1,))
+
+
+def ticks() -> Callable[[], float]:
+    """A clock a second on at each reading: a collective's time says how many readings it took."""
+    counter = itertools.count()
+    return lambda: float(next(counter))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.distributed._functional_collectives.all_gather_tensor` is deprecated")
+def test_tensor_parallelism_s_collectives_are_timed_from_their_launch_to_the_wait_for_their_output(mesh):
+    """DTensor's functional collectives return at once, and the rank waits for one where its
+    output is first used: a second in the launch and one in the wait, two each; one waited for
+    after the step counts its launch alone. The older name of a gather that calls the newer
+    counts once."""
+    import torch.distributed._functional_collectives as funcol
+
+    own = {name: getattr(funcol, name) for name in (*functional_timing.FUNCTIONAL, functional_timing.WAIT) if hasattr(funcol, name)}
+    timer = CollectiveTimer(clock=ticks())
+    timer.arm()
+    summed = funcol.all_reduce(torch.ones(4), "sum", (mesh, 0))
+    assert isinstance(summed, funcol.AsyncCollectiveTensor) and not summed.completed
+    assert torch.equal(summed + 1, torch.full((4,), 2.0)), "its first use waits for it"
+    funcol.all_gather_tensor(torch.ones(2), 0, (mesh, 0)).wait()
+    left = funcol.all_reduce(torch.ones(4), "sum", (mesh, 0))
+    comm = timer.disarm()
+    left.wait()
+    assert {name: getattr(funcol, name) for name in own} == own
+    assert comm.by_group == {WORLD: {"all-reduce": 3000.0, "all-gather": 2000.0}}
+    assert comm.wait_ms == 5000.0, "the rank waited in each"
+
+
+def test_a_functional_collective_on_a_gpu_spans_its_launch_to_the_wait_for_it(mesh, device):
+    """On a GPU its span runs from an event before the launch to one after the wait, read late.
+    (The stand-in GPU's tensors are the CPU's, which funcol's output will not carry: the
+    collective itself runs on the plain tensor.)"""
+    import torch.distributed._functional_collectives as funcol
+
+    log, events = StepLog(), device.timing_events()
+    untraced = lambda: False  # noqa: E731
+
+    def all_reduce_on_the_gpu(tensor, *args):
+        return funcol.all_reduce(tensor.as_subclass(torch.Tensor), *args)
+
+    launch = functional_timing.launching(
+        all_reduce_on_the_gpu, functional_timing.FUNCTIONAL["all_reduce"], lambda: log, time.perf_counter, events, untraced
+    )
+    wait = functional_timing.waiting(funcol.wait_tensor, lambda: log, time.perf_counter, events, untraced)
+    out = launch(on_gpu(torch.ones(4)), "sum", (mesh, 0))
+    assert len(log.launched) == 1 and log.spans == []
+    wait(out.elem)
+    assert log.launched == {} and [(span.group, span.op) for span in log.spans] == [(WORLD, "all-reduce")]
+    comm = log.settle(events)
+    assert isinstance(comm, DeviceComm) and comm.get() is None and device.waits == 0
+    device.catch_up()
+    fields = comm.get()
+    assert fields is not None and set(fields["comm_dims"]) == {WORLD} and fields["comm_ms"] > 0

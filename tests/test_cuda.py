@@ -329,6 +329,34 @@ def test_collectives_on_a_gpu_are_timed_on_their_stream_and_read_late_without_a_
     print(f"collectives timed on the GPU: {fields}")
 
 
+def test_a_functional_collective_on_a_gpu_is_timed_from_its_launch_to_the_wait_for_it(nccl_world_of_one):
+    """Tensor parallelism's (trainer/functional_timing.py): NCCL runs it on a stream of its
+    own, and the current stream waits for it where its output is first used. Events before
+    the launch and after that wait, on the current stream, read late with nothing
+    synchronised, while that stream is busy for about a second first."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh, timer, buffer = init_device_mesh("cuda", (1,)), CollectiveTimer(), torch.ones(1024, device="cuda")
+    timer.arm()
+    funcol.all_reduce(buffer, "sum", (mesh, 0)).wait()  # NCCL's kernels loaded, the events made
+    warm = timer.disarm()
+    torch.cuda.synchronize()
+    assert isinstance(warm, DeviceComm) and warm.get()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    with any_sync_raises():
+        timer.arm()
+        total = funcol.all_reduce(buffer, "sum", (mesh, 0)) + 1  # its first use waits for it
+        comm = timer.disarm()
+        assert isinstance(comm, DeviceComm) and [(span.group, span.op) for span in comm.spans] == [("world", "all-reduce")]
+        assert not comm.ready() and comm.get() is None, "read before the device ran it"
+    torch.cuda.synchronize()
+    fields = comm.get()
+    assert fields is not None and 0 < fields["comm_ms"] < 200, f"the second before it was counted: {fields}"
+    assert torch.equal(total, torch.full_like(buffer, 2.0))
+    print(f"a functional collective timed on the GPU: {fields}")
+
+
 def test_an_fsdp2_step_on_a_gpu_carries_its_collectives_per_dimension(nccl_world_of_one):
     """A model FSDP2 shards on the GPU, under ddptop's hooks: the step after the first has its
     collectives timed on the device, in its own record once the GPU has run them."""

@@ -118,8 +118,12 @@ def test_fsdp2_beside_tensor_parallelism_counts_replicated_parameters_once(ddpto
     biases RowwiseParallel replicates over the pair are held by both: counted once."""
     run, records = run_sharded(tmp_path, 4, "--tp", "2", "--steps", "12")
     shows_the_full_norm(run, records, 4, 12)
-    # FSDP's collectives go over the mesh's "dp" dimension; tensor parallelism's are DTensor's own, not timed.
-    assert timed_dims(records, 4) == {rank: {"dp"} for rank in range(4)}
+    # FSDP's collectives go over the mesh's "dp" dimension; tensor parallelism's over "tp": DTensor's
+    # functional all-reduces of RowwiseParallel's partial sums (trainer/functional_timing.py), and
+    # the all-gathers of the script's whole gradients.
+    assert timed_dims(records, 4) == {rank: {"dp", "tp"} for rank in range(4)}
+    one = next(r["comm_dims"] for r in records if r["type"] == "step" and r["step"] == 1)
+    assert set(one["dp"]) == {"all-gather", "reduce-scatter"} and "all-reduce" in one["tp"], one
 
 
 def test_an_fsdp2_rank_slow_in_its_data_is_named_with_its_input_as_the_cause(ddptop_home, tmp_path):

@@ -3,18 +3,16 @@ dimension, and the wait in them that is no part of the rank's own work.
 
 FSDP2, HSDP and FSDP1 meet in all-gathers and reduce-scatters, and HSDP's replicas in
 all-reduces, that DDP's reducer never times (sampled.py). torch's flight recorder lists
-them, but on gloo with no duration, and one read of it holds the GIL for 16 to 25 ms at ddptop's
+them, but on gloo with no duration, and one read of it holds the GIL for about 25 ms at ddptop's
 2,000 entries (docs/benchmarks.md, bench/flight_recorder.py): the training thread would
 wait through every read. So the training thread, at the end of a step that sampled.py
 picked, swaps torch.distributed's collective functions (COLLECTIVES) for timing ones, and
 swaps them back at the end of the next step. Only that step's collectives pass through
 ddptop; every other step calls torch's own functions with nothing between.
 
-Each collective is labelled with its process group's mesh dimension: DeviceMesh names a
-group it makes "mesh_<dimension>" (init_device_mesh's mesh_dim_names: HSDP's "replicate"
-and "shard", torchtitan's "dp_shard"...); a 1-D mesh over the whole job is the default
-group, "world". On gloo a collective called without async_op returns once every rank has
-entered it and its data moved: its time is the rank's wait in it, so the rank's own work
+Each collective is labelled with its process group's mesh dimension (timed_collectives.label:
+HSDP's "replicate" and "shard", "world" for a 1-D mesh over the whole job). On gloo a
+collective called without async_op returns once every rank has entered it and its data moved: its time is the rank's wait in it, so the rank's own work
 that step is the step less its data wait and that wait (steps.py, compute_ms). One called
 with async_op is timed until its future completes, which gloo marks on its own thread; the
 rank waits for it later, where FSDP does, so it adds to the comm time and not the wait.
@@ -22,10 +20,9 @@ rank waits for it later, where FSDP does, so it adds to the comm time and not th
 A collective on CUDA tensors returns once it is queued on a stream: what a host clock
 reads of it is not its time, so it is timed on the device instead (collective_spans.py),
 and the step's comm is read late, once the GPU has run it. Tensor parallelism's
-collectives go by DTensor's functional collectives, which these functions never see. Nor
-are those in code that torch.compile traces while they are armed: there a timing function
-hands over to torch's at once, so that the graph holds torch's collective as it does
-unarmed, with no break in it for a clock dynamo cannot trace.
+collectives go by DTensor's functional collectives, which never pass by these functions:
+theirs stand in beside them (functional_timing.py). None is timed in code that
+torch.compile traces while they are armed (timed_collectives.tracing).
 """
 
 from __future__ import annotations
@@ -34,29 +31,12 @@ import functools
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ddptop.core.wire.records import WORLD_DIMENSION
+from ddptop.trainer import functional_timing
 from ddptop.trainer.collective_spans import DeviceComm, DeviceEvents, Span
 from ddptop.trainer.step_comm import StepComm
-
-MESH_PREFIX = "mesh_"
-"""How DeviceMesh begins the description of a group it makes, before the dimension's name."""
-TIMED_KEPT = 10_000
-"""Collectives timed in one step at most: a step that never ends (the rank exits inside it)
-keeps the wrappers in place, and what they keep stays bounded."""
-
-
-@dataclass(frozen=True)
-class Collective:
-    """A torch.distributed function that a sharded job's collectives go through."""
-
-    op: str
-    """What it does, as the rank detail names it."""
-    group_at: int
-    """The position of its group argument, for a caller that passes it positionally."""
-
+from ddptop.trainer.timed_collectives import Collective, StepLog, Timed, label, tracing
 
 COLLECTIVES = {
     "all_gather_single": Collective("all-gather", 2),
@@ -73,25 +53,15 @@ by the older names, and on the CPU by the ones of a list of tensors. Those a tor
 left out."""
 
 
-class Timed(NamedTuple):
-    """One collective of the timed step."""
+class Swap(NamedTuple):
+    """A function of a torch module that a timing one stands in for while armed."""
 
-    group: str
-    op: str
-    ms: float
-    waited: bool
-    """The rank waited in it where it called it (not async_op)."""
-
-
-def label(group: Any) -> str:
-    """A process group's mesh dimension (see above), its description otherwise (a torch before
-    2.4 describes none: its name then)."""
-    desc = str(getattr(group, "group_desc", "") or "")
-    if group is None or group is sys.modules["torch.distributed"].group.WORLD:
-        return WORLD_DIMENSION
-    if desc.startswith(MESH_PREFIX):
-        return desc[len(MESH_PREFIX) :]
-    return desc if desc and desc != "undefined" else f"group {getattr(group, 'group_name', '?')}"
+    module: str
+    name: str
+    make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    """The timing function for torch's own."""
+    calls: str | None = None
+    """Left as it is where the module has this function, which it calls (Collective.calls)."""
 
 
 class CollectiveTimer:
@@ -101,18 +71,15 @@ class CollectiveTimer:
         """clock times a collective on the host; events, on a GPU (collective_spans.py)."""
         self._clock = clock
         self._events = events or DeviceEvents()
-        self._saved: dict[str, Callable[..., Any]] = {}
+        self._log = StepLog()
+        """What the timing functions took since arm()."""
+        self._saved: dict[Swap, Callable[..., Any]] = {}
         """torch's own functions, while the timing ones stand in for them."""
-        self._timing: dict[str, Callable[..., Any]] = {}
+        self._timing: dict[Swap, Callable[..., Any]] = {}
         """The timing function of each of torch's, made at the first arm() and put in again at
         each one after (for as long as torch's function is the same): making one is the most
         of what arming would cost."""
-        self._timed: list[Timed] = []
-        """Each collective on the host since arm(): appended by the thread that calls it (the
-        training thread, or autograd's in a backward) and, for one called with async_op, by
-        the thread that completes it."""
-        self._spans: list[Span] = []
-        """Each collective on a GPU since arm(), by the thread that calls it."""
+        self._swaps: list[Swap] = []
 
     @property
     def armed(self) -> bool:
@@ -120,46 +87,67 @@ class CollectiveTimer:
 
     def arm(self) -> None:
         """The timing functions stand in for torch's until disarm()."""
-        dist = sys.modules.get("torch.distributed")
-        if dist is None or self._saved:
+        if "torch.distributed" not in sys.modules or self._saved:
             return
-        self._timed, self._spans = [], []
-        for name, collective in COLLECTIVES.items():
-            original = getattr(dist, name, None)
-            if original is None:
+        self._log = StepLog()
+        for swap in self._swaps or self._made_swaps():
+            module = sys.modules.get(swap.module)
+            original = getattr(module, swap.name, None)
+            if original is None or (swap.calls is not None and hasattr(module, swap.calls)):
                 continue
-            self._saved[name] = original
-            timing = self._timing.get(name)
+            self._saved[swap] = original
+            timing = self._timing.get(swap)
             if timing is None or getattr(timing, "__wrapped__", None) is not original:
-                timing = self._timing[name] = self._timing_of(original, collective)
-            setattr(dist, name, timing)
+                timing = self._timing[swap] = swap.make(original)
+            setattr(module, swap.name, timing)
 
     def disarm(self) -> StepComm | DeviceComm:
         """torch's own functions back (each that nobody replaced since), and what the step's
         collectives took: read late (a DeviceComm) where some ran on a GPU."""
-        dist = sys.modules["torch.distributed"]
-        for name, original in self._saved.items():
-            if getattr(dist, name, None) is self._timing[name]:
-                setattr(dist, name, original)
+        for swap, original in self._saved.items():
+            module = sys.modules[swap.module]
+            if getattr(module, swap.name, None) is self._timing[swap]:
+                setattr(module, swap.name, original)
         self._saved = {}
-        timed, self._timed = self._timed, []
-        comm = StepComm()
-        for each in list(timed):
-            comm.add(each.group, each.op, each.ms, each.waited)
-        spans, self._spans = self._spans, []
-        return DeviceComm(self._events, comm, spans) if spans else comm
+        log, self._log = self._log, StepLog()
+        return log.settle(self._events)
+
+    def _made_swaps(self) -> list[Swap]:
+        """Every function a timing one stands in for: torch.distributed's, and DTensor's
+        functional collectives and their wait where the script has imported them."""
+        clock, events, traced, step = self._clock, self._events, tracing(), self._current
+        functional = functional_timing.MODULE
+        self._swaps = [
+            *(Swap("torch.distributed", name, functools.partial(self._timing_of, collective=c)) for name, c in COLLECTIVES.items()),
+            *(
+                Swap(
+                    functional,
+                    name,
+                    functools.partial(functional_timing.launching, collective=c, step=step, clock=clock, events=events, traced=traced),
+                    c.calls,
+                )
+                for name, c in functional_timing.FUNCTIONAL.items()
+            ),
+            Swap(
+                functional,
+                functional_timing.WAIT,
+                functools.partial(functional_timing.waiting, step=step, clock=clock, events=events, traced=traced),
+            ),
+        ]
+        return self._swaps
+
+    def _current(self) -> StepLog:
+        return self._log
 
     def _timing_of(self, original: Callable[..., Any], collective: Collective) -> Callable[..., Any]:
-        timer, clock, events = self, self._clock, self._events
-        compiler = sys.modules["torch"].compiler
-        compiling = getattr(compiler, "is_compiling", None) or compiler.is_dynamo_compiling
+        timer, clock, events, traced = self, self._clock, self._events, tracing()
 
         @functools.wraps(original)  # torch's name, docstring and signature, for whoever looks at it
         def timing(*args: Any, **kwargs: Any) -> Any:
-            if compiling():  # traced by torch.compile: torch's own function goes in its graph, as if unarmed
+            if traced():  # before anything else of ddptop's: dynamo traces all it reaches here
                 return original(*args, **kwargs)
-            timed, spans = timer._timed, timer._spans  # the step's lists as it is called: an async one's completion may come after disarm()
-            if len(timed) + len(spans) >= TIMED_KEPT:
+            log = timer._log  # the step's log as it is called: an async one's completion may come after disarm()
+            if log.full():
                 return original(*args, **kwargs)
             group = kwargs["group"] if "group" in kwargs else args[collective.group_at] if len(args) > collective.group_at else None
             name = label(group)
@@ -169,7 +157,8 @@ class CollectiveTimer:
             if isinstance(tensor, (list, tuple)):
                 tensor = tensor[0] if tensor else None
             if getattr(tensor, "is_cuda", False):
-                return _on_device(events, spans, original, args, kwargs, tensor, name, collective.op)
+                return _on_device(events, log.spans, original, args, kwargs, tensor, name, collective.op)
+            timed = log.timed
             began = clock()
             work = original(*args, **kwargs)
             took = clock() - began
