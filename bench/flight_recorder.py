@@ -31,6 +31,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 
 def measure(entries: int, reads: int) -> None:
@@ -64,34 +66,40 @@ def measure(entries: int, reads: int) -> None:
     dist.destroy_process_group()
 
 
-def timer_cost(x: object, rounds: int = 40, calls: int = 5_000) -> float:
+def armed_less_unarmed(call: Callable[[], object], rounds: int = 40, calls: int = 5_000) -> float:
+    """Seconds the armed timer adds to one call(): the medians of rounds of that many calls,
+    armed and not in turn. A round is fewer calls than the timer keeps in a step
+    (timed_collectives.TIMED_KEPT)."""
+    from ddptop.trainer.collective_timer import CollectiveTimer
+
+    timer, took = CollectiveTimer(), {False: list[float](), True: list[float]()}
+    for _ in range(rounds):
+        for armed in (False, True):
+            if armed:
+                timer.arm()
+            started = time.perf_counter()
+            for _ in range(calls):
+                call()
+            took[armed].append((time.perf_counter() - started) / calls)
+            if armed:
+                timer.disarm()
+    return statistics.median(took[True]) - statistics.median(took[False])
+
+
+def timer_cost(x: object) -> float:
     """Seconds the armed timer adds to one collective (see above): a collective's own time
     varies by more than that from one call to the next, so the timer wraps a function that
-    does nothing, in torch.distributed's place for the while, against that function alone.
-    A round is fewer calls than the timer keeps in a step (timed_collectives.TIMED_KEPT)."""
+    does nothing, in torch.distributed's place for the while, against that function alone."""
     import torch.distributed as dist
-
-    from ddptop.trainer.collective_timer import CollectiveTimer
 
     def nothing(*args: object, **kwargs: object) -> None:
         return None
 
     own, dist.all_reduce = dist.all_reduce, nothing
-    timer, took = CollectiveTimer(), {False: [], True: []}
     try:
-        for _ in range(rounds):
-            for armed in (False, True):
-                if armed:
-                    timer.arm()
-                started = time.perf_counter()
-                for _ in range(calls):
-                    dist.all_reduce(x)
-                took[armed].append((time.perf_counter() - started) / calls)
-                if armed:
-                    timer.disarm()
+        return armed_less_unarmed(lambda: dist.all_reduce(x))
     finally:
         dist.all_reduce = own
-    return statistics.median(took[True]) - statistics.median(took[False])
 
 
 class Launched:
@@ -103,15 +111,13 @@ class Launched:
         self.elem = elem
 
 
-def functional_cost(x: object, rounds: int = 40, calls: int = 5_000) -> float:
+def functional_cost(x: Any) -> float:
     """Seconds the armed timer adds to one of DTensor's functional collectives, its launch and
     the wait for its output (trainer/functional_timing.py), as timer_cost does for
     torch.distributed's: around stand-ins that do nothing, given the (mesh, dimension) DTensor
     passes, against those stand-ins alone."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
-
-    from ddptop.trainer.collective_timer import CollectiveTimer
 
     group, out = (init_device_mesh("cpu", (2,)), 0), Launched(x)
 
@@ -122,21 +128,10 @@ def functional_cost(x: object, rounds: int = 40, calls: int = 5_000) -> float:
         return tensor
 
     own, (funcol.all_reduce, funcol.wait_tensor) = (funcol.all_reduce, funcol.wait_tensor), (launch, wait)
-    timer, took = CollectiveTimer(), {False: [], True: []}
     try:
-        for _ in range(rounds):
-            for armed in (False, True):
-                if armed:
-                    timer.arm()
-                started = time.perf_counter()
-                for _ in range(calls):
-                    funcol.wait_tensor(funcol.all_reduce(x, "sum", group).elem)
-                took[armed].append((time.perf_counter() - started) / calls)
-                if armed:
-                    timer.disarm()
+        return armed_less_unarmed(lambda: funcol.wait_tensor(funcol.all_reduce(x, "sum", group).elem))
     finally:
         funcol.all_reduce, funcol.wait_tensor = own
-    return statistics.median(took[True]) - statistics.median(took[False])
 
 
 def arming_cost(pairs: int = 10_000) -> float:

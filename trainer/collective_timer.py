@@ -31,7 +31,9 @@ import functools
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 from ddptop.trainer import functional_timing
 from ddptop.trainer.collective_spans import DeviceComm, DeviceEvents, Span
@@ -53,7 +55,8 @@ by the older names, and on the CPU by the ones of a list of tensors. Those a tor
 left out."""
 
 
-class Swap(NamedTuple):
+@dataclass(eq=False)
+class Swap:
     """A function of a torch module that a timing one stands in for while armed."""
 
     module: str
@@ -62,6 +65,9 @@ class Swap(NamedTuple):
     """The timing function for torch's own."""
     calls: str | None = None
     """Left as it is where the module has this function, which it calls (Collective.calls)."""
+    timing: Callable[..., Any] | None = None
+    """Made at the first arm() and put in again at each one after, for as long as torch's
+    function is the same: making one is the most of what arming would cost."""
 
 
 class CollectiveTimer:
@@ -73,12 +79,8 @@ class CollectiveTimer:
         self._events = events or DeviceEvents()
         self._log = StepLog()
         """What the timing functions took since arm()."""
-        self._saved: dict[Swap, Callable[..., Any]] = {}
-        """torch's own functions, while the timing ones stand in for them."""
-        self._timing: dict[Swap, Callable[..., Any]] = {}
-        """The timing function of each of torch's, made at the first arm() and put in again at
-        each one after (for as long as torch's function is the same): making one is the most
-        of what arming would cost."""
+        self._saved: list[tuple[Swap, ModuleType, Any]] = []
+        """Each swap made, its module and torch's own function, until disarm()."""
         self._swaps: list[Swap] = []
 
     @property
@@ -87,30 +89,31 @@ class CollectiveTimer:
 
     def arm(self) -> None:
         """The timing functions stand in for torch's until disarm()."""
-        if "torch.distributed" not in sys.modules or self._saved:
+        modules = sys.modules
+        if "torch.distributed" not in modules or self._saved:
             return
         self._log = StepLog()
         for swap in self._swaps or self._made_swaps():
-            module = sys.modules.get(swap.module)
+            module = modules.get(swap.module)
             original = getattr(module, swap.name, None)
-            if original is None or (swap.calls is not None and hasattr(module, swap.calls)):
+            if module is None or original is None or (swap.calls is not None and hasattr(module, swap.calls)):
                 continue
-            self._saved[swap] = original
-            timing = self._timing.get(swap)
+            timing = swap.timing
             if timing is None or getattr(timing, "__wrapped__", None) is not original:
-                timing = self._timing[swap] = swap.make(original)
+                timing = swap.timing = swap.make(original)
             setattr(module, swap.name, timing)
+            self._saved.append((swap, module, original))
 
     def disarm(self) -> StepComm | DeviceComm:
         """torch's own functions back (each that nobody replaced since), and what the step's
-        collectives took: read late (a DeviceComm) where some ran on a GPU."""
-        for swap, original in self._saved.items():
-            module = sys.modules[swap.module]
-            if getattr(module, swap.name, None) is self._timing[swap]:
+        collectives took: read late (a DeviceComm) where some ran on a GPU; nothing unarmed."""
+        if not self._saved:
+            return StepComm()
+        for swap, module, original in self._saved:
+            if getattr(module, swap.name, None) is swap.timing:
                 setattr(module, swap.name, original)
-        self._saved = {}
-        log, self._log = self._log, StepLog()
-        return log.settle(self._events)
+        self._saved = []
+        return self._log.settle(self._events)
 
     def _made_swaps(self) -> list[Swap]:
         """Every function a timing one stands in for: torch.distributed's, and DTensor's
