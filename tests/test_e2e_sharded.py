@@ -126,6 +126,28 @@ def test_fsdp2_beside_tensor_parallelism_counts_replicated_parameters_once(ddpto
     assert set(one["dp"]) == {"all-gather", "reduce-scatter"} and "all-reduce" in one["tp"], one
 
 
+def test_tensor_parallelism_alone_counts_its_shared_batch_once_and_names_a_rank_slow_in_its_compute(ddptop_home, tmp_path):
+    """torchtitan with no data-parallel degree: every layer split over both ranks by tensor
+    parallelism, no fully_shard, both ranks given the same batch of 16. Rank 1 spends 80 ms more
+    in each step's compute; rank 0 waits for it in the collectives. The job's samples/s counts
+    the batch once, its norm is the whole gradients', and rank 1 is named for its compute."""
+    from ddptop.core.model.job import JobState
+    from ddptop.core.model.metrics import SAMPLES_PER_S
+
+    slow = ("--slow-compute-rank", "1", "--slow-compute-ms", "80")
+    run, records = run_sharded(tmp_path, 2, "--tp-only", "--steps", "150", *slow)
+    assert norms_added_up(records) == pytest.approx(printed(run, 0, 0, "norm"), rel=1e-5)
+    state = JobState()
+    for record in records:
+        state.ingest(record)
+    assert [state.ranks[rank].batch_shared for rank in (0, 1)] == [2, 2]
+    rates = [SAMPLES_PER_S.read(state.ranks[rank]) for rank in (0, 1)]
+    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(sum(rates) / 2)
+    stragglers = [r for r in records if r["type"] == "alert" and r["kind"] == "straggler"]
+    assert [a["ranks"] for a in stragglers] == [[1]], [a["text"] for a in stragglers]
+    assert stragglers[0]["cause"] == "compute", stragglers[0]["text"]
+
+
 def test_an_fsdp2_rank_slow_in_its_data_is_named_with_its_input_as_the_cause(ddptop_home, tmp_path):
     """Rank 1 waits 80 ms for each batch; rank 0 waits for it in the first all-gather of every
     forward. Their steps take as long as each other's, so the straggler is told by its own work:

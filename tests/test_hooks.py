@@ -71,6 +71,8 @@ def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     fully_shard = [m.fully_shard for m in fsdp2]
     fsdp1 = importlib.import_module("torch.distributed.fsdp").FullyShardedDataParallel
     fsdp1_methods = {name: vars(fsdp1)[name] for name in ("__init__", "clip_grad_norm_")}
+    tensor_parallel = importlib.import_module(sharded_forward.TENSOR_PARALLEL_MODULE)  # likewise
+    parallelize_module = tensor_parallel.parallelize_module
     skip_list = list(trace_rules.SKIP_DIRS)
     before = {
         name: getattr(DistributedDataParallel, name) for name in ("__init__", "_call_impl", "forward", "__setstate__", "register_comm_hook")
@@ -85,8 +87,9 @@ def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     hooks.install(StepTracker(0, emit=lambda record: None), GuardPolicy())
     changed = patches.applied()
     assert "torch.nn.utils.clip_grad.clip_grad_norm_" in changed
-    assert len(changed) == 15 + (with_norm is not None) + len(fsdp2) + len(fsdp1_methods), changed
+    assert len(changed) == 15 + (with_norm is not None) + len(fsdp2) + len(fsdp1_methods) + 1, changed
     assert fsdp2 and all(m.fully_shard is not original for m, original in zip(fsdp2, fully_shard))
+    assert tensor_parallel.parallelize_module is not parallelize_module
     assert trace_rules.check_file(hooks.__file__).skipped, "torch.compile runs ddptop's hooks untraced"
     assert not any("comm_hook" in change for change in changed), "DDP keeps its own all-reduce"
     assert torch.autograd.backward is not originals[0]
@@ -96,6 +99,7 @@ def test_every_change_to_torch_is_listed_and_undone(gloo_world_of_one):
     assert [m.fully_shard for m in fsdp2] == fully_shard
     assert getattr(torch.nn.utils, "clip_grads_with_norm_", None) is with_norm
     assert {name: vars(fsdp1)[name] for name in fsdp1_methods} == fsdp1_methods
+    assert tensor_parallel.parallelize_module is parallelize_module
     assert (
         torch.autograd.backward,
         torch.distributed.init_process_group,

@@ -254,6 +254,27 @@ def test_a_pipeline_s_samples_are_counted_once_though_every_stage_s_ranks_see_th
     assert late.lags() == state.lags() and set(state.lags()) == {0, 1, 2, 3}
 
 
+def test_a_batch_every_rank_of_a_tensor_parallel_job_is_given_is_counted_once():
+    """Tensor parallelism alone over two ranks: both are given the same 32 samples a step, and
+    say so (batch_shared); the job trained 32 a step, not 64, and still sets each rank against
+    the other (no replicas: every rank does the same work). A late dashboard reads the same."""
+    state = JobState()
+    for rank in range(2):
+        state.ingest(builders.hello(rank, 2))
+    wall = 100.0
+    for n in range(20):
+        wall += 0.1
+        for rank in range(2):
+            state.ingest(builders.step(rank, n, wall=wall, step_ms=100.0, data_ms=2.0, samples=32))
+    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(2 * 320.0)
+    for rank in range(2):
+        state.ingest({"type": "heartbeat", "rank": rank, "wall": wall, "phase": "data", "step": 20, "dropped": 0, "batch_shared": 2})
+    assert state.totals().of(SAMPLES_PER_S) == pytest.approx(320.0)
+    assert SAMPLES_PER_S.read(state.ranks[1]) == pytest.approx(320.0), "a rank's own rate stays its own"
+    assert set(state.lags()) == {0, 1}
+    assert restored(list(snapshot.frames(state))).totals().of(SAMPLES_PER_S) == pytest.approx(320.0)
+
+
 def test_a_rank_that_stopped_stepping_reads_a_falling_rate_and_the_job_with_it():
     """Rank 1 stuck after step 49 while its heartbeats still come, rank 0 waiting for it in the
     all-reduce: a headless line said "13,536 samples/s" through a 40 s stall, as its last steps

@@ -276,3 +276,43 @@ def test_a_timed_step_s_collectives_on_a_gpu_go_with_its_record_once_the_device_
     assert timed["comm_dims"] == {"world": {"all-reduce": pytest.approx(timed["comm_ms"])}} and timed["comm_ms"] > 0
     assert timed["comm_step"] == 1 and COMM_WAIT not in timed
     assert timed["compute_ms"] == pytest.approx(max(0.0, timed["step_ms"] - timed["data_ms"] - timed["comm_ms"]))
+
+
+def test_a_model_tensor_parallelism_alone_splits_begins_its_steps_at_its_outermost_forward(records):
+    """torchtitan with no data-parallel degree: parallelize_module, no fully_shard. The module it
+    took begins the steps with its batch, as FSDP's outermost does. (A mesh of one rank is this
+    rank alone: no batch shared with another.)"""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    parallelize_module(model, init_device_mesh("cpu", (1,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.randn(3, 8)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert [r["samples"] for r in records.steps()] == [3, 3]
+    assert records.tracker.batch_shared == 1
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")  # torch's, of RowwiseParallel's output over one rank
+def test_a_model_both_tensor_parallelism_and_fsdp2_took_begins_each_step_once(records):
+    """torchtitan's 2-D layout gives its root to parallelize_module and to fully_shard: both
+    watch it for the first forward, which must pick it once (a second once-only hook, removed
+    by the first in the same forward, is still called by torch, without its kwargs)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fsdp.fully_shard(model, mesh=mesh["dp"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.randn(3, 8)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert [r["samples"] for r in records.steps()] == [3, 3]

@@ -10,9 +10,9 @@ runs plain jobs beside an instrumented one in one process, and a class's
 method serves every instance.
 
 One change is not here, because it never outlives a step: of a sharded job,
-collective_timer.py swaps torch.distributed's collective functions for timing
-ones at the end of one step about once a second, and back at the end of the
-next.
+collective_timer.py swaps torch.distributed's collective functions (and DTensor's
+functional ones) for timing ones at the end of one step about once a second, and
+back at the end of the next.
 """
 
 from __future__ import annotations

@@ -151,6 +151,11 @@ class Probe:
         known = self.tracker.replicas
         self.tracker.replicas = ranks if known is None else tuple(r for r in known if r in ranks)
 
+    def batch_shared_by(self, ranks: int) -> None:
+        """Tensor parallelism alone splits a model of this rank over these many ranks, the whole
+        job: each is given the same batch, and does a share of the work on it."""
+        self.tracker.batch_shared = max(self.tracker.batch_shared, ranks)
+
     def ddp_models(self) -> list[Any]:
         return [model for ref in self.models if (model := ref()) is not None]
 

@@ -184,6 +184,8 @@ def activate(given: tuple[int, int] | None = None, parent_env: str | None = laun
             record["gpu_uuid"] = uuid
         if tracker.replicas is not None:
             record["replicas"] = list(tracker.replicas)
+        if tracker.batch_shared > 1:
+            record["batch_shared"] = tracker.batch_shared
         if tracker.step != on_step[0]:
             on_step = (tracker.step, time.monotonic())
         elif time.monotonic() - on_step[1] >= flightrecorder.READ_AFTER_S and (seq := flightrecorder.collectives()) is not None:

@@ -10,10 +10,14 @@ forward, is the outermost sharded module's: the root, or the first layer of
 a model whose root was left plain. The others are removed, and that module
 keeps a pre-hook that begins (or adds to) a step with its batch, as DDP's
 forward does: one Python call a forward, however many modules are sharded.
+A module parallelize_module splits is watched the same way, so a model that
+tensor parallelism alone splits has its steps begin too; where its mesh is the
+whole job, every rank is given the same batch (Probe.batch_shared_by).
 
 Imported only once the script has imported torch (hooks.py); fully_shard is
 wrapped once its module is imported (torch.distributed.fsdp, or
-torch.distributed._composable.fsdp before torch 2.6), never importing it.
+torch.distributed._composable.fsdp before torch 2.6), and parallelize_module once
+torch.distributed.tensor.parallel is, never importing them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from ddptop.trainer import batch, importwatch, patches
 from ddptop.trainer.probe import Probe
 
 FULLY_SHARD_MODULES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
+TENSOR_PARALLEL_MODULE = "torch.distributed.tensor.parallel"
 
 
 class Outermost:
@@ -38,15 +43,27 @@ class Outermost:
         self._probe = probe
         self._tracker = probe.tracker
         self._waiting: list[Any] = []
+        self._watched: set[int] = set()
+        """The ids of the modules waiting: one that both parallelize_module and fully_shard
+        took is watched once."""
 
     def watch(self, module: Any) -> None:
         """module is sharded: its forward may be the one that begins the steps."""
+        if id(module) in self._watched:
+            return
+        self._watched.add(id(module))
         self._waiting.append(module.register_forward_pre_hook(self._first, with_kwargs=True))
 
-    def _first(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _first(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> None:
+        """kwargs is None for a hook that torch calls after another removed it in the same
+        forward (it has lost its place among the hooks that take them): nothing is waiting then."""
+        if not self._waiting:
+            return
         for handle in self._waiting:
             handle.remove()
         self._waiting.clear()
+        self._watched.clear()
+        kwargs = kwargs or {}
         module.register_forward_pre_hook(self._begin, with_kwargs=True)
         self._begin(module, args, kwargs)
 
@@ -69,6 +86,7 @@ class Outermost:
 def install(probe: Probe, outermost: Outermost) -> None:
     for name in FULLY_SHARD_MODULES:
         importwatch.after_import(name, functools.partial(_wrap_fully_shard, probe, outermost, name))
+    importwatch.after_import(TENSOR_PARALLEL_MODULE, functools.partial(_wrap_parallelize_module, probe, outermost))
 
 
 def _wrap_fully_shard(probe: Probe, outermost: Outermost, name: str) -> None:
@@ -89,6 +107,27 @@ def _wrap_fully_shard(probe: Probe, outermost: Outermost, name: str) -> None:
         return sharded
 
     patches.replace(owner, "fully_shard", fully_shard)
+
+
+def _wrap_parallelize_module(probe: Probe, outermost: Outermost) -> None:
+    """A model that tensor parallelism alone splits (no fully_shard or DDP beside it) begins its
+    steps at the forward of its outermost module parallelize_module took, as FSDP's does; one
+    that FSDP shards too begins at the outermost of either."""
+    owner = sys.modules[TENSOR_PARALLEL_MODULE]
+    original = getattr(owner, "parallelize_module", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def parallelize_module(module: Any, *args: Any, **kwargs: Any) -> Any:
+        parallelized = original(module, *args, **kwargs)
+        mesh = kwargs.get("device_mesh", args[0] if args else None)
+        if mesh is not None and mesh.size() == group_size() > 1:  # over the whole job: one batch for every rank
+            probe.batch_shared_by(mesh.size())
+        outermost.watch(module)
+        return parallelized
+
+    patches.replace(owner, "parallelize_module", parallelize_module)
 
 
 def group_size() -> int:

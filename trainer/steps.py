@@ -89,6 +89,10 @@ class StepTracker:
         parameters, or shards of them. None: every rank. Sent with each heartbeat and each
         checksum: the desync check compares only those, and the job's samples/s counts each
         sample once."""
+        self.batch_shared = 1
+        """How many ranks are given this rank's batch: a tensor-parallel group over the whole
+        job, with no data parallelism beside it (Probe.batch_shared_by). Sent with each
+        heartbeat past 1: the job's samples/s counts the batch once."""
         self.journal: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_JOURNAL)
         """What happened on the training thread, in order, for the sender's thread to make
         records of (build()): each entry is the reader that takes it, then what it takes

@@ -190,6 +190,8 @@ class JobState:
             state.gpu_uuid = record["gpu_uuid"]
         if (replicas := replicas_told(record.get("replicas"))) is not None:
             state.replicas = replicas
+        if isinstance(shared := record.get("batch_shared"), int) and shared > 0:
+            state.batch_shared = shared
 
     def _on_sample(self, record: records.Sample) -> None:
         """One node's readings. Its GPUs first, so each of its ranks takes its GPU's new reading

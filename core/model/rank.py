@@ -79,6 +79,9 @@ class RankState:
     """The ranks this rank is data-parallel with, where that is part of the job
     (records.Heartbeat replicas): a pipeline stage's or a tensor-parallel shard's. They do its
     work on other samples, which the other groups' ranks do not; None: every rank."""
+    batch_shared: int = 1
+    """How many ranks are given its batch (records.Heartbeat batch_shared): its tensor-parallel
+    group, where tensor parallelism alone splits the model over the job."""
     steps_seen: int = 0
     nan_skips: int = 0
     scaler_skips: int = 0
@@ -137,8 +140,10 @@ class RankState:
         """The share of the job's samples this rank's count stands for. Where it is
         data-parallel with part of the job (each pipeline stage or tensor-parallel shard over
         its own group), a sample passes through a rank of every group: the ranks of one group
-        count each once, replicas of the world's ranks. Otherwise 1."""
-        return 1.0 if self.replicas is None or world <= 0 else min(1.0, len(self.replicas) / world)
+        count each once, replicas of the world's ranks. Where tensor parallelism alone splits the
+        model, every rank of its group is given the same batch: each counts its share of it."""
+        share = 1.0 if self.replicas is None or world <= 0 else min(1.0, len(self.replicas) / world)
+        return share / max(1, self.batch_shared)
 
     def comm_share(self) -> float | None:
         """The all-reduce's share of a step: of the iterations DDP sampled, their comm against

@@ -164,6 +164,9 @@ class Heartbeat(TypedDict):
     tensor-parallel shard's replicas, FSDP over one dimension of a mesh): those ranks. They do
     its work on other samples; the other stages or shards saw the same samples, which the job
     counts once."""
+    batch_shared: NotRequired[int]
+    """Where tensor parallelism alone splits the model over the whole job: how many ranks are
+    given the rank's batch (its tensor-parallel group), which the job counts once."""
     collectives: NotRequired[list["Collective"]]
     """Collective, one per process group the rank is in: the last collective it entered and
     completed there, from torch's flight recorder; only from a rank that has sat on one step a

@@ -10,7 +10,9 @@ shards over the other dimension of the mesh: the ranks of one tensor-parallel gr
 given the same batch. Every layer is split, so that every parameter is on the one 2-D mesh
 clip_grad_norm_ takes; with --tp-last-plain the last layer is left whole, sharded by FSDP alone
 over a 1-D mesh, as a model's head often is (then only --no-clip's own norm works: torch's
-clip_grad_norm_ cannot stack norms of two meshes). With --hsdp R it is HSDP, as torchtitan's
+clip_grad_norm_ cannot stack norms of two meshes). With --tp-only every layer is split over
+all the ranks by tensor parallelism and nothing else shards it, as torchtitan leaves a job
+with no data-parallel degree: every rank is given the same batch. With --hsdp R it is HSDP, as torchtitan's
 data_parallel_replicate_degree makes it: fully_shard on a 2-D mesh, R replicas across, each
 sharded over the rest of the ranks, every rank given a batch of its own. With --nudge-at S
 --nudge-rank R, rank R adds a little to its shard of the first layer's weight before step S's
@@ -36,6 +38,7 @@ parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--no-clip", action="store_true")
 parser.add_argument("--tp", type=int, default=1)
 parser.add_argument("--tp-last-plain", action="store_true")
+parser.add_argument("--tp-only", action="store_true")
 parser.add_argument("--hsdp", type=int, default=1)
 parser.add_argument("--nudge-at", type=int, default=-1)
 parser.add_argument("--nudge-rank", type=int, default=-1)
@@ -53,7 +56,15 @@ rank = dist.get_rank()
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
 mesh = None
-if args.tp > 1:
+if args.tp_only:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    args.tp = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (args.tp,), mesh_dim_names=("tp",))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(), "4": RowwiseParallel(input_layouts=Replicate())})
+elif args.tp > 1:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -73,10 +84,11 @@ if args.bf16:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     precision["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-for layer in model:
-    if isinstance(layer, nn.Linear):
-        fully_shard(layer, mesh=mesh, **precision)
-fully_shard(model, mesh=mesh, **precision)
+if not args.tp_only:
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh, **precision)
+    fully_shard(model, mesh=mesh, **precision)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 data = torch.Generator().manual_seed(rank // args.tp)
 for step in range(args.steps):
