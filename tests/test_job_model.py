@@ -212,21 +212,26 @@ def test_a_pause_in_an_attempt_that_failed_leaves_the_next_attempt_s_steps_in():
     assert len(state.ranks[0].window.points) == 2
 
 
+def stepping(ranks: int, **fields: float) -> tuple[JobState, float]:
+    """A job of these many ranks that has run 20 steps of 100 ms, 32 samples each, 10 a second;
+    and the wall clock at its last."""
+    state = JobState()
+    for rank in range(ranks):
+        state.ingest(builders.hello(rank, ranks))
+    wall = 100.0
+    for n in range(20):
+        wall += 0.1
+        for rank in range(ranks):
+            state.ingest(builders.step(rank, n, wall=wall, step_ms=100.0, data_ms=2.0, samples=32, **fields))
+    return state, wall
+
+
 def test_a_pipeline_s_samples_are_counted_once_though_every_stage_s_ranks_see_them():
     """Four ranks, two pipeline stages each replicated over two of them ({0,2} and {1,3}): every
     sample passes through a rank of each stage, so the job has trained 2 x 32 samples a step,
     not 4 x 32. Each rank's own rate stays its own, and the all-reduce's bus bandwidth is a
     group of two's."""
-    state = JobState()
-    for rank in range(4):
-        state.ingest(builders.hello(rank, 4))
-    wall = 100.0
-    for n in range(20):
-        wall += 0.1
-        for rank in range(4):
-            state.ingest(
-                builders.step(rank, n, wall=wall, step_ms=100.0, data_ms=2.0, samples=32, tokens=32 * 64, comm_ms=10.0, comm_bytes=1 << 20)
-            )
+    state, wall = stepping(4, tokens=32 * 64, comm_ms=10.0, comm_bytes=1 << 20)
     before = state.totals()
     assert before.of(SAMPLES_PER_S) == pytest.approx(4 * 320.0)
     for rank in range(4):
@@ -258,14 +263,7 @@ def test_a_batch_every_rank_of_a_tensor_parallel_job_is_given_is_counted_once():
     """Tensor parallelism alone over two ranks: both are given the same 32 samples a step, and
     say so (batch_shared); the job trained 32 a step, not 64, and still sets each rank against
     the other (no replicas: every rank does the same work). A late dashboard reads the same."""
-    state = JobState()
-    for rank in range(2):
-        state.ingest(builders.hello(rank, 2))
-    wall = 100.0
-    for n in range(20):
-        wall += 0.1
-        for rank in range(2):
-            state.ingest(builders.step(rank, n, wall=wall, step_ms=100.0, data_ms=2.0, samples=32))
+    state, wall = stepping(2)
     assert state.totals().of(SAMPLES_PER_S) == pytest.approx(2 * 320.0)
     for rank in range(2):
         state.ingest({"type": "heartbeat", "rank": rank, "wall": wall, "phase": "data", "step": 20, "dropped": 0, "batch_shared": 2})

@@ -278,6 +278,16 @@ def test_a_timed_step_s_collectives_on_a_gpu_go_with_its_record_once_the_device_
     assert timed["compute_ms"] == pytest.approx(max(0.0, timed["step_ms"] - timed["data_ms"] - timed["comm_ms"]))
 
 
+def samples_of_two_steps(model: nn.Module, records: Records) -> list[int]:
+    """Each step's samples as its record says, over two steps of a batch of 3."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.randn(3, 8)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [r["samples"] for r in records.steps()]
+
+
 def test_a_model_tensor_parallelism_alone_splits_begins_its_steps_at_its_outermost_forward(records):
     """torchtitan with no data-parallel degree: parallelize_module, no fully_shard. The module it
     took begins the steps with its batch, as FSDP's outermost does. (A mesh of one rank is this
@@ -288,12 +298,7 @@ def test_a_model_tensor_parallelism_alone_splits_begins_its_steps_at_its_outermo
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     parallelize_module(model, init_device_mesh("cpu", (1,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(2):
-        model(torch.randn(3, 8)).pow(2).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    assert [r["samples"] for r in records.steps()] == [3, 3]
+    assert samples_of_two_steps(model, records) == [3, 3]
     assert records.tracker.batch_shared == 1
 
 
@@ -310,9 +315,4 @@ def test_a_model_both_tensor_parallelism_and_fsdp2_took_begins_each_step_once(re
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     fsdp.fully_shard(model, mesh=mesh["dp"])
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(2):
-        model(torch.randn(3, 8)).pow(2).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    assert [r["samples"] for r in records.steps()] == [3, 3]
+    assert samples_of_two_steps(model, records) == [3, 3]
