@@ -157,8 +157,11 @@ def in_collectives(reports: dict[int, list[records.Collective]]) -> list[str]:
         told = groups[group]
         top = max(entry["enqueued"] for entry in told.values())
         inside = sorted(r for r, entry in told.items() if entry["enqueued"] == top and entry["completed"] < top)
-        if not inside:
-            continue  # nobody waits in this group's collectives
+        if not inside or any(entry["completed"] >= top for entry in told.values()):
+            # Nobody waits in this group's collectives: one that completed on any rank was
+            # entered by all, and a rank whose recorder has not marked it yet is only behind
+            # in telling (gloo marks an entry on its own thread).
+            continue
         lead = told[inside[0]]
         size = f" ({nbytes(lead['bytes'])})" if lead.get("bytes") else ""
         text = f"{lead['name']}: {ranks_text(inside)} in {lead.get('op', 'collective')} #{top}{size}"
