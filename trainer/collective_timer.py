@@ -36,7 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from ddptop.trainer import functional_timing
-from ddptop.trainer.collective_spans import DeviceComm, DeviceEvents, Span
+from ddptop.trainer.collective_spans import DeviceComm, DeviceEvents
 from ddptop.trainer.step_comm import StepComm
 from ddptop.trainer.timed_collectives import Collective, StepLog, Timed, label, tracing
 
@@ -152,15 +152,14 @@ class CollectiveTimer:
             log = timer._log  # the step's log as it is called: an async one's completion may come after disarm()
             if log.full():
                 return original(*args, **kwargs)
-            group = kwargs["group"] if "group" in kwargs else args[collective.group_at] if len(args) > collective.group_at else None
-            name = label(group)
+            name = label(collective.group_of(args, kwargs))
             # Where it runs: its first tensor, or the first of its first list of them (inline: this
             # runs for every collective of the timed step, on the training thread).
             tensor = args[0] if args else next(iter(kwargs.values()), None)
             if isinstance(tensor, (list, tuple)):
                 tensor = tensor[0] if tensor else None
             if getattr(tensor, "is_cuda", False):
-                return _on_device(events, log.spans, original, args, kwargs, tensor, name, collective.op)
+                return _on_device(events, log, original, args, kwargs, tensor, name, collective.op)
             timed = log.timed
             began = clock()
             work = original(*args, **kwargs)
@@ -175,25 +174,18 @@ class CollectiveTimer:
 
 
 def _on_device(
-    events: DeviceEvents, spans: list[Span], original: Callable[..., Any], args: Any, kwargs: Any, tensor: Any, group: str, op: str
+    events: DeviceEvents, log: StepLog, original: Callable[..., Any], args: Any, kwargs: Any, tensor: Any, group: str, op: str
 ) -> Any:
     """A collective on a GPU, between two events on the stream current where it is called
     (collective_spans.py); an async one returns its work untimed."""
     device = tensor.get_device()
-    try:
-        start = events.mark(device)
-    except Exception:  # noqa: BLE001 - no event to be had: the collective runs untimed, never a failure of ddptop's
-        start = None
+    start = events.try_mark(device)
     work = original(*args, **kwargs)
-    if start is None:
-        return work
-    try:
-        if work is None and (end := events.mark(device)) is not None:
-            spans.append(Span(group, op, device, start, end))
+    if start is not None:
+        if work is None:
+            log.span_ends(events, group, op, device, start)
         else:
             events.give_back(device, (start,))
-    except Exception:  # noqa: BLE001 - as above
-        return work
     return work
 
 

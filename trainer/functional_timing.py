@@ -85,19 +85,13 @@ def launching(
         if log.full():
             return original(*args, **kwargs)
         tensor: Any = args[0] if args else kwargs.get("self")
-        group = kwargs["group"] if "group" in kwargs else args[collective.group_at] if len(args) > collective.group_at else None
         device = tensor.get_device() if getattr(tensor, "is_cuda", False) else None
         start = None
-        if device is not None:
-            try:
-                start = events.mark(device)
-            except Exception:  # noqa: BLE001 - no event to be had: the collective runs untimed
-                start = None
-            if start is None:
-                return original(*args, **kwargs)
+        if device is not None and (start := events.try_mark(device)) is None:
+            return original(*args, **kwargs)
         began = clock()
         out = original(*args, **kwargs)
-        launched = Launched(group_label(group), collective.op, (clock() - began) * 1e3, device, start)
+        launched = Launched(group_label(collective.group_of(args, kwargs)), collective.op, (clock() - began) * 1e3, device, start)
         elem = getattr(out, "elem", None)
         key = storage_of(elem) if elem is not None and not getattr(out, "completed", True) else None
         if key is None:  # waited for already: traced by another mode, or a gather its reshape waited for

@@ -35,6 +35,12 @@ class Collective:
     """The function of the same module it calls where the torch has one: timed there, not
     twice (a deprecated alias that calls its new name)."""
 
+    def group_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The group a call of it was given, by name or by position; None: the default."""
+        if "group" in kwargs:
+            return kwargs["group"]
+        return args[self.group_at] if len(args) > self.group_at else None
+
 
 def label(group: Any) -> str:
     """A process group's mesh dimension: DeviceMesh describes a group it makes
@@ -101,15 +107,17 @@ class StepLog:
         span ends at an event recorded now, where the stream that waited for it goes on."""
         if launched.device is None:
             self.timed.append(Timed(launched.group, launched.op, ms, True))
-            return
-        try:
-            end = events.mark(launched.device)
-        except Exception:  # noqa: BLE001 - no event to be had: the collective goes untimed, never a failure of ddptop's
-            end = None
-        if end is None:
-            events.give_back(launched.device, (launched.start,))
         else:
-            self.spans.append(Span(launched.group, launched.op, launched.device, launched.start, end))
+            self.span_ends(events, launched.group, launched.op, launched.device, launched.start)
+
+    def span_ends(self, events: DeviceEvents, group: str, op: str, device: int, start: Any) -> None:
+        """A collective on a GPU, begun at the event start, ends now: its span is kept, or its
+        start event goes back where no end event can be had."""
+        end = events.try_mark(device)
+        if end is None:
+            events.give_back(device, (start,))
+        else:
+            self.spans.append(Span(group, op, device, start, end))
 
     def settle(self, events: DeviceEvents) -> StepComm | DeviceComm:
         """The step's comm: read late (a DeviceComm) where some ran on a GPU. A functional
