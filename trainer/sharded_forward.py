@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,16 +55,11 @@ class Outermost:
         self._watched.add(id(module))
         self._waiting.append(module.register_forward_pre_hook(self._first, with_kwargs=True))
 
-    def _first(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> None:
-        """kwargs is None for a hook that torch calls after another removed it in the same
-        forward (it has lost its place among the hooks that take them): nothing is waiting then."""
-        if not self._waiting:
-            return
+    def _first(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         for handle in self._waiting:
             handle.remove()
         self._waiting.clear()
         self._watched.clear()
-        kwargs = kwargs or {}
         module.register_forward_pre_hook(self._begin, with_kwargs=True)
         self._begin(module, args, kwargs)
 
@@ -85,49 +81,48 @@ class Outermost:
 
 def install(probe: Probe, outermost: Outermost) -> None:
     for name in FULLY_SHARD_MODULES:
-        importwatch.after_import(name, functools.partial(_wrap_fully_shard, probe, outermost, name))
-    importwatch.after_import(TENSOR_PARALLEL_MODULE, functools.partial(_wrap_parallelize_module, probe, outermost))
+        importwatch.after_import(name, functools.partial(_after, name, "fully_shard", functools.partial(_sharded, probe, outermost)))
+    parallelized = functools.partial(_parallelized, probe, outermost)
+    importwatch.after_import(TENSOR_PARALLEL_MODULE, functools.partial(_after, TENSOR_PARALLEL_MODULE, "parallelize_module", parallelized))
 
 
-def _wrap_fully_shard(probe: Probe, outermost: Outermost, name: str) -> None:
-    owner = sys.modules[name]
-    original = getattr(owner, "fully_shard", None)
+def _after(owner_name: str, name: str, then: Callable[[Any, tuple[Any, ...], dict[str, Any]], None]) -> None:
+    """owner's function name (fully_shard, parallelize_module: each takes the module first)
+    wrapped so that then(module, args, kwargs) follows each call of it; nothing where this torch
+    lacks it."""
+    owner = sys.modules[owner_name]
+    original = getattr(owner, name, None)
     if original is None:
         return
 
     @functools.wraps(original)
-    def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
-        sharded = original(module, *args, **kwargs)
-        probe.world = max(probe.world, group_size())
-        mesh = kwargs.get("mesh")  # keyword-only: FSDP over part of the job, tensor parallelism over the rest
-        if mesh is not None and mesh.size() < group_size():
-            probe.data_parallel_over(int(rank) for rank in mesh.mesh.flatten().tolist())
-        for each in module if isinstance(module, (list, tuple)) else (module,):
-            outermost.watch(each)
-        return sharded
+    def wrapped(module: Any, *args: Any, **kwargs: Any) -> Any:
+        done = original(module, *args, **kwargs)
+        then(module, args, kwargs)
+        return done
 
-    patches.replace(owner, "fully_shard", fully_shard)
+    patches.replace(owner, name, wrapped)
 
 
-def _wrap_parallelize_module(probe: Probe, outermost: Outermost) -> None:
-    """A model that tensor parallelism alone splits (no fully_shard or DDP beside it) begins its
-    steps at the forward of its outermost module parallelize_module took, as FSDP's does; one
-    that FSDP shards too begins at the outermost of either."""
-    owner = sys.modules[TENSOR_PARALLEL_MODULE]
-    original = getattr(owner, "parallelize_module", None)
-    if original is None:
-        return
+def _sharded(probe: Probe, outermost: Outermost, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """fully_shard took module (or a list of them)."""
+    probe.world = max(probe.world, group_size())
+    mesh = kwargs.get("mesh")  # keyword-only: FSDP over part of the job, tensor parallelism over the rest
+    if mesh is not None and mesh.size() < group_size():
+        probe.data_parallel_over(int(rank) for rank in mesh.mesh.flatten().tolist())
+    for each in module if isinstance(module, (list, tuple)) else (module,):
+        outermost.watch(each)
 
-    @functools.wraps(original)
-    def parallelize_module(module: Any, *args: Any, **kwargs: Any) -> Any:
-        parallelized = original(module, *args, **kwargs)
-        mesh = kwargs.get("device_mesh", args[0] if args else None)
-        if mesh is not None and mesh.size() == group_size() > 1:  # over the whole job: one batch for every rank
-            probe.batch_shared_by(mesh.size())
-        outermost.watch(module)
-        return parallelized
 
-    patches.replace(owner, "parallelize_module", parallelize_module)
+def _parallelized(probe: Probe, outermost: Outermost, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """parallelize_module split module. A model that tensor parallelism alone splits (no
+    fully_shard or DDP beside it) begins its steps at the forward of its outermost module
+    parallelize_module took, as FSDP's does; one that FSDP shards too begins at the outermost of
+    either."""
+    mesh = kwargs.get("device_mesh", args[0] if args else None)
+    if mesh is not None and mesh.size() == group_size() > 1:  # over the whole job: one batch for every rank
+        probe.batch_shared_by(mesh.size())
+    outermost.watch(module)
 
 
 def group_size() -> int:
