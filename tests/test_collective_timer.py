@@ -248,3 +248,55 @@ def test_a_functional_collective_on_a_gpu_spans_its_launch_to_the_wait_for_it(me
     device.catch_up()
     fields = comm.get()
     assert fields is not None and set(fields["comm_dims"]) == {WORLD} and fields["comm_ms"] > 0
+
+
+def test_expert_parallelism_s_all_to_alls_are_timed_whichever_way_it_calls_them(mesh):
+    """A mixture of experts sends each token to its expert's rank by an all-to-all of
+    torch.distributed's or a functional one."""
+    import torch.distributed._functional_collectives as funcol
+
+    timer = CollectiveTimer(clock=ticks())
+    timer.arm()
+    dist.all_to_all_single(torch.empty(4), torch.ones(4))
+    funcol.all_to_all_single(torch.ones(4), None, None, (mesh, 0)).wait()
+    seconds = 3000.0
+    try:
+        dist.all_to_all([torch.empty(4)], [torch.ones(4)])
+        seconds += 1000.0
+    except RuntimeError as error:  # gloo has it of lists of tensors since torch 2.4
+        assert "does not support alltoall" in str(error)
+    assert timer.disarm().by_group == {WORLD: {"all-to-all": seconds}}
+
+
+def test_dtensor_s_all_to_all_between_shardings_counts_once(mesh):
+    """On gloo DTensor's all-to-all gathers by a functional all-gather, timed as one."""
+    placements = pytest.importorskip("torch.distributed.tensor.placement_types")
+    if not hasattr(placements, functional_timing.RESHARD):
+        pytest.skip("DTensor's all-to-all between shardings came in torch 2.4")
+    timer = CollectiveTimer(clock=ticks())
+    timer.arm()
+    placements.shard_dim_alltoall(torch.ones(4, 4), 0, 1, mesh, 0)  # as Shard calls it, which a mesh of one never does
+    assert timer.disarm().by_group == {WORLD: {"all-gather": 2000.0}}
+
+
+def test_dtensor_s_all_to_all_on_a_gpu_spans_the_op_that_waits_for_its_work(mesh, device):
+    """On a GPU DTensor's all-to-all is one op that makes the current stream wait for its work
+    before it returns: an event before it and one after it bracket it, read late."""
+    log, events = StepLog(), device.timing_events()
+    ran = []
+
+    def all_to_all_on_the_gpu(tensor, gather_dim, shard_dim, mesh, mesh_dim):
+        ran.append(device.stream(0))
+        return tensor
+
+    reshard = functional_timing.resharding(all_to_all_on_the_gpu, lambda: log, events, lambda: False)
+    reshard(on_gpu(torch.ones(4)), 0, 1, mesh, 0)
+    reshard(torch.ones(4), 0, 1, mesh, 0)
+    assert ran == ["default", "default"] and [(span.group, span.op) for span in log.spans] == [(WORLD, "all-to-all")], (
+        "on the CPU: DTensor's all-gather's"
+    )
+    comm = log.settle(events)
+    assert isinstance(comm, DeviceComm) and comm.get() is None and device.waits == 0
+    device.catch_up()
+    fields = comm.get()
+    assert fields is not None and set(fields["comm_dims"][WORLD]) == {"all-to-all"}

@@ -48,11 +48,14 @@ COLLECTIVES = {
     "reduce_scatter_tensor": Collective("reduce-scatter", 3),
     "reduce_scatter": Collective("reduce-scatter", 3),
     "all_reduce": Collective("all-reduce", 2),
+    "all_to_all_single": Collective("all-to-all", 4),
+    "all_to_all": Collective("all-to-all", 2),
 }
 """FSDP2's all-gathers (all_gather_single in a recent torch, all_gather_into_tensor in an
 older one), its reduce-scatters likewise, and HSDP's all-reduce across replicas; FSDP1's go
-by the older names, and on the CPU by the ones of a list of tensors. Those a torch lacks are
-left out."""
+by the older names, and on the CPU by the ones of a list of tensors. The all-to-alls are
+those of a mixture of experts' expert parallelism, which sends each token to its expert's
+rank. Those a torch lacks are left out."""
 
 
 @dataclass(eq=False)
@@ -117,7 +120,8 @@ class CollectiveTimer:
 
     def _made_swaps(self) -> list[Swap]:
         """Every function a timing one stands in for: torch.distributed's, and DTensor's
-        functional collectives and their wait where the script has imported them."""
+        functional collectives, their wait and its all-to-all where the script has imported
+        them."""
         clock, events, traced, step = self._clock, self._events, tracing(), self._current
         functional = functional_timing.MODULE
         self._swaps = [
@@ -135,6 +139,14 @@ class CollectiveTimer:
                 functional,
                 functional_timing.WAIT,
                 functools.partial(functional_timing.waiting, step=step, clock=clock, events=events, traced=traced),
+            ),
+            *(
+                Swap(
+                    module,
+                    functional_timing.RESHARD,
+                    functools.partial(functional_timing.resharding, step=step, events=events, traced=traced),
+                )
+                for module in functional_timing.RESHARD_MODULES
             ),
         ]
         return self._swaps

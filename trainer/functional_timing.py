@@ -13,9 +13,14 @@ FSDP's; on a GPU, the span between an event before the launch (the collective's 
 waits for the current one) and one after the wait (where the current stream waits for it
 in turn).
 
+DTensor's all-to-all from one sharding of a tensor to another is an op of its own, which on
+a GPU waits for its work before it returns, as a collective of torch.distributed's called
+without async_op does: it is timed as those are (resharding). On the CPU DTensor makes it an
+all-gather, timed as one.
+
 Not timed: a functional collective waited for after the step ended (counted at its launch
-alone on the CPU), the *_autograd and coalesced variants of a torch that calls C++ for them,
-and DTensor's all-to-all between shardings (a C++ op of its own).
+alone on the CPU), and the *_autograd and coalesced variants of a torch that calls C++ for
+them (expert parallelism's all_to_all_single_autograd among them).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ FUNCTIONAL = {
     "reduce_scatter_single": Collective("reduce-scatter", 3),
     "all_gather_tensor": Collective("all-gather", 2, calls="all_gather_single"),
     "reduce_scatter_tensor": Collective("reduce-scatter", 3, calls="reduce_scatter_single"),
+    "all_to_all_single": Collective("all-to-all", 3),
 }
 """DTensor's all-reduce (a Partial made Replicate), all-gather (Shard to Replicate) and
 reduce-scatter (Partial to Shard): the *_single names of a recent torch, the *_tensor ones of
@@ -42,6 +48,11 @@ an older one, which a recent torch keeps as aliases of the former."""
 
 WAIT = "wait_tensor"
 """Where a functional collective's output is waited for (AsyncCollectiveTensor calls it)."""
+
+RESHARD = "shard_dim_alltoall"
+"""DTensor's all-to-all from a tensor sharded on one dimension to the same sharded on another."""
+RESHARD_MODULES = ("torch.distributed.tensor.placement_types", "torch.distributed._tensor.placement_types")
+"""Where Shard calls it from: the public module of a recent torch, the private one of 2.4."""
 
 
 def group_label(group: Any) -> str:
@@ -126,6 +137,36 @@ def waiting(
         began = clock()
         out = original(*args, **kwargs)
         log.done(events, launched, launched.launch_ms + (clock() - began) * 1e3)
+        return out
+
+    return timing
+
+
+def resharding(
+    original: Callable[..., Any],
+    step: Callable[[], StepLog],
+    events: DeviceEvents,
+    traced: Callable[[], bool],
+) -> Callable[..., Any]:
+    """A timing function for DTensor's all-to-all between shardings, called (tensor,
+    gather_dim, shard_dim, mesh, mesh_dim): on a GPU, between an event before it and one after
+    it, where the current stream has waited for its work; on the CPU it hands over at once,
+    since DTensor gathers there by a functional all-gather, timed as such (launching)."""
+
+    @functools.wraps(original)
+    def timing(*args: Any, **kwargs: Any) -> Any:
+        if traced():
+            return original(*args, **kwargs)
+        tensor: Any = args[0] if args else kwargs.get("input")
+        log = step()
+        if not getattr(tensor, "is_cuda", False) or log.full():
+            return original(*args, **kwargs)
+        device = tensor.get_device()
+        start = events.try_mark(device)
+        out = original(*args, **kwargs)
+        if start is not None:
+            group = (args[3], args[4]) if len(args) > 4 else (kwargs.get("mesh"), kwargs.get("mesh_dim"))
+            log.span_ends(events, group_label(group), "all-to-all", device, start)
         return out
 
     return timing
