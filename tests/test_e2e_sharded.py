@@ -9,6 +9,7 @@ adds it up from the event log, is that norm at every step.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import statistics
@@ -87,6 +88,16 @@ def test_fsdp2_on_two_ranks_shows_the_norm_of_the_whole_gradients(ddptop_home, t
     # The shards differ: neither rank's own is the norm.
     last = {r["rank"]: r["shard_norm"] for r in records if r["type"] == "step" and r["step"] == 11}
     assert all(shard < printed(run, 0, 0, "norm")[11] for shard in last.values()), last
+
+
+def test_fsdp2_with_a_parameter_of_each_rank_s_own_counts_every_rank_s_and_compares_none(ddptop_home, tmp_path):
+    """A parameter fully_shard ignores, different on each rank (an expert of its own): each
+    rank's counts whole in the norm, and no rank's is compared with another's for a desync."""
+    if "ignored_params" not in inspect.signature(__import__("torch.distributed.fsdp").distributed.fsdp.fully_shard).parameters:
+        pytest.skip("fully_shard takes ignored_params since torch 2.7")
+    run, records = run_sharded(tmp_path, 2, "--own-scale", "--steps", "12", options=("--desync-every", "5"))
+    shows_the_full_norm(run, records, 2, 12)
+    assert not [r for r in records if r["type"] == "step" and "checksum" in r]
 
 
 def test_hsdp_2x2_counts_each_replica_s_shards_once_and_compares_them_across_replicas(ddptop_home, tmp_path):

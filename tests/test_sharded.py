@@ -11,6 +11,7 @@ tests/test_e2e_real_trainers.py runs two ranks, whose shards differ
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterator
 
@@ -190,6 +191,24 @@ def test_a_model_whose_root_fsdp2_left_unsharded_is_guarded_with_all_its_gradien
     (record,) = records.steps()
     assert record["grad_norm"] == pytest.approx(total_norm(whole), rel=1e-6)
     assert "checksum" in record, "the plain parameter is every rank's whole: compared"
+
+
+@pytest.mark.parametrize("records", [GuardPolicy(desync_every=1)], indirect=True)
+def test_a_parameter_fully_shard_was_told_to_ignore_is_compared_with_no_other_rank_s(records):
+    """FSDP leaves an ignored parameter to the script, which may give each rank its own (an
+    expert of a mixture of experts): comparing it would name a desync that is none."""
+    if "ignored_params" not in inspect.signature(fsdp.fully_shard).parameters:
+        pytest.skip("fully_shard takes ignored_params since torch 2.7")
+    torch.manual_seed(0)
+    model = UnshardedRoot()
+    fsdp.fully_shard(model.layer)
+    fsdp.fully_shard(model.head)
+    fsdp.fully_shard(model, ignored_params={model.scale})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    optimizer.step()
+    (record,) = records.steps()
+    assert "grad_sq_share" in record and "checksum" not in record
 
 
 class TokenModel(nn.Module):

@@ -137,7 +137,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
             None if sharded else _flat(probe, optimizer, grads),
             roots,
             split,
-            shard_share.weights(grads, probe.world) if True in split and not roots else None,
+            shard_share.weights(grads, probe.world, probe.own(optimizer) if probe.ignored else ()) if True in split and not roots else None,
         )
     sharded = known.sharded
     probe.cuda = cuda = first.is_cuda
@@ -206,9 +206,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     checksum = bool(policy.desync_every) and tracker.step % policy.desync_every == 0
     replicas = tracker.replicas
     if checksum:
-        compared = probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]]
-        if probe.fsdp1:  # ranks' shards differ by design
-            compared = [p for p in compared if probe.fsdp1_root(p) is None]
+        compared = probe.held_alike(probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]])
         compared, holders = held_alike.pieces(compared)
         if holders is not None:  # HSDP's shards, held alike across its replicas: compared with those ranks
             replicas = holders

@@ -133,6 +133,10 @@ class Probe:
         self.fsdp1: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[Any]]] = {}
         """The parameters FSDP1 shards over ranks, by id, each with its outermost FSDP1 module
         (fsdp1.py): held weakly, and checked to be the same tensor when looked up."""
+        self.ignored: dict[int, weakref.ref[torch.Tensor]] = {}
+        """The parameters fully_shard was told to ignore, by id, held weakly: FSDP neither shards
+        them nor reduces their gradients, and the script may keep a different one on each rank
+        (an expert of its own): no rank's is compared with another's."""
         self.fsdp1_norm: Callable[[Any], torch.Tensor] = lambda root: torch.zeros(())
         """An FSDP1 root's global grad norm over its ranks (fsdp1.py), for --clip-grad."""
         self.between = BetweenSteps(tracker, self.wrapped_modules)
@@ -182,6 +186,31 @@ class Probe:
         ranks (each rank holds a different part); None for any other tensor."""
         entry = self.fsdp1.get(id(tensor))
         return entry[1] if entry is not None and entry[0]() is tensor else None
+
+    def ignore(self, parameters: Iterable[torch.Tensor]) -> None:
+        """fully_shard was told to leave these parameters to the script (its ignored_params)."""
+        self.ignored.update((id(p), weakref.ref(p)) for p in parameters)
+
+    def own(self, optimizer: Any) -> tuple[bool, ...]:
+        """For each gradient optimizer steps this step, in its order, whether its parameter is
+        one fully_shard ignored: the rank's own, no other rank's piece. Asked once for each
+        optimizer and count of gradients."""
+        ignored = self.ignored
+        return tuple(
+            (ref := ignored.get(id(p))) is not None and ref() is p
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None
+        )
+
+    def held_alike(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """tensors less the parameters fully_shard ignored and FSDP1 shards, which ranks need not
+        hold alike: what a desync checksum may compare."""
+        if self.ignored:
+            tensors = [t for t in tensors if (ref := self.ignored.get(id(t))) is None or ref() is not t]
+        if self.fsdp1:
+            tensors = [t for t in tensors if self.fsdp1_root(t) is None]
+        return tensors
 
     def tell_once(self, key: str, text: str) -> None:
         if key not in self.noticed:

@@ -15,7 +15,9 @@ already holds (guard.Layout.fields): nothing is added to the training thread.
 
 A gradient that is a plain tensor in a sharded job (a parameter fully_shard
 left out) is held whole by each rank, and no rank's is the others': it is
-taken as their mean, weighed by one over the world. A partial placement
+taken as their mean, weighed by one over the world. One whose parameter
+fully_shard was told to ignore is the rank's own (an expert of its own, in a
+mixture of experts): a piece no other rank holds, weighed by one. A partial placement
 (values still to be summed over ranks) has no norm of its own until
 reduced: a step with one gives no share.
 """
@@ -41,13 +43,14 @@ class Weights:
         self.of = of
 
 
-def weights(grads: list[Any], world: int) -> Weights | None:
-    """Each gradient's weight in its rank's share; None where a gradient has a partial
+def weights(grads: list[Any], world: int, own: tuple[bool, ...] = ()) -> Weights | None:
+    """Each gradient's weight in its rank's share, own saying which are the rank's own (of
+    parameters fully_shard ignored; none where empty); None where a gradient has a partial
     placement. Asked once for each optimizer and count of gradients (Probe.gradients)."""
     found = []
-    for grad in grads:
+    for at, grad in enumerate(grads):
         if not torchapi.is_dtensor(grad):
-            found.append(1.0 / max(1, world))
+            found.append(1.0 if at < len(own) and own[at] else 1.0 / max(1, world))
             continue
         holders = 1
         mesh = grad.device_mesh

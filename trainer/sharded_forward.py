@@ -110,6 +110,7 @@ def _sharded(probe: Probe, outermost: Outermost, module: Any, args: tuple[Any, .
     mesh = kwargs.get("mesh")  # keyword-only: FSDP over part of the job, tensor parallelism over the rest
     if mesh is not None and mesh.size() < group_size():
         probe.data_parallel_over(int(rank) for rank in mesh.mesh.flatten().tolist())
+    probe.ignore(kwargs.get("ignored_params") or ())
     for each in module if isinstance(module, (list, tuple)) else (module,):
         outermost.watch(each)
 

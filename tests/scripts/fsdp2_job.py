@@ -22,7 +22,9 @@ as a rank whose loader falls behind does. With --slow-compute-rank R --slow-comp
 rank R spends MS ms more between its forward and its backward, as a rank on a slower or
 throttled GPU does. With --nan-at S --nan-rank R, rank R's loss at step S
 is infinite. With --bf16 it computes in bfloat16 and reduces in float32, as torchtitan's
-mixed_precision_param does (FSDP2's MixedPrecisionPolicy).
+mixed_precision_param does (FSDP2's MixedPrecisionPolicy). With --own-scale each rank scales
+the output by a parameter of its own (1 + its rank), which fully_shard is told to ignore, as a
+mixture of experts keeps an expert on each rank: its --no-clip norm counts every rank's.
 """
 
 import argparse
@@ -49,6 +51,7 @@ parser.add_argument("--slow-compute-ms", type=float, default=0.0)
 parser.add_argument("--nan-at", type=int, default=-1)
 parser.add_argument("--bf16", action="store_true")
 parser.add_argument("--nan-rank", type=int, default=-1)
+parser.add_argument("--own-scale", action="store_true")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -88,6 +91,9 @@ if not args.tp_only:
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh, **precision)
+    if args.own_scale:
+        model.own = nn.Parameter(torch.full((1,), 1.0 + rank))
+        precision["ignored_params"] = {model.own}
     fully_shard(model, mesh=mesh, **precision)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 data = torch.Generator().manual_seed(rank // args.tp)
@@ -95,14 +101,20 @@ for step in range(args.steps):
     if rank == args.slow_data_rank:
         time.sleep(args.slow_data_ms / 1000)
     x = torch.randn(16, 32, generator=data)
-    loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    out = model(x) * model.own if args.own_scale else model(x)
+    loss = nn.functional.mse_loss(out, x.sum(1, keepdim=True))
     if rank == args.slow_compute_rank:
         time.sleep(args.slow_compute_ms / 1000)
     if step == args.nan_at and rank == args.nan_rank:
         loss = loss * float("inf")
     loss.backward()
     if args.no_clip:
-        norm = torch.linalg.vector_norm(torch.stack([p.grad.full_tensor().norm() for p in model.parameters()]))
+        sharded = [p for p in model.parameters() if p is not getattr(model, "own", None)]
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.full_tensor().norm() for p in sharded]))
+        if args.own_scale:  # every rank's own, each a piece of the whole
+            own = model.own.grad.norm() ** 2
+            dist.all_reduce(own)
+            norm = (norm**2 + own).sqrt()
     else:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).full_tensor()
     if step == args.nudge_at and rank == args.nudge_rank:
