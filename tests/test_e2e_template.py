@@ -66,6 +66,7 @@ def test_a_forked_rank_sees_what_a_rank_torchrun_starts_sees(ddptop_home, tmp_pa
     assert first["argv"] == [str(SCRIPTS / "identity.py"), "OUT", "--flag", "two words"]
     assert first["path"][0] == str(SCRIPTS)
     assert first["stdio"][1].endswith("attempt_0/0/stdout.log")
+    assert first["draws_apart"] == [True, True], "each rank's torch and random draw numbers of their own"
 
 
 def test_dataloader_workers_by_fork_and_spawn_and_multiprocessing_work_as_under_torchrun(ddptop_home, tmp_path):

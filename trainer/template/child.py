@@ -88,8 +88,14 @@ def run(request: Request) -> None:
 
 
 def _reseed() -> None:
-    """Generators seeded when the template imported them would give every rank the
-    same numbers; a rank started plain seeds its own (Python's `random` reseeds at fork itself)."""
+    """Generators seeded when the template imported them would give every rank the same
+    numbers: the same initial weights of a model the script does not seed (which FSDP and
+    tensor parallelism never broadcast), the same dropout and augmentations. A rank started
+    plain seeds its own, torch's CPU generator from the OS (its GPU ones from a constant, which
+    the template never touches); Python's `random` reseeds at fork itself."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         numpy_random.seed()
