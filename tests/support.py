@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from ddptop.core import rundir, wire
+from ddptop.core.model.job import JobState
 from ddptop.core.wire import unixpath
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,6 +113,17 @@ def counted_once_a_group(records: list[wire.Frame], ranks: int, groups: int) -> 
     assert all(state.ranks[r].replicas is not None for r in range(ranks))
     rates = [SAMPLES_PER_S.read(state.ranks[r]) for r in range(ranks)]
     assert state.totals().of(SAMPLES_PER_S) == pytest.approx(sum(rates) / groups)
+
+
+def norms_added_up(records: list[wire.Frame]) -> dict[int, float]:
+    """step -> the job's grad norm, as the job model adds it up from the ranks' shares."""
+    state, out = JobState(), {}
+    for record in records:
+        state.ingest(record)
+        if state.sharded_norm.latest is not None:
+            step, norm = state.sharded_norm.latest
+            out[step] = norm
+    return out
 
 
 def accumulating_step(model: Any, optimizer: Any, x: Any, micro_batches: int = 3) -> None:

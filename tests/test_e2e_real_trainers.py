@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from support import SCRIPTS, counted_once_a_group, recorded, run_ddptop
+from support import SCRIPTS, counted_once_a_group, norms_added_up, recorded, run_ddptop
 
 from ddptop.core import rundir
 from ddptop.supervisor.watching.rules.nan import APPLIED_SHARDED, OWN_LOSS, SKIPPED_ALL
@@ -164,6 +164,25 @@ def test_a_job_that_shards_its_model_with_fsdp2_runs_as_under_torchrun_and_shows
     shows_the_scripts_own(run, by_attempt(records), steps=30, samples=16)
     assert [r["kind"] for r in records if r["type"] == "alert"] == []
     assert any(r["type"] == "rank_note" and "sharded" in r["text"] for r in records)
+
+
+def test_a_lightning_job_that_shards_with_fsdp2_shows_its_loss_the_whole_norm_and_its_collectives(ddptop_home, tmp_path):
+    """Lightning's ModelParallelStrategy, fully_shard in configure_model: each rank's loss is its
+    script's, the job's norm the norm of the whole gradients, added up from the ranks' shares, and
+    step 1's all-gathers and reduce-scatters are timed."""
+    pytest.importorskip("lightning")
+    if not hasattr(__import__("torch.distributed.fsdp").distributed.fsdp, "fully_shard"):
+        pytest.skip("FSDP2's public fully_shard is torch 2.6's")
+    run, records, _ = launch(tmp_path, SCRIPTS / "lightning_fsdp2.py", "--", "--max-steps", "12")
+    by_rank = by_attempt(records)
+    for rank in (0, 1):
+        assert {s: r["loss"] for s, r in by_rank[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "loss"), rel=1e-5)
+        assert {r["samples"] for r in by_rank[rank, 0].values()} == {8}
+    assert by_rank[0, 0][0]["loss"] != by_rank[1, 0][0]["loss"], "each rank its own batch"
+    assert norms_added_up(records) == pytest.approx(printed(run, 0, 0, "norm"), rel=1e-5)
+    timed = [r["comm_dims"] for r in records if r["type"] == "step" and r["step"] == 1]
+    assert len(timed) == 2 and all(set(dims["world"]) == {"all-gather", "reduce-scatter"} for dims in timed), timed
+    assert [r["kind"] for r in records if r["type"] == "alert"] == []
 
 
 def test_fsdp2_beside_tensor_parallelism_counts_each_sample_once(ddptop_home, tmp_path):

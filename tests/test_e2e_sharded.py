@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from support import SCRIPTS, recorded, run_ddptop
+from support import SCRIPTS, norms_added_up, recorded, run_ddptop
 from test_e2e_real_trainers import by_attempt, printed
 
 from ddptop.core import rundir
@@ -30,17 +30,6 @@ pytestmark = pytest.mark.slow
 def _fully_shard() -> None:
     if not hasattr(__import__("torch.distributed.fsdp").distributed.fsdp, "fully_shard"):
         pytest.skip("FSDP2's public fully_shard is torch 2.6's")
-
-
-def norms_added_up(records: list[dict]) -> dict[int, float]:
-    """step -> the job's grad norm, as the job model adds it up from the ranks' shares."""
-    state, out = JobState(), {}
-    for record in records:
-        state.ingest(record)
-        if state.sharded_norm.latest is not None:
-            step, norm = state.sharded_norm.latest
-            out[step] = norm
-    return out
 
 
 def run_sharded(
@@ -142,7 +131,6 @@ def test_tensor_parallelism_alone_counts_its_shared_batch_once_and_names_a_rank_
     parallelism, no fully_shard, both ranks given the same batch of 16. Rank 1 spends 80 ms more
     in each step's compute; rank 0 waits for it in the collectives. The job's samples/s counts
     the batch once, its norm is the whole gradients', and rank 1 is named for its compute."""
-    from ddptop.core.model.job import JobState
     from ddptop.core.model.metrics import SAMPLES_PER_S
 
     slow = ("--slow-compute-rank", "1", "--slow-compute-ms", "80")
