@@ -6,6 +6,7 @@ accumulates, and a model sharded with FSDP2's fully_shard or FSDP1's FullySharde
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import re
 from collections import defaultdict
@@ -292,13 +293,18 @@ def test_clip_grad_on_a_job_fsdp1_shards_with_its_original_parameters_takes_the_
     assert [r["kind"] for r in records if r["type"] == "alert"] == []
 
 
-def test_clip_grad_on_a_job_fsdp2_shards_takes_the_global_norm_over_both_ranks(ddptop_home, tmp_path):
+@pytest.mark.parametrize("own", [(), ("--own-scale",)], ids=["sharded", "and a parameter of each rank's own"])
+def test_clip_grad_on_a_job_fsdp2_shards_takes_the_global_norm_over_both_ranks(ddptop_home, tmp_path, own):
     """--clip-grad on sharded gradients needs their global norm, which neither rank's shards
     give alone: ddptop's (above the clip, so the run goes as the script's) equals the norm the
-    script measures of each gradient gathered whole, on both ranks, at every step."""
-    if not hasattr(__import__("torch.distributed.fsdp").distributed.fsdp, "fully_shard"):
+    script measures of each gradient gathered whole, on both ranks, at every step. So too where
+    each rank has a parameter of its own that fully_shard ignores: every rank's counts."""
+    fsdp = __import__("torch.distributed.fsdp").distributed.fsdp
+    if not hasattr(fsdp, "fully_shard"):
         pytest.skip("FSDP2's public fully_shard is torch 2.6's")
-    run, records, _ = launch(tmp_path, SCRIPTS / "fsdp2_job.py", "--clip-grad", "1000", "--", "--steps", "20", "--no-clip")
+    if own and "ignored_params" not in inspect.signature(fsdp.fully_shard).parameters:
+        pytest.skip("fully_shard takes ignored_params since torch 2.7")
+    run, records, _ = launch(tmp_path, SCRIPTS / "fsdp2_job.py", "--clip-grad", "1000", "--", "--steps", "20", "--no-clip", *own)
     steps = by_attempt(records)
     for rank in (0, 1):
         assert {s: r["grad_norm"] for s, r in steps[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "norm"), rel=1e-5)

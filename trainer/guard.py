@@ -275,7 +275,7 @@ function, a Python call and a view op for each gradient each step, where a gradi
 
 
 def sharded_norms(
-    grads: list[Any], clip: float | None, grad_scale: torch.Tensor | None, split: tuple[bool, ...]
+    grads: list[Any], clip: float | None, grad_scale: torch.Tensor | None, split: tuple[bool, ...], own: tuple[bool, ...] = ()
 ) -> tuple[list[torch.Tensor], bool]:
     """The norms a step of sharded gradients packs (DTensors: FSDP2's fully_shard, tensor
     parallelism; some may be plain, of parameters left unsharded), and whether they are of this
@@ -290,8 +290,11 @@ def sharded_norms(
     with a plain gradient's norm as this rank holds it whole; then each rank's shards are
     clipped with it on the device. Gradients on different meshes (a layer tensor parallelism
     splits, beside one FSDP shards alone) are reduced mesh by mesh: DTensors of two meshes
-    cannot be stacked, and torch's own clip_grad_norm_ raises on them. split: which of grads are
-    DTensors (dtensors())."""
+    cannot be stacked, and torch's own clip_grad_norm_ raises on them. A plain gradient that is
+    the rank's own (of a parameter fully_shard ignored: an expert of its own) is a piece of the
+    whole that no other rank holds: their squared norms are summed over the ranks, so that every
+    rank clips by the same norm. split: which of grads are DTensors (dtensors()); own: which
+    are the rank's own (Probe.own; none where empty)."""
     local = list(map(_LOCAL, grads)) if False not in split else [_LOCAL(g) if d else g for g, d in zip(grads, split)]
     if clip is None:
         return norms(local), True
@@ -301,10 +304,22 @@ def sharded_norms(
             meshes.setdefault(grad.device_mesh, []).append(grad)
     parts = [torchapi.replicated(total(norms(on_mesh))).to_local() for on_mesh in meshes.values()]
     if not all(split):
-        parts.append(total(norms([g for g, dtensor in zip(grads, split) if not dtensor])))
+        plain = [(grad, at < len(own) and own[at]) for at, (grad, dtensor) in enumerate(zip(grads, split)) if not dtensor]
+        if held := [grad for grad, is_own in plain if not is_own]:
+            parts.append(total(norms(held)))
+        if mine := [grad for grad, is_own in plain if is_own]:
+            parts.append(_over_ranks(total(norms(mine))))
     whole = total(parts)
     clip_on_device(local, whole if grad_scale is None else whole / grad_scale, clip)
     return [whole], False
+
+
+def _over_ranks(norm: torch.Tensor) -> torch.Tensor:
+    """The norm of every rank's pieces, from this rank's norm of its own: their squares summed
+    over the job, in one all-reduce of a scalar."""
+    square = norm.float() * norm.float()
+    torch.distributed.all_reduce(square)
+    return square.sqrt()
 
 
 def found_inf(norm: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -131,13 +131,15 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         # FSDP2 may leave some of a model's parameters plain (an unsharded root): any DTensor makes the step sharded.
         split = guard.dtensors(grads)
         sharded = bool(roots) or True in split
+        own = probe.own(optimizer) if probe.ignored else ()
         known = probe.gradients[look] = Gradients(
             sharded,
             guard.on_several_devices(grads),
             None if sharded else _flat(probe, optimizer, grads),
             roots,
             split,
-            shard_share.weights(grads, probe.world, probe.own(optimizer) if probe.ignored else ()) if True in split and not roots else None,
+            shard_share.weights(grads, probe.world, own) if True in split and not roots else None,
+            own,
         )
     sharded = known.sharded
     probe.cuda = cuda = first.is_cuda
@@ -173,7 +175,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         guard.clip_on_device(grads, whole if grad_scale is None else whole / grad_scale, clip)
         parts = [whole]
     elif sharded:
-        parts, local = guard.sharded_norms(grads, clip, grad_scale, known.dtensors)
+        parts, local = guard.sharded_norms(grads, clip, grad_scale, known.dtensors, known.own)
     else:
         flat = known.flat
         if flat is not None and list(map(_ADDRESS, grads)) != flat.at:  # the usual step: no call

@@ -36,6 +36,9 @@ class Gradients(NamedTuple):
     """Which of them are DTensors, in order (guard.dtensors)."""
     weights: shard_share.Weights | None = None
     """Of DTensor gradients, each one's weight in the rank's share of the grad norm's square."""
+    own: tuple[bool, ...] = ()
+    """Which of them are the rank's own (Probe.own), in order; none where fully_shard ignored
+    no parameter."""
 
 
 class ScalerSeen:
