@@ -5,10 +5,15 @@ torch's and Python's random numbers, which differ from rank to rank.
     python identity.py OUT_DIR --any --args
 """
 
+import faulthandler
+import gc
 import json
+import locale
 import os
 import random
+import signal
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -36,6 +41,16 @@ def main() -> None:
         "stdio": [os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)],
         "buffered": [sys.stdout.line_buffering, sys.stdout.write_through, sys.stdout.encoding],
         "cmdline": Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode().strip(),
+        "signals": {
+            name: repr(signal.getsignal(getattr(signal, name)))
+            for name in ("SIGINT", "SIGTERM", "SIGPIPE", "SIGHUP", "SIGCHLD", "SIGUSR1", "SIGUSR2")
+        },
+        "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        "faulthandler": faulthandler.is_enabled(),
+        "gc": [gc.isenabled(), gc.get_threshold()],
+        "limits": [sys.getrecursionlimit(), sys.getswitchinterval()],
+        "warning_filters": [repr(f) for f in warnings.filters],
+        "locale": locale.setlocale(locale.LC_ALL),
         "draws_apart": [len({draw[at] for draw in draws}) == len(draws) for at in range(2)],
         "parent": Path(f"/proc/{os.getppid()}/cmdline").read_text().replace("\0", " "),
     }
