@@ -294,7 +294,7 @@ def sharded_norms(
     the rank's own (of a parameter fully_shard ignored: an expert of its own) is a piece of the
     whole that no other rank holds: their squared norms are summed over the ranks, so that every
     rank clips by the same norm. split: which of grads are DTensors (dtensors()); own: which
-    are the rank's own (Probe.own; none where empty)."""
+    are the rank's own (Probe.rank_own; none where empty)."""
     local = list(map(_LOCAL, grads)) if False not in split else [_LOCAL(g) if d else g for g, d in zip(grads, split)]
     if clip is None:
         return norms(local), True

@@ -131,7 +131,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
         # FSDP2 may leave some of a model's parameters plain (an unsharded root): any DTensor makes the step sharded.
         split = guard.dtensors(grads)
         sharded = bool(roots) or True in split
-        own = probe.own(optimizer) if probe.ignored else ()
+        own = probe.rank_own(optimizer) if probe.ignored else ()
         known = probe.gradients[look] = Gradients(
             sharded,
             guard.on_several_devices(grads),
@@ -208,7 +208,7 @@ def _guard(probe: Probe, optimizer: Any) -> dict[str, Any]:
     checksum = bool(policy.desync_every) and tracker.step % policy.desync_every == 0
     replicas = tracker.replicas
     if checksum:
-        compared = probe.held_alike(probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]])
+        compared = probe.comparable(probe.parameters() or [p for g in optimizer.param_groups for p in g["params"]])
         compared, holders = held_alike.pieces(compared)
         if holders is not None:  # HSDP's shards, held alike across its replicas: compared with those ranks
             replicas = holders

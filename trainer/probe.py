@@ -37,7 +37,7 @@ class Gradients(NamedTuple):
     weights: shard_share.Weights | None = None
     """Of DTensor gradients, each one's weight in the rank's share of the grad norm's square."""
     own: tuple[bool, ...] = ()
-    """Which of them are the rank's own (Probe.own), in order; none where fully_shard ignored
+    """Which of them are the rank's own (Probe.rank_own), in order; none where fully_shard ignored
     no parameter."""
 
 
@@ -194,7 +194,7 @@ class Probe:
         """fully_shard was told to leave these parameters to the script (its ignored_params)."""
         self.ignored.update((id(p), weakref.ref(p)) for p in parameters)
 
-    def own(self, optimizer: Any) -> tuple[bool, ...]:
+    def rank_own(self, optimizer: Any) -> tuple[bool, ...]:
         """For each gradient optimizer steps this step, in its order, whether its parameter is
         one fully_shard ignored: the rank's own, no other rank's piece. Asked once for each
         optimizer and count of gradients."""
@@ -206,7 +206,7 @@ class Probe:
             if p.grad is not None
         )
 
-    def held_alike(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    def comparable(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """tensors less the parameters fully_shard ignored and FSDP1 shards, which ranks need not
         hold alike: what a desync checksum may compare."""
         if self.ignored:
