@@ -206,6 +206,23 @@ def test_the_parameters_checksum_goes_with_every_nth_step_and_with_none_when_off
     assert taken == ({step: sums[step] for step in (0, 3, 6)} if every else {})
 
 
+@pytest.mark.parametrize("records", [GuardPolicy(desync_every=1)], indirect=True)
+def test_the_checksum_leaves_out_the_parameters_the_script_told_ddp_to_ignore(records):
+    """DDP keeps no ignored parameter alike across ranks (TorchRec shards its embedding tables so,
+    beside a DDP of the dense layers): comparing one would name a desync that is none."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ["0.weight", "0.bias"])
+    model = DistributedDataParallel(module)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(model)
+    kept = guard.checksum(module[2].parameters())
+    optimizer.step()
+    records.tracker.flush()
+    (record,) = [r for r in records if r["type"] == "step"]
+    assert record["checksum"] == kept != guard.checksum(module.parameters())
+
+
 def test_accumulated_steps_report_the_norm_of_the_summed_gradients(records):
     model = ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -171,7 +171,14 @@ class Probe:
         return [model._modules["module"] for model in self.ddp_models()]
 
     def parameters(self) -> list[torch.Tensor]:
-        return [p for ref in self.models if (model := ref()) is not None for p in model.module.parameters()]
+        """The DDP models' parameters that DDP keeps alike on every rank: not those the script
+        told it to ignore (DistributedDataParallel._set_params_and_buffers_to_ignore_for_model:
+        TorchRec's embedding tables, sharded over the ranks beside a DDP of the dense layers)."""
+        found: list[torch.Tensor] = []
+        for module in self.wrapped_modules():
+            ignored = getattr(module, "_ddp_params_and_buffers_to_ignore", None)
+            found += module.parameters() if not ignored else (p for name, p in module.named_parameters() if name not in ignored)
+        return found
 
     def fsdp1_roots(self, optimizer: Any) -> tuple[weakref.ref[Any], ...]:
         """The FSDP1 roots that shard the parameters optimizer steps this step, weakly; none for
