@@ -174,10 +174,10 @@ def test_a_lightning_job_that_shards_with_fsdp2_shows_its_loss_the_whole_norm_an
     pytest.importorskip("lightning")
     if not hasattr(__import__("torch.distributed.fsdp").distributed.fsdp, "fully_shard"):
         pytest.skip("FSDP2's public fully_shard is torch 2.6's")
-    run, records, _ = launch(tmp_path, SCRIPTS / "lightning_fsdp2.py", "--", "--max-steps", "12")
+    run, records, _ = launch(tmp_path, SCRIPTS / "lightning_job.py", "--", "--fsdp2", "--accumulate", "1", "--max-steps", "12")
     by_rank = by_attempt(records)
     for rank in (0, 1):
-        assert {s: r["loss"] for s, r in by_rank[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "loss"), rel=1e-5)
+        assert {s: r["loss"] for s, r in by_rank[rank, 0].items()} == pytest.approx(printed(run, rank, 0, "micro"), rel=1e-5)
         assert {r["samples"] for r in by_rank[rank, 0].values()} == {8}
     assert by_rank[0, 0][0]["loss"] != by_rank[1, 0][0]["loss"], "each rank its own batch"
     assert norms_added_up(records) == pytest.approx(printed(run, 0, 0, "norm"), rel=1e-5)
