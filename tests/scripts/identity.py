@@ -51,6 +51,15 @@ def main() -> None:
         "limits": [sys.getrecursionlimit(), sys.getswitchinterval()],
         "warning_filters": [repr(f) for f in warnings.filters],
         "locale": locale.setlocale(locale.LC_ALL),
+        "torch_state": [
+            torch.get_num_threads(),
+            torch.get_num_interop_threads(),
+            torch.is_grad_enabled(),
+            str(torch.get_default_dtype()),
+            torch.get_float32_matmul_precision(),
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_anomaly_enabled(),
+        ],
         "draws_apart": [len({draw[at] for draw in draws}) == len(draws) for at in range(2)],
         "parent": Path(f"/proc/{os.getppid()}/cmdline").read_text().replace("\0", " "),
     }
