@@ -167,11 +167,11 @@ class CollectiveTimer:
             name = label(collective.group_of(args, kwargs))
             # Where it runs: its first tensor, or the first of its first list of them (inline: this
             # runs for every collective of the timed step, on the training thread).
-            tensor = args[0] if args else next(iter(kwargs.values()), None)
+            tensor: Any = args[0] if args else next(iter(kwargs.values()), None)
             if isinstance(tensor, (list, tuple)):
                 tensor = tensor[0] if tensor else None
             if getattr(tensor, "is_cuda", False):
-                return _on_device(events, log, original, args, kwargs, tensor, name, collective.op)
+                return log.bracketed(events, tensor.get_device(), name, collective.op, original, args, kwargs, returns_work=True)
             timed = log.timed
             began = clock()
             work = original(*args, **kwargs)
@@ -183,22 +183,6 @@ class CollectiveTimer:
             return work
 
         return timing
-
-
-def _on_device(
-    events: DeviceEvents, log: StepLog, original: Callable[..., Any], args: Any, kwargs: Any, tensor: Any, group: str, op: str
-) -> Any:
-    """A collective on a GPU, between two events on the stream current where it is called
-    (collective_spans.py); an async one returns its work untimed."""
-    device = tensor.get_device()
-    start = events.try_mark(device)
-    work = original(*args, **kwargs)
-    if start is not None:
-        if work is None:
-            log.span_ends(events, group, op, device, start)
-        else:
-            events.give_back(device, (start,))
-    return work
 
 
 def _time_async(work: Any, done: Callable[[], None]) -> None:

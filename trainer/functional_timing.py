@@ -161,12 +161,7 @@ def resharding(
         log = step()
         if not getattr(tensor, "is_cuda", False) or log.full():
             return original(*args, **kwargs)
-        device = tensor.get_device()
-        start = events.try_mark(device)
-        out = original(*args, **kwargs)
-        if start is not None:
-            group = (args[3], args[4]) if len(args) > 4 else (kwargs.get("mesh"), kwargs.get("mesh_dim"))
-            log.span_ends(events, group_label(group), "all-to-all", device, start)
-        return out
+        group = group_label((args[3], args[4]) if len(args) > 4 else (kwargs.get("mesh"), kwargs.get("mesh_dim")))
+        return log.bracketed(events, tensor.get_device(), group, "all-to-all", original, args, kwargs, returns_work=False)
 
     return timing

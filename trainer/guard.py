@@ -317,7 +317,7 @@ def sharded_norms(
 def _over_ranks(norm: torch.Tensor) -> torch.Tensor:
     """The norm of every rank's pieces, from this rank's norm of its own: their squares summed
     over the job, in one all-reduce of a scalar."""
-    square = norm.float() * norm.float()
+    square = norm.float().square()
     torch.distributed.all_reduce(square)
     return square.sqrt()
 

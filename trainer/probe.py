@@ -201,23 +201,22 @@ class Probe:
         """fully_shard was told to leave these parameters to the script (its ignored_params)."""
         self.ignored.update((id(p), weakref.ref(p)) for p in parameters)
 
+    def is_ignored(self, tensor: torch.Tensor) -> bool:
+        """Whether tensor is a parameter fully_shard ignored (the id checked to be the same tensor)."""
+        ref = self.ignored.get(id(tensor))
+        return ref is not None and ref() is tensor
+
     def rank_own(self, optimizer: Any) -> tuple[bool, ...]:
         """For each gradient optimizer steps this step, in its order, whether its parameter is
         one fully_shard ignored: the rank's own, no other rank's piece. Asked once for each
         optimizer and count of gradients."""
-        ignored = self.ignored
-        return tuple(
-            (ref := ignored.get(id(p))) is not None and ref() is p
-            for group in optimizer.param_groups
-            for p in group["params"]
-            if p.grad is not None
-        )
+        return tuple(self.is_ignored(p) for group in optimizer.param_groups for p in group["params"] if p.grad is not None)
 
     def comparable(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """tensors less the parameters fully_shard ignored and FSDP1 shards, which ranks need not
         hold alike: what a desync checksum may compare."""
         if self.ignored:
-            tensors = [t for t in tensors if (ref := self.ignored.get(id(t))) is None or ref() is not t]
+            tensors = [t for t in tensors if not self.is_ignored(t)]
         if self.fsdp1:
             tensors = [t for t in tensors if self.fsdp1_root(t) is None]
         return tensors

@@ -110,6 +110,22 @@ class StepLog:
         else:
             self.span_ends(events, launched.group, launched.op, launched.device, launched.start)
 
+    def bracketed(
+        self, events: DeviceEvents, device: int, group: str, op: str, call: Callable[..., Any], args: Any, kwargs: Any, returns_work: bool
+    ) -> Any:
+        """call(*args, **kwargs), a collective on a GPU, between two events on the stream current
+        where it is called (collective_spans.py). One that returns_work returns a work where it
+        was called with async_op, and None where it waited: a work goes untimed, since it is
+        waited for where no event sees."""
+        start = events.try_mark(device)
+        out = call(*args, **kwargs)
+        if start is not None:
+            if returns_work and out is not None:
+                events.give_back(device, (start,))
+            else:
+                self.span_ends(events, group, op, device, start)
+        return out
+
     def span_ends(self, events: DeviceEvents, group: str, op: str, device: int, start: Any) -> None:
         """A collective on a GPU, begun at the event start, ends now: its span is kept, or its
         start event goes back where no end event can be had."""
