@@ -115,6 +115,14 @@ def counted_once_a_group(records: list[wire.Frame], ranks: int, groups: int) -> 
     assert state.totals().of(SAMPLES_PER_S) == pytest.approx(sum(rates) / groups)
 
 
+def fully_shard_ignores() -> bool:
+    """Whether this torch's fully_shard takes ignored_params (since torch 2.7)."""
+    import inspect
+
+    fully_shard = getattr(__import__("torch.distributed.fsdp").distributed.fsdp, "fully_shard", None)
+    return fully_shard is not None and "ignored_params" in inspect.signature(fully_shard).parameters
+
+
 def norms_added_up(records: list[wire.Frame]) -> dict[int, float]:
     """step -> the job's grad norm, as the job model adds it up from the ranks' shares."""
     state, out = JobState(), {}

@@ -6,14 +6,13 @@ accumulates, and a model sharded with FSDP2's fully_shard or FSDP1's FullySharde
 from __future__ import annotations
 
 import ast
-import inspect
 import json
 import re
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from support import SCRIPTS, counted_once_a_group, norms_added_up, recorded, run_ddptop
+from support import SCRIPTS, counted_once_a_group, fully_shard_ignores, norms_added_up, recorded, run_ddptop
 
 from ddptop.core import rundir
 from ddptop.supervisor.watching.rules.nan import APPLIED_SHARDED, OWN_LOSS, SKIPPED_ALL
@@ -302,7 +301,7 @@ def test_clip_grad_on_a_job_fsdp2_shards_takes_the_global_norm_over_both_ranks(d
     fsdp = __import__("torch.distributed.fsdp").distributed.fsdp
     if not hasattr(fsdp, "fully_shard"):
         pytest.skip("FSDP2's public fully_shard is torch 2.6's")
-    if own and "ignored_params" not in inspect.signature(fsdp.fully_shard).parameters:
+    if own and not fully_shard_ignores():
         pytest.skip("fully_shard takes ignored_params since torch 2.7")
     run, records, _ = launch(tmp_path, SCRIPTS / "fsdp2_job.py", "--clip-grad", "1000", "--", "--steps", "20", "--no-clip", *own)
     steps = by_attempt(records)

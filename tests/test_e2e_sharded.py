@@ -9,14 +9,13 @@ adds it up from the event log, is that norm at every step.
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 import statistics
 from pathlib import Path
 
 import pytest
-from support import SCRIPTS, norms_added_up, recorded, run_ddptop
+from support import SCRIPTS, fully_shard_ignores, norms_added_up, recorded, run_ddptop
 from test_e2e_real_trainers import by_attempt, printed
 
 from ddptop.core import rundir
@@ -82,7 +81,7 @@ def test_fsdp2_on_two_ranks_shows_the_norm_of_the_whole_gradients(ddptop_home, t
 def test_fsdp2_with_a_parameter_of_each_rank_s_own_counts_every_rank_s_and_compares_none(ddptop_home, tmp_path):
     """A parameter fully_shard ignores, different on each rank (an expert of its own): each
     rank's counts whole in the norm, and no rank's is compared with another's for a desync."""
-    if "ignored_params" not in inspect.signature(__import__("torch.distributed.fsdp").distributed.fsdp.fully_shard).parameters:
+    if not fully_shard_ignores():
         pytest.skip("fully_shard takes ignored_params since torch 2.7")
     run, records = run_sharded(tmp_path, 2, "--own-scale", "--steps", "12", options=("--desync-every", "5"))
     shows_the_full_norm(run, records, 2, 12)

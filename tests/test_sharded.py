@@ -11,7 +11,6 @@ tests/test_e2e_real_trainers.py runs two ranks, whose shards differ
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Iterator
 
@@ -21,6 +20,7 @@ import torch.distributed as dist
 from hooked import Records, installed
 from norms import total_norm
 from stand_in_gpu import Device, on_gpu
+from support import fully_shard_ignores
 from torch import nn
 
 from ddptop.core.policy import GuardPolicy
@@ -197,7 +197,7 @@ def test_a_model_whose_root_fsdp2_left_unsharded_is_guarded_with_all_its_gradien
 def test_a_parameter_fully_shard_was_told_to_ignore_is_compared_with_no_other_rank_s(records):
     """FSDP leaves an ignored parameter to the script, which may give each rank its own (an
     expert of a mixture of experts): comparing it would name a desync that is none."""
-    if "ignored_params" not in inspect.signature(fsdp.fully_shard).parameters:
+    if not fully_shard_ignores():
         pytest.skip("fully_shard takes ignored_params since torch 2.7")
     torch.manual_seed(0)
     model = UnshardedRoot()
